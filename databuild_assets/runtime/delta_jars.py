@@ -1,0 +1,101 @@
+"""Delta Lake's JVM jars: fetched once from Maven Central at set-up, then used offline.
+
+Delta's jars are in no Python package. Spark's own route (`spark.jars.packages`, resolved by
+Ivy at every session start) needs the network: Ivy resolves versions differently from Maven
+(latest wins, not nearest), so even a warm ~/.m2 does not satisfy it offline, and it puts
+older copies of Hadoop, Parquet, Jackson and log4j beside Spark's own. So set-up resolves
+`delta-jars/pom.xml` with Maven, keeps only the jars Spark does not already ship, and the
+session lists them in `spark.jars` (which Spark also ships to a cluster's executors).
+
+    python -m databuild_assets.runtime.delta_jars fetch
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyspark
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+POM = REPO_ROOT / "delta-jars" / "pom.xml"
+DEFAULT_JARS_DIR = REPO_ROOT / "delta-jars" / "lib"
+# The Maven coordinate the pom pins, for messages and docs; the pom is what Maven reads.
+DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+
+_VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
+
+
+class DeltaJarsMissingError(RuntimeError):
+    """Delta's jars are not where the Spark session looks for them."""
+
+
+def _artifact_id(jar_name: str) -> str:
+    """`jackson-core-2.13.5.jar` -> `jackson-core`."""
+    return _VERSION_SUFFIX.sub("", jar_name)
+
+
+def spark_bundled_artifacts() -> set[str]:
+    """Artifact ids of the jars pyspark ships; its copies win over Delta's transitive ones."""
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    return {_artifact_id(jar.name) for jar in spark_jars.glob("*.jar")}
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get("DATABUILD_DELTA_JARS_DIR", DEFAULT_JARS_DIR))
+
+
+def delta_jar_paths(directory: Path | None = None) -> list[str]:
+    """The jars to put on `spark.jars`; raises a clear error when set-up has not fetched them."""
+    directory = directory or jars_dir()
+    jars = sorted(str(jar) for jar in directory.glob("*.jar"))
+    if not any(Path(jar).name.startswith("delta-spark_") for jar in jars):
+        raise DeltaJarsMissingError(
+            f"Delta Lake's jars are not in {directory}. Run `make setup` (or "
+            f"`python -m databuild_assets.runtime.delta_jars fetch`) once with access to Maven Central; "
+            f"it fetches {DELTA_MAVEN_COORDINATE} and its dependencies."
+        )
+    return jars
+
+
+def fetch(directory: Path | None = None) -> list[str]:
+    """Resolve the pom with Maven and copy the jars Spark lacks into `directory`. Idempotent."""
+    directory = directory or jars_dir()
+    if shutil.which("mvn") is None:
+        raise DeltaJarsMissingError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven).")
+    bundled = spark_bundled_artifacts()
+    with tempfile.TemporaryDirectory() as staging:
+        subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+             f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
+            check=True,
+        )
+        needed = [jar for jar in Path(staging).glob("*.jar") if _artifact_id(jar.name) not in bundled]
+        directory.mkdir(parents=True, exist_ok=True)
+        for old in directory.glob("*.jar"):
+            old.unlink()
+        for jar in needed:
+            shutil.copy2(jar, directory / jar.name)
+    return delta_jar_paths(directory)
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["fetch"]:
+        print("usage: python -m databuild_assets.runtime.delta_jars fetch", file=sys.stderr)
+        return 2
+    _, artifact, version = DELTA_MAVEN_COORDINATE.split(":")
+    if (jars_dir() / f"{artifact}-{version}.jar").exists():
+        print(f"Delta jars already in {jars_dir()}")
+        return 0
+    jars = fetch()
+    print(f"fetched {len(jars)} Delta jars into {jars_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""Small operations on our Delta tables: create with the agreed schema and properties, read a
+table's version and size, check its schema version, and retry a write on Delta's conflicts."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from databuild_assets.events.schema import SCHEMA_VERSION
+from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Conflicts that mean "someone committed first; redo your transaction against the new state".
+RETRYABLE_CONFLICTS = (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
+
+
+class SchemaVersionError(RuntimeError):
+    """A table was written by a newer (or unknown) schema version than this code knows."""
+
+
+def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
+    """The Delta table at `path`, created empty with `spec`'s schema and properties if missing.
+
+    Refuses a table whose schema version is newer than this code's, so old code never writes
+    rows a newer reader would misread.
+    """
+    if DeltaTable.isDeltaTable(spark, path):
+        check_schema_version(spark, path)
+        return DeltaTable.forPath(spark, path)
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema)
+    if spec.partition_by:
+        builder = builder.partitionedBy(*spec.partition_by)
+    for key, value in COMMON_TABLE_PROPERTIES.items():
+        builder = builder.property(key, value)
+    if spec.description:
+        builder = builder.comment(spec.description)
+    return retry_on_conflict(builder.execute, what=f"create {spec.name} at {path}")
+
+
+def check_schema_version(spark: SparkSession, path: str) -> int:
+    # SHOW TBLPROPERTIES reads the table's metadata only; DESCRIBE DETAIL would also add up file sizes.
+    properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    found = properties.get(SCHEMA_VERSION_PROPERTY)
+    if found is None or not found.isdigit():
+        raise SchemaVersionError(
+            f"{path} has no valid {SCHEMA_VERSION_PROPERTY} property (found {found!r}); "
+            "it was not created by databuild-assets. Point the lake root elsewhere or remove the table."
+        )
+    if int(found) > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{path} has schema version {found}, newer than this code's {SCHEMA_VERSION}; "
+            "upgrade databuild-assets before reading or writing it."
+        )
+    return int(found)
+
+
+def current_version(spark: SparkSession, path: str) -> int:
+    """The table's latest committed version."""
+    return DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
+
+
+@dataclass(frozen=True)
+class TableSize:
+    version: int
+    num_files: int
+    size_bytes: int
+
+
+def table_size(spark: SparkSession, path: str) -> TableSize:
+    detail = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").first()
+    return TableSize(current_version(spark, path), detail["numFiles"], detail["sizeInBytes"])
+
+
+def retry_on_conflict(write: Callable[[], T], *, what: str, attempts: int = 8, base_delay_s: float = 0.2) -> T:
+    """Run `write`, and again (with jittered backoff) when Delta reports a concurrent commit.
+
+    The write must be safe to redo: each attempt is a whole transaction against the latest
+    table state. After `attempts` conflicts the last one is raised, never swallowed.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return write()
+        except RETRYABLE_CONFLICTS as conflict:
+            if attempt == attempts:
+                raise
+            delay = base_delay_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+            log.warning(
+                "%s: %s on attempt %d/%d; retrying in %.2fs",
+                what, type(conflict).__name__, attempt, attempts, delay,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")
