@@ -1,0 +1,339 @@
+"""Ingestion of JSON Lines landing files into the raw event log, exactly once.
+
+A batch goes through three recorded steps, so a crash at any point is repaired by running again:
+
+1. plan: the ledger records batch N and the files it will read (before any data is written);
+2. write: bad lines are appended to the quarantine and good events MERGEd into the raw log,
+   each commit tagged with Delta's idempotent-write ids (app id, txnVersion=N), so a replay of
+   batch N that finds its commit already there writes nothing again;
+3. record: the ledger marks batch N committed, with its counts.
+
+A run first replays any batch that was planned but not recorded, with exactly the files it
+planned, then plans a new batch from the files no batch has read. Events are keyed by
+event_id: one already in the log (or earlier in the same batch) is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import pyarrow as pa
+from delta.tables import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from databuild_assets.events.schema import EVENT_SCHEMA
+from databuild_assets.events.validation import parse_line
+from databuild_assets.runtime.delta_tables import current_version, ensure_table, retry_on_conflict
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
+
+log = logging.getLogger(__name__)
+
+# Delta idempotent-write application ids, one per table a batch writes.
+EVENTS_APP_ID = "databuild-ingest-events"
+QUARANTINE_APP_ID = "databuild-ingest-quarantine"
+LANDING_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+# What the Python workers hand back for each line of a landing file.
+_LINES_SCHEMA = "source_file string, line_number long, line string, raw_line binary, reason string"
+
+
+@dataclass(frozen=True)
+class LandingFile:
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    batch_id: int
+    files: tuple[str, ...]
+    lines_read: int
+    accepted: int
+    duplicates: int
+    quarantined: int
+    log_version: int
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one ingestion run did; `lines_read == accepted + duplicates + quarantined`."""
+
+    batches: tuple[BatchResult, ...] = field(default_factory=tuple)
+    log_version: int | None = None
+
+    def _total(self, name: str) -> int:
+        return sum(getattr(batch, name) for batch in self.batches)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(path for batch in self.batches for path in batch.files)
+
+    lines_read = property(lambda self: self._total("lines_read"))
+    accepted = property(lambda self: self._total("accepted"))
+    duplicates = property(lambda self: self._total("duplicates"))
+    quarantined = property(lambda self: self._total("quarantined"))
+
+
+def list_landing_files(spark: SparkSession, directory: str) -> list[LandingFile]:
+    """JSON Lines files in `directory` (any Hadoop filesystem), by name.
+
+    Names starting with "." or "_" are skipped: writers write under such a name and rename
+    when the file is complete, so a file still being written is never read half.
+    """
+    jvm = spark.sparkContext._jvm
+    directory_path = jvm.org.apache.hadoop.fs.Path(directory)
+    filesystem = directory_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not filesystem.exists(directory_path):
+        log.info("landing folder %s does not exist yet: nothing to ingest", directory)
+        return []
+    files = []
+    for status in filesystem.listStatus(directory_path):
+        name = status.getPath().getName()
+        if status.isFile() and not name.startswith((".", "_")) and name.endswith(LANDING_SUFFIXES):
+            files.append(LandingFile(status.getPath().toString(), status.getLen()))
+    return sorted(files, key=lambda landing_file: landing_file.path)
+
+
+def _split_and_validate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Runs in Spark's Python workers: one landing file in, one row per line out, with the
+    reason when the line is bad. Good lines keep only their text; bad ones their exact bytes."""
+    for batch in batches:
+        for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+            pieces = content.split(b"\n")
+            if pieces and pieces[-1] == b"":
+                pieces.pop()  # the newline that ends the last line does not start another
+            lines, raw_lines, reasons = [], [], []
+            for piece in pieces:
+                _event, reason = parse_line(piece)
+                if reason is None:
+                    lines.append(piece.decode("utf-8"))
+                    raw_lines.append(None)
+                else:
+                    lines.append(piece.decode("utf-8", errors="replace"))
+                    raw_lines.append(piece)
+                reasons.append(reason)
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "source_file": [path] * len(pieces),
+                    "line_number": list(range(1, len(pieces) + 1)),
+                    "line": lines,
+                    "raw_line": raw_lines,
+                    "reason": reasons,
+                },
+                schema=pa.schema(
+                    [("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
+                     ("raw_line", pa.binary()), ("reason", pa.string())]
+                ),
+            )
+
+
+def read_landing_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Every line of `paths` with its file, 1-based line number and, when bad, the reason."""
+    files = spark.read.format("binaryFile").load(paths).select("path", "content")
+    return files.mapInArrow(_split_and_validate, _LINES_SCHEMA)
+
+
+def events_from_lines(good_lines: DataFrame, source_line: str = "line_number") -> DataFrame:
+    """Validated lines -> raw log rows (typed event columns, UTC event_date, lineage)."""
+    return (
+        good_lines.select(
+            F.from_json("line", EVENT_SCHEMA).alias("event"),
+            "source_file",
+            F.col(source_line).alias("source_line"),
+        )
+        .select("event.*", "source_file", "source_line")
+        .withColumn("event_date", F.expr("to_date(timestamp_micros(`timestamp` div 1000))"))
+        .withColumn("ingested_at", F.current_timestamp())
+    )
+
+
+def first_of_each_event_id(events: DataFrame) -> DataFrame:
+    """One row per event_id: the first by (source_file, source_line); the rest are duplicates."""
+    first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
+    return events.withColumn("_rank", F.row_number().over(first)).where("_rank = 1").drop("_rank")
+
+
+def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> DataFrame:
+    """Insert the events whose event_id is not in the log yet: one commit. Returns the metrics.
+
+    MERGE (not a blind append) so that Delta checks the read against concurrent commits: two
+    writers inserting the same event_id at once conflict, and the retry skips it.
+    """
+    target = DeltaTable.forPath(spark, log_path).alias("log")
+    return (
+        target.merge(events.alias("new"), "log.event_id = new.event_id")
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+class _Ledger:
+    def __init__(self, spark: SparkSession, lake: Lake):
+        self.spark = spark
+        self.path = lake.table_path(INGEST_LEDGER)
+
+    def rows(self) -> list:
+        return self.spark.read.format("delta").load(self.path).collect()
+
+    def pending_batches(self, rows: list) -> dict[int, list[str]]:
+        """Batches planned but not recorded as committed: the ones a crash interrupted."""
+        committed = {row.batch_id for row in rows if row.stage == "committed"}
+        pending: dict[int, list[str]] = {}
+        for row in rows:
+            if row.stage == "planned" and row.batch_id not in committed:
+                pending.setdefault(row.batch_id, []).append(row.file_path)
+        return {batch_id: sorted(files) for batch_id, files in sorted(pending.items())}
+
+    def plan(self, new_files: list[LandingFile], rows: list) -> tuple[int, list[str]] | None:
+        """Record a new batch of the files no batch has read; None when there are none.
+
+        The insert is a MERGE on batch_id, so two runs planning at once conflict and the
+        loser plans again, without the files the winner took.
+        """
+
+        known_rows = [rows]  # the caller's read first; a retry after a conflict reads again
+
+        def attempt() -> tuple[int, list[str]] | None:
+            rows = known_rows.pop() if known_rows else self.rows()
+            taken = {row.file_path for row in rows if row.stage == "planned"}
+            files = [landing_file for landing_file in new_files if landing_file.path not in taken]
+            if not files:
+                return None
+            batch_id = max((row.batch_id for row in rows), default=0) + 1
+            planned = self.spark.createDataFrame(
+                [(batch_id, "planned", f.path, f.size) for f in files],
+                "batch_id long, stage string, file_path string, file_size long",
+            ).withColumn("recorded_at", F.current_timestamp())
+            metrics = (
+                DeltaTable.forPath(self.spark, self.path).alias("ledger")
+                .merge(planned.alias("plan"), "ledger.batch_id = plan.batch_id")
+                .whenNotMatchedInsert(values={c: f"plan.{c}" for c in planned.columns})
+                .execute()
+                .first()
+            )
+            if metrics["num_inserted_rows"] != len(files):
+                raise RuntimeError(f"ingest ledger {self.path}: batch {batch_id} was planned by another run")
+            return batch_id, [f.path for f in files]
+
+        return retry_on_conflict(attempt, what=f"plan an ingestion batch in {self.path}")
+
+    def record_committed(self, result: BatchResult) -> None:
+        row = self.spark.createDataFrame(
+            [(result.batch_id, "committed", result.lines_read, result.accepted, result.duplicates,
+              result.quarantined, result.log_version)],
+            "batch_id long, stage string, lines_read long, accepted long, duplicates long, "
+            "quarantined long, log_version long",
+        ).withColumn("recorded_at", F.current_timestamp())
+        row.write.format("delta").mode("append").save(self.path)
+
+
+def _batch_commit(spark: SparkSession, log_path: str, batch_id: int) -> tuple[int, int] | None:
+    """(version, rows inserted) of the raw log commit batch `batch_id` made, if it made one."""
+    marker = json.dumps({"ingest_batch": batch_id})
+    for limit in (50, None):  # recent commits first: a batch looks itself up right after committing
+        history = DeltaTable.forPath(spark, log_path).history(limit) if limit else DeltaTable.forPath(
+            spark, log_path
+        ).history()
+        row = history.where(F.col("userMetadata") == marker).select("version", "operationMetrics").first()
+        if row is not None:
+            return row["version"], int(row["operationMetrics"].get("numTargetRowsInserted", 0))
+    return None
+
+
+def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str], replayed: bool = False) -> BatchResult:
+    """Step 2 for one planned batch: quarantine its bad lines and merge its good events.
+
+    Safe to run again for the same batch: both commits carry (app id, batch_id), which Delta
+    records atomically with the data and checks before writing.
+    """
+    # Transaction ids are session settings; a session of our own keeps them away from any
+    # other thread writing through the parent session at the same time.
+    session = spark.newSession()
+    log_path = lake.table_path(RAW_EVENT_LOG)
+    lines = read_landing_lines(session, files).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        counts = {row["bad"]: row["count"] for row in lines.groupBy(F.col("reason").isNotNull().alias("bad")).count().collect()}
+        good_lines, quarantined = counts.get(False, 0), counts.get(True, 0)
+        log.info("batch %d: %d files, %d lines, %d bad", batch_id, len(files), good_lines + quarantined, quarantined)
+
+        bad = lines.where("reason IS NOT NULL").select(
+            "source_file", "line_number", "reason", "line", "raw_line",
+            F.lit(batch_id).cast("long").alias("ingest_batch"), F.current_timestamp().alias("quarantined_at"),
+        )
+        (bad.write.format("delta").mode("append")
+            .option("txnAppId", QUARANTINE_APP_ID).option("txnVersion", batch_id)
+            .save(lake.table_path(EVENT_QUARANTINE)))
+
+        events = events_from_lines(lines.where("reason IS NULL"))
+        unique_events = first_of_each_event_id(events)
+        session.conf.set(_TXN_APP_ID, EVENTS_APP_ID)
+        session.conf.set(_TXN_VERSION, str(batch_id))
+        session.conf.set(_USER_METADATA, json.dumps({"ingest_batch": batch_id}))
+        try:
+            retry_on_conflict(
+                lambda: merge_new_events(session, log_path, unique_events),
+                what=f"ingestion batch {batch_id} into {log_path}",
+            )
+        finally:
+            for key in (_TXN_APP_ID, _TXN_VERSION, _USER_METADATA):
+                session.conf.unset(key)
+        commit = _batch_commit(session, log_path, batch_id)
+        version, accepted = commit if commit else (current_version(session, log_path), 0)
+        result = BatchResult(
+            batch_id=batch_id,
+            files=tuple(files),
+            lines_read=good_lines + quarantined,
+            accepted=accepted,
+            duplicates=good_lines - accepted,
+            quarantined=quarantined,
+            log_version=version,
+            replayed=replayed,
+        )
+        log.info(
+            "batch %d: %d accepted, %d duplicates skipped, %d quarantined; raw log at version %d",
+            batch_id, result.accepted, result.duplicates, result.quarantined, version,
+        )
+        return result
+    finally:
+        lines.unpersist()
+
+
+def ensure_ingest_tables(spark: SparkSession, lake: Lake) -> None:
+    for spec in (RAW_EVENT_LOG, EVENT_QUARANTINE, INGEST_LEDGER):
+        ensure_table(spark, lake.table_path(spec), spec)
+
+
+def ingest_landing_files(spark: SparkSession, lake: Lake, landing: str | None = None) -> IngestResult:
+    """Ingest every landing file no earlier run ingested; replay a batch a crash interrupted.
+
+    Running it again with no new files does nothing and returns an empty result.
+
+        result = ingest_landing_files(spark, Lake("/data/lake"))
+        assert result.lines_read == result.accepted + result.duplicates + result.quarantined
+    """
+    ensure_ingest_tables(spark, lake)
+    ledger = _Ledger(spark, lake)
+    results = []
+    ledger_rows = ledger.rows()
+    for batch_id, files in ledger.pending_batches(ledger_rows).items():
+        log.warning("replaying ingestion batch %d (%d files): it was planned but not recorded", batch_id, len(files))
+        results.append(write_batch(spark, lake, batch_id, files, replayed=True))
+        ledger.record_committed(results[-1])
+    if results:
+        ledger_rows = ledger.rows()
+    planned = ledger.plan(list_landing_files(spark, landing or lake.landing), ledger_rows)
+    if planned is not None:
+        batch_id, files = planned
+        results.append(write_batch(spark, lake, batch_id, files))
+        ledger.record_committed(results[-1])
+    return IngestResult(tuple(results), current_version(spark, lake.table_path(RAW_EVENT_LOG)))

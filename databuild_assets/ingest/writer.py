@@ -1,0 +1,87 @@
+"""The writer API: append events to the raw log directly, for code that holds them in memory
+(a DataBuild service) rather than dropping landing files.
+
+Every event is validated first and nothing is written when any is bad. The good ones go in
+one commit, as a MERGE on event_id, so retries by the caller and concurrent writers never
+duplicate an event; Delta's conflicts between writers are retried, never swallowed.
+
+    result = append_events(spark, Lake("/data/lake"), events, writer="graph-service")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from pyspark.sql import SparkSession
+
+from databuild_assets.events.schema import EVENT_COLUMNS
+from databuild_assets.events.validation import InvalidEventError, event_error
+from databuild_assets.ingest.landing import ensure_ingest_tables, events_from_lines, first_of_each_event_id, merge_new_events
+from databuild_assets.runtime.delta_tables import retry_on_conflict
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+
+log = logging.getLogger(__name__)
+
+# How many problems one InvalidEventError lists before it says "and N more".
+_MAX_LISTED_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """`accepted` new events written; `duplicates` whose event_id the log (or the call) had already."""
+
+    accepted: int
+    duplicates: int
+
+
+def validate_events(events: Sequence[Mapping[str, Any]]) -> None:
+    """Raise one InvalidEventError listing every bad event (by index and event_id)."""
+    problems = []
+    for index, event in enumerate(events):
+        error = event_error(event)
+        if error:
+            event_id = event.get("event_id") if isinstance(event, Mapping) else None
+            problems.append(f"events[{index}]" + (f" (event_id {event_id!r})" if event_id else "") + f": {error}")
+    if problems:
+        listed = problems[:_MAX_LISTED_ERRORS]
+        more = len(problems) - len(listed)
+        raise InvalidEventError(
+            f"{len(problems)} of {len(events)} events are invalid; nothing was written.\n  "
+            + "\n  ".join(listed)
+            + (f"\n  ... and {more} more" if more else "")
+        )
+
+
+def append_events(
+    spark: SparkSession, lake: Lake, events: Sequence[Mapping[str, Any]], writer: str = "api"
+) -> WriteResult:
+    """Validate `events`, then add the new ones to the raw log in one commit.
+
+    `writer` names the caller in each row's `source_file` ("writer:<name>") for lineage.
+    """
+    validate_events(events)
+    if not events:
+        return WriteResult(0, 0)
+    ensure_ingest_tables(spark, lake)
+    # As JSON text, so that rows take exactly the path landing files take (from_json with
+    # the one event schema) and both writers store identical rows for identical events.
+    lines = spark.createDataFrame(
+        [(f"writer:{writer}", index + 1, json.dumps({c: event.get(c) for c in EVENT_COLUMNS}))
+         for index, event in enumerate(events)],
+        "source_file string, line_number long, line string",
+    )
+    unique_events = first_of_each_event_id(events_from_lines(lines))
+    log_path = lake.table_path(RAW_EVENT_LOG)
+    metrics = retry_on_conflict(
+        lambda: merge_new_events(spark, log_path, unique_events).first(),
+        what=f"append {len(events)} events from writer {writer!r} to {log_path}",
+    )
+    accepted = int(metrics["num_inserted_rows"])
+    log.info("writer %s: %d events, %d new, %d duplicates", writer, len(events), accepted, len(events) - accepted)
+    return WriteResult(accepted, len(events) - accepted)
+
+
+__all__ = ["WriteResult", "append_events", "validate_events", "InvalidEventError"]
