@@ -86,12 +86,14 @@ def _payload_error(event_type: str, payload: Any) -> str | None:
             return f"{event_type}.{name} is missing; it is required"
     for field in fields:
         value = payload.get(field.name)
-        if value is None:
-            continue
-        error = _type_error(field, f"{event_type}.{field.name}", value)
+        error = None if value is None else _type_error(field, f"{event_type}.{field.name}", value)
         if error:
             return error
-        if field.status_enum is not None:
+        if value == "" and field.name in REQUIRED_PAYLOAD_FIELDS[event_type]:
+            return f"{event_type}.{field.name} is empty; it identifies what the event is about"
+    for field in fields:
+        value = payload.get(field.name)
+        if value is not None and field.status_enum is not None:
             enum = field.status_enum
             try:
                 member = enum(value)
@@ -120,8 +122,9 @@ def event_error(event: Any) -> str | None:
         error = _type_error(field, field.name, value)
         if error:
             return error
-    if event["event_id"] == "":
-        return "event_id is empty"
+    for name in ("event_id", "build_request_id", "event_type"):
+        if event[name] == "":
+            return f"{name} is empty"
     if event["timestamp"] < 0:
         return f"timestamp {event['timestamp']} is negative; it must be Unix epoch nanoseconds"
     event_type = event["event_type"]

@@ -7,6 +7,7 @@ all start Spark the same way; the master URL decides whether that is local or a 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -79,4 +80,10 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     Static settings (master, driver memory, jars) only take effect for the first session of a
     process; later calls return that session, as Spark itself does.
     """
-    return spark_session_from_config(spark_config(settings or SparkSettings()))
+    settings = settings or SparkSettings()
+    if settings.master.startswith("local"):
+        # Python workers must import this package and pyarrow, so they must run the driver's
+        # interpreter (the venv), not the first `python3` on PATH. Local-mode pyspark reads
+        # only this variable (pyspark/core/context.py); a cluster configures its own.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return spark_session_from_config(spark_config(settings))
