@@ -1,0 +1,45 @@
+# The two commands of the README, and the pieces they are made of.
+#   make demo   set up, then run the main job on the embedded default lake and print a summary
+#   make test   set up, then run the test suite (what .ci/run calls)
+#   make ui     start the Dagster UI on http://127.0.0.1:3000
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+DAGSTER_HOME := $(CURDIR)/.dagster_home
+export DAGSTER_HOME
+
+.PHONY: setup demo test ui bench clean-lake
+
+# A virtual environment with the pinned packages, and Delta's jars from Maven Central.
+setup: $(VENV)/.installed delta-jars/lib/.fetched $(DAGSTER_HOME)/dagster.yaml
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+delta-jars/lib/.fetched: delta-jars/pom.xml $(VENV)/.installed
+	$(BIN)/python -m databuild_assets.runtime.delta_jars fetch
+	touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+demo: setup
+	$(BIN)/databuild-assets demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+ui: setup
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+bench: setup
+	$(BIN)/python -m bench.ingest
+
+# Removes the embedded lake (tables and landing files); the next `make demo` starts afresh.
+clean-lake:
+	rm -rf .lake

@@ -1,0 +1,72 @@
+"""raw_event_log and event_quarantine: both written by one ingestion step, so one multi-asset."""
+
+from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, multi_asset
+from pyspark.sql import functions as F
+
+from databuild_assets.defs.metadata import delta_table_metadata, preview
+from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.ingest.landing import ingest_landing_files
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
+
+landing_files = AssetSpec(
+    "landing_files",
+    description="JSON Lines files that DataBuild writers drop under <lake root>/landing (written to a "
+    "hidden name, then renamed). Not materialized here: they arrive from outside.",
+    group_name="event_log",
+)
+
+
+@multi_asset(
+    specs=[
+        AssetSpec(RAW_EVENT_LOG.name, description=RAW_EVENT_LOG.description, deps=[landing_files], group_name="event_log"),
+        AssetSpec(EVENT_QUARANTINE.name, description=EVENT_QUARANTINE.description, deps=[landing_files], group_name="event_log"),
+    ],
+    # One ingestion at a time: a second would only find the first one's files taken.
+    pool="databuild_ingest",
+)
+def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResource):
+    """Ingest every landing file not ingested yet, exactly once (see ingest/landing.py)."""
+    spark, lake = lakehouse.spark_session, lakehouse.lake
+    result = ingest_landing_files(spark, lake)
+    for batch in result.batches:
+        context.log.info(
+            f"batch {batch.batch_id}{' (replayed after a crash)' if batch.replayed else ''}: "
+            f"{len(batch.files)} files, {batch.lines_read} lines -> {batch.accepted} accepted, "
+            f"{batch.duplicates} duplicates skipped, {batch.quarantined} quarantined"
+        )
+    if not result.batches:
+        context.log.info(f"no new landing files in {lake.landing}")
+    counts = {
+        "files_ingested": MetadataValue.int(len(result.files)),
+        "lines_read": MetadataValue.int(result.lines_read),
+        "accepted": MetadataValue.int(result.accepted),
+        "duplicates_skipped": MetadataValue.int(result.duplicates),
+        "quarantined": MetadataValue.int(result.quarantined),
+    }
+    log_path, quarantine_path = lake.table_path(RAW_EVENT_LOG), lake.table_path(EVENT_QUARANTINE)
+    log_table = spark.read.format("delta").load(log_path)
+    yield MaterializeResult(
+        asset_key=RAW_EVENT_LOG.name,
+        metadata={
+            **counts,
+            **delta_table_metadata(spark, log_path),
+            "dagster/row_count": MetadataValue.int(log_table.count()),
+            "preview": preview(
+                log_table.orderBy(F.col("timestamp").desc(), F.col("event_id").desc()).select(
+                    "event_id", "timestamp", "event_type", "build_request_id", "event_date"
+                )
+            ),
+        },
+    )
+    quarantine_table = spark.read.format("delta").load(quarantine_path)
+    yield MaterializeResult(
+        asset_key=EVENT_QUARANTINE.name,
+        metadata={
+            **counts,
+            **delta_table_metadata(spark, quarantine_path),
+            "dagster/row_count": MetadataValue.int(quarantine_table.count()),
+            "preview": preview(
+                quarantine_table.orderBy(F.col("quarantined_at").desc()).select("source_file", "line_number", "reason")
+            ),
+        },
+    )

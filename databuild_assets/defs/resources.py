@@ -1,0 +1,64 @@
+"""The lakehouse resource: one SparkSession configured for Delta, and the lake root."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+from pyspark.sql import SparkSession
+
+from databuild_assets.runtime.lake import DEFAULT_LAKE_ROOT, Lake
+from databuild_assets.runtime.spark import DEFAULT_MASTER, SparkSettings, build_spark_session
+
+
+class LakehouseResource(LazyPySparkResource):
+    """Spark with Delta, started on first use (a sensor that finds nothing new starts no JVM).
+
+    Built on dagster-pyspark's LazyPySparkResource: `spark_config` is computed from the typed
+    fields below, so the master URL and the lake root are all a deployment changes to move
+    from this machine to a cluster and object storage.
+    """
+
+    master: str = Field(default=DEFAULT_MASTER, description="Spark master URL: local[*], spark://host:7077, yarn, k8s://...")
+    lake_root: str = Field(default=DEFAULT_LAKE_ROOT, description="Root of the lake: a local folder or s3a://bucket/prefix.")
+    shuffle_partitions: int = Field(default=8, description="spark.sql.shuffle.partitions; raise it on a cluster.")
+    driver_memory: str = Field(default="4g", description="spark.driver.memory (local mode: all of Spark's memory).")
+    extra_spark_config: dict[str, str] = Field(default_factory=dict, description="Any other Spark settings; they win.")
+    spark_config: dict[str, Any] = Field(default_factory=dict, description="Computed from the fields above; leave empty.")
+
+    @classmethod
+    def from_env(cls) -> "LakehouseResource":
+        """Defaults, overridden by DATABUILD_SPARK_MASTER, DATABUILD_LAKE_ROOT,
+        DATABUILD_SPARK_SHUFFLE_PARTITIONS, DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF."""
+        settings = SparkSettings.from_env()
+        return cls(
+            master=settings.master,
+            lake_root=Lake.from_env().root,
+            shuffle_partitions=settings.shuffle_partitions,
+            driver_memory=settings.driver_memory,
+            extra_spark_config=dict(settings.extra_config),
+        )
+
+    @property
+    def settings(self) -> SparkSettings:
+        return SparkSettings(
+            master=self.master,
+            shuffle_partitions=self.shuffle_partitions,
+            driver_memory=self.driver_memory,
+            extra_config={**self.spark_config, **self.extra_spark_config},
+        )
+
+    @property
+    def lake(self) -> Lake:
+        return Lake(self.lake_root)
+
+    def _init_session(self) -> None:
+        if self._spark_session is None:
+            self._spark_session = build_spark_session(self.settings)
+
+    @property
+    def spark_session(self) -> SparkSession:
+        self._init_session()
+        return self._spark_session
+
