@@ -1,0 +1,250 @@
+"""The BuildEventLog query interface, run against every backend, plus the SQLite-only parts
+(opening by URI, the bulk loader).
+
+The shared specification is `bel_cases.py`. To run it on another backend, add its factory to
+`BACKEND_FACTORIES`: it gets the pytest request (for fixtures such as `spark`) and an empty
+directory of its own, and returns an open, empty log.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.register_assert_rewrite("databuild_assets_tests.bel_cases")
+
+from databuild_assets.events.validation import InvalidEventError  # noqa: E402
+from databuild_assets.log import (  # noqa: E402
+    BACKENDS,
+    AppendResult,
+    BuildEventLog,
+    EventFilter,
+    SqliteEventLog,
+    load_events,
+    open_event_log,
+    register_backend,
+)
+from databuild_assets_tests import bel_cases  # noqa: E402
+from databuild_assets_tests.bel_cases import P, partition_event  # noqa: E402
+
+BackendFactory = Callable[[pytest.FixtureRequest, Path], BuildEventLog]
+
+
+def _sqlite_log(request: pytest.FixtureRequest, directory: Path) -> BuildEventLog:
+    return SqliteEventLog(directory / "bel.db")
+
+
+BACKEND_FACTORIES: dict[str, BackendFactory] = {
+    "sqlite": _sqlite_log,
+}
+
+
+@pytest.fixture(params=sorted(BACKEND_FACTORIES))
+def make_event_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], BuildEventLog]]:
+    """Opens fresh, empty logs of one backend (each in its own directory); closes them after."""
+    factory = BACKEND_FACTORIES[request.param]
+    opened: list[BuildEventLog] = []
+
+    def make() -> BuildEventLog:
+        directory = tmp_path / f"log-{len(opened)}"
+        directory.mkdir()
+        opened.append(factory(request, directory))
+        return opened[-1]
+
+    yield make
+    for log in opened:
+        log.close()
+
+
+@pytest.fixture
+def event_log(make_event_log: Callable[[], BuildEventLog]) -> BuildEventLog:
+    return make_event_log()
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared specification, on every backend
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", bel_cases.CASES, ids=lambda case: case.__name__)
+def test_shared_case(event_log: BuildEventLog, case: Callable[[BuildEventLog], None]) -> None:
+    case(event_log)
+
+
+def test_answers_do_not_depend_on_how_events_were_batched_or_in_what_order_they_arrived(
+    make_event_log: Callable[[], BuildEventLog],
+) -> None:
+    events = bel_cases.mixed_scenario()
+    keys = bel_cases.keys_of(events)
+    in_one_batch = make_event_log()
+    in_one_batch.append_events(events)
+    expected = bel_cases.answers(in_one_batch, *keys)
+
+    for seed in range(3):
+        shuffled = list(events)
+        random.Random(seed).shuffle(shuffled)
+        log = make_event_log()
+        results = [log.append_events(shuffled[start : start + 4]) for start in range(0, len(shuffled), 4)]
+        assert sum(result.accepted for result in results) == len(events)
+        assert bel_cases.answers(log, *keys) == expected, f"shuffle seed {seed}"
+
+    # A few of those answers, written out.
+    assert in_one_batch.get_active_builds_for_partition("data/x") == []  # br-7 FAILED, br-8 DELEGATED
+    assert in_one_batch.get_active_builds_for_partition("data/z") == ["br-9"]
+    assert in_one_batch.get_build_request_for_available_partition("data/x") is None  # invalidated by m10
+    assert in_one_batch.get_build_request_for_available_partition("data/y") == "br-9"
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments checked before any backend is involved
+# ---------------------------------------------------------------------------------------------
+
+
+def test_event_filter_refuses_a_bare_string_and_unknown_event_types() -> None:
+    with pytest.raises(TypeError, match="got the string 'partition_event'"):
+        EventFilter(event_types="partition_event")
+    with pytest.raises(ValueError, match=r"unknown event type\(s\) \['partition'\]"):
+        EventFilter(event_types=["partition"])
+    assert EventFilter(partition_refs=iter(["data/a"])).partition_refs == ("data/a",)
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening by URI
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_sqlite_uri_opens_the_file_at_its_absolute_path(tmp_path: Path) -> None:
+    path = tmp_path / "bel.db"
+
+    with open_event_log(f"sqlite://{path}") as log:
+        assert isinstance(log, SqliteEventLog)
+        assert log.path == str(path)
+        log.append_event(partition_event("e1", 100, "br-1", "data/a", P.PARTITION_AVAILABLE))
+
+    with open_event_log(f"sqlite://{path}") as reopened:
+        assert reopened.get_build_request_for_available_partition("data/a") == "br-1"
+
+
+def test_a_sqlite_memory_uri_opens_an_empty_log_in_memory() -> None:
+    with open_event_log("sqlite:///:memory:") as log:
+        assert log.path == ":memory:"
+        assert log.get_activity_summary().total_events == 0
+
+
+def test_a_sqlite_file_that_is_not_an_event_log_is_refused_and_left_alone(tmp_path: Path) -> None:
+    other_app = tmp_path / "other.db"
+    with sqlite3.connect(other_app) as connection:
+        connection.execute("CREATE TABLE accounts (id INTEGER)")
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("not a database, just long enough to have a header " * 4)
+
+    with pytest.raises(ValueError, match=r"other.db is a SQLite database but not an event log"):
+        SqliteEventLog(other_app)
+    with pytest.raises(ValueError, match=r"cannot open SQLite event log .*notes.txt: file is not a database"):
+        SqliteEventLog(not_sqlite)
+    with sqlite3.connect(other_app) as connection:
+        assert connection.execute("SELECT name FROM sqlite_master").fetchall() == [("accounts",)]
+
+
+def test_an_event_log_written_by_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bel.db"
+    SqliteEventLog(path).close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("PRAGMA user_version = 99")
+
+    with pytest.raises(ValueError, match="schema version 99, this code reads version 1"):
+        SqliteEventLog(path)
+
+
+def test_a_relative_sqlite_uri_is_refused_with_the_form_to_use() -> None:
+    with pytest.raises(ValueError, match=r"does not name an absolute file path.*sqlite:///var/lib"):
+        open_event_log("sqlite://bel.db")
+
+
+def test_a_delta_uri_says_the_delta_backend_needs_a_spark_session() -> None:
+    with pytest.raises(ValueError, match=r"needs a SparkSession.*databuild_assets\.log\.delta_backend"):
+        open_event_log("delta:///lake/bel")
+
+
+def test_an_unknown_uri_is_refused_naming_it_and_the_accepted_forms() -> None:
+    with pytest.raises(ValueError, match=r"cannot open event log 'postgres://db/bel'.*sqlite:///absolute/path"):
+        open_event_log("postgres://db/bel")
+    with pytest.raises(ValueError, match="cannot open event log '/tmp/bel.db'"):
+        open_event_log("/tmp/bel.db")
+
+
+def test_a_registered_backend_opens_its_scheme_with_the_callers_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(BACKENDS, "delta", BACKENDS["delta"])  # restored after the test
+    opened = []
+
+    def open_fake(uri: str, location: str, **options: object) -> BuildEventLog:
+        opened.append((uri, location, options))
+        return SqliteEventLog(":memory:")
+
+    register_backend("delta", open_fake)
+    open_event_log("delta:///lake/bel", spark="a SparkSession").close()
+
+    assert opened == [("delta:///lake/bel", "/lake/bel", {"spark": "a SparkSession"})]
+
+
+# ---------------------------------------------------------------------------------------------
+# The SQLite bulk loader
+# ---------------------------------------------------------------------------------------------
+
+
+def test_load_events_gives_the_same_answers_as_append_events(tmp_path: Path) -> None:
+    events = bel_cases.mixed_scenario()
+    keys = bel_cases.keys_of(events)
+
+    result = load_events(tmp_path / "loaded.db", iter(events + events[:3]))
+
+    assert result == AppendResult(accepted=len(events), duplicates=3)
+    with SqliteEventLog(tmp_path / "loaded.db") as loaded, SqliteEventLog(tmp_path / "appended.db") as appended:
+        appended.append_events(events)
+        assert bel_cases.answers(loaded, *keys) == bel_cases.answers(appended, *keys)
+        # The bulk load rebuilt every index and the trigger it dropped.
+        assert _schema_of(loaded) == _schema_of(appended)
+        late = bel_cases.build_request_event("late", 1, "br-late", bel_cases.BR.BUILD_REQUEST_RECEIVED, ["data/a"])
+        loaded.append_event(late)
+        assert bel_cases.ids(loaded.get_partition_events("data/a"))[0] == "late"
+
+
+def _schema_of(log: SqliteEventLog) -> list[tuple[str, str, str]]:
+    return log._connection.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_stat%' ORDER BY name"
+    ).fetchall()
+
+
+def test_load_events_into_a_log_that_has_events_adds_to_it(tmp_path: Path) -> None:
+    path = tmp_path / "bel.db"
+    load_events(path, [partition_event("e1", 100, "br-1", "data/a", P.PARTITION_BUILDING)])
+
+    result = load_events(
+        path,
+        [
+            partition_event("e1", 100, "br-1", "data/a", P.PARTITION_BUILDING),
+            partition_event("e2", 200, "br-1", "data/a", P.PARTITION_AVAILABLE),
+        ],
+    )
+
+    assert result == AppendResult(accepted=1, duplicates=1)
+    with SqliteEventLog(path) as log:
+        assert log.get_build_request_for_available_partition("data/a") == "br-1"
+
+
+def test_load_events_rolls_everything_back_when_one_event_is_invalid(tmp_path: Path) -> None:
+    def events() -> Iterator[dict]:
+        for index in range(1000):
+            yield partition_event(f"e{index}", index, "br-1", "data/a", P.PARTITION_BUILDING)
+        yield {"event_id": "bad", "timestamp": 1}
+
+    with pytest.raises(InvalidEventError, match=r"events\[1000\]: missing required field 'build_request_id'"):
+        load_events(tmp_path / "bel.db", events())
+
+    with SqliteEventLog(tmp_path / "bel.db") as log:
+        assert log.get_activity_summary().total_events == 0
+        assert log.list_recent_partitions() == []
