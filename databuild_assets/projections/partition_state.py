@@ -1,0 +1,147 @@
+"""The partition_state projection: one row per partition_ref seen in a partition_event,
+delegation_event or partition_invalidation_event, with its status (EVENTS.md, Projections).
+
+Row for row the SQLite reference's `partition_state` table (log/sqlite_backend.py), plus the
+status name; its columns are those of `log.interface.PartitionSummary`, then the status_* fields
+of `PartitionStatusInfo` (the latest partition_event itself).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructType
+
+from databuild_assets.events.enums import PartitionStatus
+from databuild_assets.projections.projection import (
+    Projection,
+    column,
+    event_with,
+    latest,
+    later,
+    semi_join_on_keys,
+    status_name,
+)
+
+KEY = "partition_ref"
+# The event types that carry a partition_ref, and so make and change partition_state rows.
+EVENT_TYPES = ("partition_event", "delegation_event", "partition_invalidation_event")
+
+SCHEMA = StructType(
+    [
+        column(KEY, StringType(), False, "The partition."),
+        column("status_code", IntegerType(), False,
+               "PartitionStatus of the latest partition_event; 0 (UNKNOWN) when the ref has none."),
+        column("status_name", StringType(), False, "The PartitionStatus name of status_code."),
+        column("is_available", BooleanType(), False, "status is PARTITION_AVAILABLE and not invalidated."),
+        column("invalidated", BooleanType(), False,
+               "A partition_invalidation_event is later than the latest partition_event (or there is none)."),
+        column("updated_at", LongType(), False,
+               "Timestamp (ns) of the latest event of the ref, of any of the three types."),
+        column("last_event_id", StringType(), False, "event_id of that latest event."),
+        column("last_build_request_id", StringType(), False, "build_request_id of that latest event."),
+        column("last_job_run_id", StringType(), True, "The latest non-null job_run_id of its partition_events."),
+        column("last_available_at", LongType(), True,
+               "Timestamp of its latest PARTITION_AVAILABLE event, even if later events superseded it."),
+        column("last_available_build_request_id", StringType(), True, "build_request_id of that AVAILABLE event."),
+        column("delegated_to_build_request_id", StringType(), True, "Target of its latest delegation_event."),
+        column("invalidation_reason", StringType(), True,
+               "Reason of its latest partition_invalidation_event, only while invalidated."),
+        column("event_count", LongType(), False, "Number of its partition, delegation and invalidation events."),
+        column("status_timestamp", LongType(), True, "Timestamp of the latest partition_event (null if none)."),
+        column("status_event_id", StringType(), True, "event_id of the latest partition_event."),
+        column("status_build_request_id", StringType(), True, "build_request_id of the latest partition_event."),
+        column("status_job_run_id", StringType(), True, "job_run_id of the latest partition_event."),
+    ]
+)  # fmt: skip
+
+
+def partition_ref_of_event() -> Column:
+    """The partition_ref an event carries (null for the event types that carry none)."""
+    event_type = F.col("event_type")
+    ref = None
+    for name in EVENT_TYPES:
+        value = F.col(f"{name}.partition_ref")
+        ref = F.when(event_type == name, value) if ref is None else ref.when(event_type == name, value)
+    return ref
+
+
+def keys_of(events: DataFrame) -> DataFrame:
+    """The partition_refs that `events` touch."""
+    return events.select(partition_ref_of_event().alias(KEY)).where(F.col(KEY).isNotNull()).distinct()
+
+
+def events_for_keys(events: DataFrame, keys: DataFrame) -> DataFrame:
+    """The partition, delegation and invalidation events of the partition_refs in `keys`."""
+    return semi_join_on_keys(events, partition_ref_of_event(), keys, KEY)
+
+
+def build(events: DataFrame) -> DataFrame:
+    """One partition_state row per partition_ref in `events`."""
+    event_type = F.col("event_type")
+    partition = F.col("partition_event")
+    is_partition = event_type == "partition_event"
+    is_available = is_partition & (partition["status_code"] == int(PartitionStatus.PARTITION_AVAILABLE))
+    has_job_run = is_partition & partition["job_run_id"].isNotNull()
+    from_request = event_with(build_request_id=F.col("build_request_id"))
+
+    per_ref = (
+        events.select(partition_ref_of_event().alias(KEY), "*")
+        .where(F.col(KEY).isNotNull())
+        .groupBy(KEY)
+        .agg(
+            F.count(F.lit(1)).alias("event_count"),
+            latest(from_request).alias("last"),
+            latest(
+                event_with(
+                    build_request_id=F.col("build_request_id"),
+                    status_code=partition["status_code"],
+                    job_run_id=partition["job_run_id"],
+                ),
+                is_partition,
+            ).alias("status"),
+            latest(partition["job_run_id"], has_job_run).alias("last_job_run_id"),
+            latest(from_request, is_available).alias("available"),
+            latest(F.col("delegation_event.delegated_to_build_request_id"), event_type == "delegation_event").alias(
+                "delegated_to_build_request_id"
+            ),
+            latest(
+                event_with(reason=F.col("partition_invalidation_event.reason")),
+                event_type == "partition_invalidation_event",
+            ).alias("invalidation"),
+        )
+    )
+
+    status, invalidation = F.col("status"), F.col("invalidation")
+    status_code = F.coalesce(status["status_code"], F.lit(int(PartitionStatus.PARTITION_UNKNOWN)))
+    invalidated = later(invalidation, status)
+    return per_ref.select(
+        F.col(KEY),
+        status_code.alias("status_code"),
+        status_name(PartitionStatus, status_code).alias("status_name"),
+        ((status_code == int(PartitionStatus.PARTITION_AVAILABLE)) & ~invalidated).alias("is_available"),
+        invalidated.alias("invalidated"),
+        F.col("last.timestamp").alias("updated_at"),
+        F.col("last.event_id").alias("last_event_id"),
+        F.col("last.build_request_id").alias("last_build_request_id"),
+        F.col("last_job_run_id"),
+        F.col("available.timestamp").alias("last_available_at"),
+        F.col("available.build_request_id").alias("last_available_build_request_id"),
+        F.col("delegated_to_build_request_id"),
+        F.when(invalidated, invalidation["reason"]).alias("invalidation_reason"),
+        F.col("event_count"),
+        status["timestamp"].alias("status_timestamp"),
+        status["event_id"].alias("status_event_id"),
+        status["build_request_id"].alias("status_build_request_id"),
+        status["job_run_id"].alias("status_job_run_id"),
+    )
+
+
+PARTITION_STATE = Projection(
+    name="partition_state",
+    key=KEY,
+    schema=SCHEMA,
+    build=build,
+    keys_of=keys_of,
+    events_for_keys=events_for_keys,
+)
