@@ -1,20 +1,26 @@
-"""Assembles the Dagster definitions; each domain's assets live under defs/<domain>/."""
-
-from __future__ import annotations
+"""Assembles the Dagster definitions; each domain's assets, checks, jobs and sensors live under defs/<domain>/."""
 
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.event_log.jobs import ingest_job
+from databuild_assets.defs.event_log.sensors import landing_files_sensor
+from databuild_assets.defs.projections.assets import projection_assets
+from databuild_assets.defs.projections.checks import projection_asset_checks
+from databuild_assets.defs.projections.jobs import refresh_projections_job
+from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.defs.resources import LakehouseResource
 
-# Every asset, in one run (the main job of the README).
+# Every asset, in one run (the main job of the README): ingestion, then the projections.
 all_assets_job = define_asset_job(
     "all_assets_job", selection=AssetSelection.all() - AssetSelection.assets(landing_files.key)
 )
 
 defs = Definitions(
-    assets=[landing_files, ingested_event_log],
-    jobs=[all_assets_job],
+    assets=[landing_files, ingested_event_log, *projection_assets],
+    asset_checks=projection_asset_checks,
+    jobs=[all_assets_job, ingest_job, refresh_projections_job],
+    sensors=[landing_files_sensor, event_log_commits_sensor],
     resources={"lakehouse": LakehouseResource.from_env()},
     # One process per run, so one JVM per run: a SparkSession cannot be shared across processes.
     executor=in_process_executor,

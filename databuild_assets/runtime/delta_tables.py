@@ -4,9 +4,12 @@ table's version and size, check its schema version, and retry a write on Delta's
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from delta.exceptions import (
@@ -111,3 +114,19 @@ def retry_on_conflict(write: Callable[[], T], *, what: str, attempts: int = 8, b
             )
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+
+def latest_version_on_disk(path: str) -> int | None:
+    """The newest commit of a Delta table on a local disk, by listing `_delta_log` (no JVM).
+
+    For sensors, which run in Dagster's daemon and should not start Spark to see whether a
+    table moved. None when there is no table. Remote roots need Spark (`current_version`).
+    """
+    log_dir = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
+    if not log_dir.is_dir():
+        return None
+    versions = [int(match.group(1)) for name in os.listdir(log_dir) if (match := _COMMIT_FILE.match(name))]
+    return max(versions, default=None)

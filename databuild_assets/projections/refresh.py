@@ -1,0 +1,199 @@
+"""Keeping a projection up to date with the event log: incrementally when it can, in full when it must.
+
+A refresh reads the log at one pinned version. Incrementally, it takes only the rows that the
+log's commits since the last processed version added (their add actions), finds the keys
+those rows touch, recomputes those keys' rows from *all* their events and MERGEs them in. So
+a late event (an older timestamp in a newer commit) gives the same rows as a full rebuild,
+and applying the same range twice changes nothing. The processed log version is written in
+the projection commit's own userMetadata: atomic with the rows it describes.
+
+A full rebuild happens when asked, when the projection is missing or records no version, when
+the commits since then are no longer readable (log cleanup), or when they removed data
+(erasure or a rewrite): those are not appends, and a rebuild is the simple correct answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from databuild_assets.projections.projection import Projection
+from databuild_assets.runtime.delta_tables import current_version, ensure_table, retry_on_conflict
+from databuild_assets.runtime.lake import Lake, TableSpec
+
+log = logging.getLogger(__name__)
+
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+@dataclass(frozen=True)
+class LogChanges:
+    """What the log's commits in (from_version, to_version] did to its data."""
+
+    added_files: tuple[str, ...]  # file names (unique: Delta names data files by UUID)
+    partition_values: tuple[dict, ...]
+    removed_data: bool  # a commit removed rows (delete, erasure, overwrite), not just appended
+
+
+class LogVersionsUnavailable(RuntimeError):
+    """A commit the incremental refresh needs is gone (log retention); rebuild in full."""
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    projection: str
+    mode: str  # "full", "incremental" or "up-to-date"
+    reason: str
+    from_version: int | None  # log version processed before (None: never)
+    to_version: int  # log version processed now
+    keys_refreshed: int | None  # incremental: keys recomputed; full: rows written
+    projection_version: int
+
+
+def projection_spec(projection: Projection) -> TableSpec:
+    return TableSpec(projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}.")
+
+
+def log_changes(spark: SparkSession, log_path: str, from_version: int, to_version: int) -> LogChanges:
+    """Read the add/remove actions of the log's commits after `from_version` up to `to_version`."""
+    if to_version <= from_version:
+        return LogChanges((), (), False)
+    commits = [f"{log_path}/_delta_log/{version:020d}.json" for version in range(from_version + 1, to_version + 1)]
+    try:
+        lines = [row.value for row in spark.read.text(commits).collect()]
+    except Exception as error:  # Spark's "path does not exist" is an AnalysisException
+        if "PATH_NOT_FOUND" in str(error) or "does not exist" in str(error):
+            raise LogVersionsUnavailable(
+                f"{log_path}: commits {from_version + 1}..{to_version} are not all readable ({error})"
+            ) from error
+        raise
+    added, partition_values, removed_data = [], [], False
+    for line in lines:
+        action = json.loads(line)
+        if "add" in action and action["add"].get("dataChange", True):
+            added.append(unquote(action["add"]["path"]).rsplit("/", 1)[-1])
+            partition_values.append(action["add"].get("partitionValues") or {})
+        elif "remove" in action and action["remove"].get("dataChange", True):
+            removed_data = True
+    return LogChanges(tuple(added), tuple(partition_values), removed_data)
+
+
+def rows_added(log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
+    """The log rows that live in the files `changes` added (partition-pruned, then by file)."""
+    frame = log_at_version
+    partition_columns = sorted({column for values in changes.partition_values for column in values})
+    for column in partition_columns:
+        frame = frame.where(F.col(column).cast("string").isin(sorted({v.get(column) for v in changes.partition_values})))
+    return frame.where(F.col("_metadata.file_name").isin(list(changes.added_files)))
+
+
+def processed_log_version(spark: SparkSession, path: str, projection: str) -> int | None:
+    """The log version the projection's latest refresh commit recorded, or None."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    table = DeltaTable.forPath(spark, path)
+    for history in (table.history(20), table.history()):  # refreshes are usually the latest commits
+        for row in history.orderBy(F.col("version").desc()).select("userMetadata").collect():
+            metadata = _parse_metadata(row["userMetadata"])
+            if metadata.get("projection") == projection:
+                return int(metadata["log_version"])
+    return None
+
+
+def _parse_metadata(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _commit_metadata(projection: Projection, log_version: int, mode: str) -> str:
+    return json.dumps({"projection": projection.name, "log_version": log_version, "mode": mode})
+
+
+def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
+    """Replace the projection with `build` of the whole log, in one commit."""
+    ensure_table(spark, path, projection_spec(projection))
+    rows = projection.build(log_at_version).select(*projection.schema.fieldNames())
+    (rows.write.format("delta").mode("overwrite")
+        .option("userMetadata", _commit_metadata(projection, log_version, "full"))
+        .save(path))
+
+
+def merge_keys(
+    session: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, new_rows: DataFrame, log_version: int
+) -> int:
+    """Recompute the keys `new_rows` touch from all their events and MERGE them in; returns the key count."""
+    keys = projection.keys_of(new_rows).cache()
+    try:
+        key_count = keys.count()
+        rows = projection.build(projection.events_for_keys(log_at_version, keys)).select(*projection.schema.fieldNames())
+        key = projection.key
+        session.conf.set(_USER_METADATA, _commit_metadata(projection, log_version, "incremental"))
+        try:
+            retry_on_conflict(
+                lambda: DeltaTable.forPath(session, path).alias("current")
+                .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
+                .whenMatchedUpdateAll()
+                .whenNotMatchedInsertAll()
+                .execute(),
+                what=f"refresh {projection.name} at {path}",
+            )
+        finally:
+            session.conf.unset(_USER_METADATA)
+        return key_count
+    finally:
+        keys.unpersist()
+
+
+def refresh_projection(
+    spark: SparkSession, lake: Lake, projection: Projection, source: TableSpec, full: bool = False
+) -> RefreshResult:
+    """Bring `projection` up to the current version of the `source` log table.
+
+        result = refresh_projection(spark, lake, PROJECTIONS["partition_state"], RAW_EVENT_LOG)
+    """
+    # userMetadata is a session setting: a session of our own keeps it off other threads' commits.
+    session = spark.newSession()
+    source_path, path = lake.table_path(source), lake.table_path(projection_spec(projection))
+    log_version = current_version(session, source_path)
+    log_at_version = session.read.format("delta").option("versionAsOf", log_version).load(source_path)
+    processed = processed_log_version(session, path, projection.name)
+
+    def done(mode: str, reason: str, keys: int | None) -> RefreshResult:
+        result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, current_version(session, path))
+        log.info("%s: %s refresh (%s), log version %s -> %d, %s keys", projection.name, mode, reason, processed, log_version, keys)
+        return result
+
+    if full:
+        reason = "full rebuild requested"
+    elif processed is None:
+        reason = "projection has no recorded log version"
+    elif processed > log_version:
+        reason = f"recorded log version {processed} is newer than the log's {log_version} (log replaced?)"
+    elif processed == log_version:
+        return done("up-to-date", "no new log commits", 0)
+    else:
+        try:
+            changes = log_changes(session, source_path, processed, log_version)
+        except LogVersionsUnavailable as error:
+            reason = str(error)
+        else:
+            if changes.removed_data:
+                reason = f"log commits {processed + 1}..{log_version} removed data"
+            elif not changes.added_files:  # e.g. only compaction commits (dataChange=false)
+                return done("up-to-date", f"log commits {processed + 1}..{log_version} added no data", 0)
+            else:
+                keys = merge_keys(session, path, projection, log_at_version, rows_added(log_at_version, changes), log_version)
+                return done("incremental", f"{len(changes.added_files)} files added", keys)
+    rebuild(session, path, projection, log_at_version, log_version)
+    return done("full", reason, session.read.format("delta").load(path).count())

@@ -1,0 +1,187 @@
+"""Projection refresh: incremental equals a full rebuild; the recorded version drives it; sensors,
+checks and the migration command behave as an operator expects."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from dagster import (
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    Definitions,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+    define_asset_job,
+)
+
+from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.event_log.sensors import landing_files_sensor
+from databuild_assets.defs.projections.assets import projection_assets
+from databuild_assets.defs.projections.checks import projection_asset_checks
+from databuild_assets.defs.projections.sensors import event_log_commits_sensor
+from databuild_assets.ingest.writer import append_events
+from databuild_assets.log.migrate import migrate_sqlite_to_delta
+from databuild_assets.log.sqlite_backend import load_events
+from databuild_assets.projections import PROJECTIONS
+from databuild_assets.projections.refresh import processed_log_version, projection_spec, refresh_projection
+from databuild_assets.runtime.delta_tables import current_version
+from databuild_assets.runtime.lake import RAW_EVENT_LOG
+from databuild_assets.workload import generate_events, write_landing_files
+from databuild_assets_tests.test_definitions import lakehouse_for
+from databuild_assets_tests.test_ingest import partition_event
+
+PARTITION_STATE = PROJECTIONS["partition_state"]
+
+
+def stored_rows(spark, lake, projection) -> list[dict]:
+    rows = spark.read.format("delta").load(lake.table_path(projection_spec(projection))).collect()
+    return sorted((row.asDict(recursive=True) for row in rows), key=lambda row: row[projection.key])
+
+
+def rebuilt_rows(spark, lake, projection) -> list[dict]:
+    log = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
+    rows = projection.build(log).select(*projection.schema.fieldNames()).collect()
+    return sorted((row.asDict(recursive=True) for row in rows), key=lambda row: row[projection.key])
+
+
+def refresh_all(spark, lake, full: bool = False) -> dict[str, str]:
+    return {name: refresh_projection(spark, lake, p, RAW_EVENT_LOG, full=full).mode for name, p in PROJECTIONS.items()}
+
+
+@pytest.fixture(scope="module")
+def workload() -> list[dict]:
+    return list(generate_events(1_500, seed=11))
+
+
+def test_incremental_refreshes_equal_a_full_rebuild_after_every_batch_including_late_events(spark, lake, workload):
+    # Late arrivals: the third batch holds the oldest events, committed last.
+    batches = [workload[500:1000], workload[1000:], workload[:500]]
+    modes = []
+    for batch in batches:
+        append_events(spark, lake, batch)
+        modes.append(refresh_all(spark, lake))
+        for projection in PROJECTIONS.values():
+            assert stored_rows(spark, lake, projection) == rebuilt_rows(spark, lake, projection), projection.name
+
+    assert [set(m.values()) for m in modes] == [{"full"}, {"incremental"}, {"incremental"}]
+    assert processed_log_version(spark, lake.table_path(projection_spec(PARTITION_STATE)), "partition_state") == 3
+
+
+def test_a_refresh_with_no_new_log_commits_writes_nothing(spark, lake):
+    append_events(spark, lake, [partition_event("p1")])
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    version = current_version(spark, lake.table_path(projection_spec(PARTITION_STATE)))
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    assert (result.mode, result.projection_version) == ("up-to-date", version)
+
+
+def test_full_rebuild_when_asked(spark, lake):
+    append_events(spark, lake, [partition_event("p1")])
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, full=True)
+
+    assert (result.mode, result.reason) == ("full", "full rebuild requested")
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
+def test_log_commits_that_remove_events_force_a_full_rebuild_without_the_removed_keys(spark, lake):
+    append_events(spark, lake, [partition_event("p1", ref="data/a"), partition_event("p2", 1, ref="data/b")])
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    spark.sql(f"DELETE FROM delta.`{lake.table_path(RAW_EVENT_LOG)}` WHERE event_id = 'p2'")
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    assert (result.mode, result.reason) == ("full", "log commits 2..2 removed data")
+    assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/a"]
+
+
+def test_log_commits_no_longer_on_disk_force_a_full_rebuild(spark, lake):
+    log_path = lake.table_path(RAW_EVENT_LOG)
+    append_events(spark, lake, [partition_event("p1", ref="data/a")])  # version 1
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    spark.sql(f"ALTER TABLE delta.`{log_path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")  # version 2
+    for i, ref in enumerate(["data/b", "data/c"]):  # versions 3 and 4; checkpoint at 4
+        append_events(spark, lake, [partition_event(f"q{i}", i + 1, ref=ref)])
+    # What log cleanup does once a checkpoint covers them: the older commit files go.
+    for version in (2, 3):
+        os.remove(Path(log_path) / "_delta_log" / f"{version:020d}.json")
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    assert result.mode == "full" and "not all readable" in result.reason
+    assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/a", "data/b", "data/c"]
+
+
+def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(spark, lake):
+    instance = DagsterInstance.ephemeral()
+    resources = {"lakehouse": lakehouse_for(lake)}
+
+    def tick(cursor):
+        return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+
+    assert isinstance(tick(None), SkipReason)  # no log yet
+    append_events(spark, lake, [partition_event("p1")])
+
+    first = tick(None)
+    assert isinstance(first, SensorResult) and first.cursor == "1"
+    assert [(r.run_key, r.tags["databuild/log_version"]) for r in first.run_requests] == [("raw_event_log-v1", "1")]
+    assert tick("1").skip_message == "event log still at version 1"
+
+    append_events(spark, lake, [partition_event("p2", 1)])
+    instance.add_run(DagsterRun(job_name="refresh_projections_job", run_id="run-in-flight", status=DagsterRunStatus.STARTED))
+    assert tick("1").skip_message == "refresh run run-in-flight is in flight; event log at version 2"
+
+
+def test_landing_sensor_requests_ingestion_for_each_new_newest_file(lake):
+    resources = {"lakehouse": lakehouse_for(lake)}
+
+    def tick(cursor):
+        return landing_files_sensor(build_sensor_context(cursor=cursor, resources=resources))
+
+    assert isinstance(tick(None), SkipReason)
+    write_landing_files(lake.landing, 10, seed=1, events_per_file=10)
+    first = tick(None)
+    assert len(first.run_requests) == 1 and isinstance(first.run_requests[0], RunRequest)
+    assert isinstance(tick(first.cursor), SkipReason)
+
+
+def test_projection_checks_pass_after_a_run_and_fail_on_a_duplicated_key(spark, lake):
+    write_landing_files(lake.landing, 400, seed=5)
+    job = define_asset_job("everything")
+    defs = Definitions(
+        assets=[landing_files, ingested_event_log, *projection_assets],
+        asset_checks=projection_asset_checks,
+        jobs=[job],
+        resources={"lakehouse": lakehouse_for(lake)},
+    )
+    first = defs.resolve_job_def("everything").execute_in_process()
+    results = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in first.get_asset_check_evaluations()}
+    assert len(results) == 12 and all(results.values()), results
+
+    path = lake.table_path(projection_spec(PARTITION_STATE))
+    spark.read.format("delta").load(path).limit(1).write.format("delta").mode("append").save(path)
+    second = defs.resolve_job_def("everything").execute_in_process(raise_on_error=False)
+    failed = {e.check_name for e in second.get_asset_check_evaluations()
+              if not e.passed and e.asset_key.to_user_string() == "partition_state"}
+    assert failed == {"one_row_per_key", "row_count_matches_log"}
+
+
+def test_migrating_a_sqlite_log_copies_every_event_once_and_again_adds_nothing(spark, lake, tmp_path, workload):
+    sqlite_path = tmp_path / "bel.db"
+    load_events(sqlite_path, workload[:300])
+
+    first = migrate_sqlite_to_delta(spark, f"sqlite:///{sqlite_path}", lake, chunk=120)
+    again = migrate_sqlite_to_delta(spark, f"sqlite:///{sqlite_path}", lake, chunk=120)
+
+    assert (first.read, first.accepted, first.duplicates, first.commits) == (300, 300, 0, 3)
+    assert (again.read, again.accepted, again.duplicates) == (300, 0, 300)
+    ids = [row.event_id for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()]
+    assert sorted(ids) == sorted(event["event_id"] for event in workload[:300])
