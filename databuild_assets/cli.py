@@ -72,15 +72,36 @@ def demo(events: int, seed: int) -> int:
     return 0
 
 
+def migrate(sqlite_uri: str) -> int:
+    import logging
+
+    from databuild_assets.log.migrate import migrate_sqlite_to_delta
+    from databuild_assets.runtime.spark import SparkSettings, build_spark_session
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    lake = Lake.from_env()
+    result = migrate_sqlite_to_delta(build_spark_session(SparkSettings.from_env()), sqlite_uri, lake)
+    print(f"migrated {sqlite_uri} -> {lake.table_path(RAW_EVENT_LOG)}")
+    print(f"  events read         {result.read:,}")
+    print(f"  new in the log      {result.accepted:,}")
+    print(f"  already there       {result.duplicates:,}")
+    print(f"  commits             {result.commits} (raw_event_log now at version {result.log_version})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="databuild-assets", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run_demo = commands.add_parser("demo", help="generate a workload (if landing is empty) and materialize every asset")
     run_demo.add_argument("--events", type=int, default=200_000, help="events to generate (default 200,000)")
     run_demo.add_argument("--seed", type=int, default=7)
+    run_migrate = commands.add_parser("migrate", help="copy a SQLite BEL into the Delta event log, exactly once")
+    run_migrate.add_argument("sqlite_uri", help="sqlite:///absolute/path/to/bel.db")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.events, args.seed)
+    if args.command == "migrate":
+        return migrate(args.sqlite_uri)
     return 2
 
 
