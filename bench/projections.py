@@ -1,0 +1,153 @@
+"""Projection refresh and query latency on a generated log (issue 3's benchmark).
+
+    python -m bench.projections [--events 1000000] [--queries 30]
+
+Prints: the full rebuild time of each projection; the incremental refresh after appending 1%
+and 0.1% more events, with its ratio to the full rebuild (target: at most 10% for 1%); and
+p50/p95 latency of each query method on a warm session, Delta against SQLite, with the ratio
+(the original plan's bar: Delta within 2x of SQLite at p95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+from databuild_assets.ingest.landing import ingest_landing_files
+from databuild_assets.ingest.writer import append_events
+from databuild_assets.log.sqlite_backend import SqliteEventLog, load_events
+from databuild_assets.projections import PROJECTIONS
+from databuild_assets.projections.refresh import refresh_projection
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.spark import SparkSettings, build_spark_session
+from databuild_assets.workload import generate_events
+
+
+def write_events_file(path: Path, events: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as out:
+        out.writelines(json.dumps(event, separators=(",", ":")) + "\n" for event in events)
+
+
+def timed(action):
+    started = time.perf_counter()
+    result = action()
+    return time.perf_counter() - started, result
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def refresh_all(spark, lake: Lake, full: bool) -> dict[str, tuple[float, str]]:
+    return {
+        name: (lambda t: (t[0], t[1].mode))(timed(lambda: refresh_projection(spark, lake, projection, RAW_EVENT_LOG, full=full)))
+        for name, projection in PROJECTIONS.items()
+    }
+
+
+def query_plan(events: list[dict], rng: random.Random) -> list[tuple[str, tuple]]:
+    """The calls to time: each query method with keys drawn from the log."""
+    build_requests = sorted({e["build_request_id"] for e in events})
+    partitions = sorted({e["partition_event"]["partition_ref"] for e in events if e["partition_event"]})
+    job_runs = sorted({e["job_event"]["job_run_id"] for e in events if e["job_event"]})
+    start = events[len(events) // 2]["timestamp"]
+    return [
+        ("get_build_request_events", (rng.choice(build_requests),)),
+        ("get_partition_events", (rng.choice(partitions),)),
+        ("get_job_run_events", (rng.choice(job_runs),)),
+        ("get_events_in_range", (start, start + 60 * 10**9)),
+        ("list_events", (None, None, 100)),
+        ("get_latest_partition_status", (rng.choice(partitions),)),
+        ("get_active_builds_for_partition", (rng.choice(partitions),)),
+        ("get_build_request_for_available_partition", (rng.choice(partitions),)),
+        ("list_build_requests", (20,)),
+        ("list_recent_partitions", (20,)),
+        ("get_activity_summary", ()),
+    ]
+
+
+def time_queries(backend, events: list[dict], repeats: int, seed: int) -> dict[str, list[float]]:
+    rng = random.Random(seed)
+    timings: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for method, args in query_plan(events, rng):
+            seconds, _ = timed(lambda: getattr(backend, method)(*args))
+            timings.setdefault(method, []).append(seconds)
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--queries", type=int, default=30, help="timed calls per query method and backend")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-projections-"))
+    print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} cores; workdir {workdir}")
+    one_percent, tenth_percent = args.events // 100, args.events // 1000
+    total = args.events + one_percent + tenth_percent
+    events = list(islice(generate_events(total, seed=args.seed), total))
+    base, plus_one, plus_tenth = events[: args.events], events[args.events : args.events + one_percent], events[args.events + one_percent :]
+
+    spark = build_spark_session(SparkSettings(shuffle_partitions=4, extra_config={"spark.ui.enabled": "false"}))
+    spark.sparkContext.setLogLevel("ERROR")
+    lake = Lake(str(workdir / "lake"))
+    write_events_file(Path(lake.landing) / "base.jsonl", base)
+    seconds, result = timed(lambda: ingest_landing_files(spark, lake))
+    print(f"ingested {result.accepted:,} events in {seconds:.1f}s")
+
+    print("\nfull rebuild (after a first build, so the JVM is warm)")
+    refresh_all(spark, lake, full=True)
+    full = refresh_all(spark, lake, full=True)
+    for name, (seconds, _mode) in full.items():
+        print(f"  {name:16} {seconds:7.2f}s")
+    full_total = sum(s for s, _ in full.values())
+    print(f"  {'all three':16} {full_total:7.2f}s")
+
+    for label, extra in (("+1%", plus_one), ("+0.1%", plus_tenth)):
+        append_events(spark, lake, extra, writer="bench")
+        incremental = refresh_all(spark, lake, full=False)
+        total_seconds = sum(s for s, _ in incremental.values())
+        print(f"\nincremental refresh after appending {len(extra):,} events ({label})")
+        for name, (seconds, mode) in incremental.items():
+            print(f"  {name:16} {seconds:7.2f}s  {mode:12} {seconds / full[name][0]:6.1%} of its full rebuild")
+        print(f"  {'all three':16} {total_seconds:7.2f}s  {'':12} {total_seconds / full_total:6.1%} of the full rebuild"
+              + ("  (target for +1%: at most 10%)" if label == "+1%" else ""))
+
+    try:
+        from databuild_assets.log.delta_backend import DeltaEventLog
+    except ImportError:
+        print("\nquery latency: the Delta backend is not available; skipped")
+        return
+    sqlite_path = workdir / "bel.db"
+    load_events(sqlite_path, events)
+    sqlite_log = SqliteEventLog(str(sqlite_path))
+    delta_log = DeltaEventLog(spark, lake)
+    time_queries(delta_log, events, 1, args.seed)  # warm-up: first calls compile plans
+    delta_times = time_queries(delta_log, events, args.queries, args.seed)
+    sqlite_times = time_queries(sqlite_log, events, args.queries, args.seed)
+    print(f"\nquery latency over {args.queries} calls each (ms), warm session, {total:,} events")
+    print(f"  {'method':42} {'delta p50':>10} {'delta p95':>10} {'sqlite p50':>10} {'sqlite p95':>10} {'p95 ratio':>10}")
+    for method in delta_times:
+        d50, d95 = percentile(delta_times[method], 0.5) * 1e3, percentile(delta_times[method], 0.95) * 1e3
+        s50, s95 = percentile(sqlite_times[method], 0.5) * 1e3, percentile(sqlite_times[method], 0.95) * 1e3
+        print(f"  {method:42} {d50:10.1f} {d95:10.1f} {s50:10.2f} {s95:10.2f} {d95 / max(s95, 1e-3):9.0f}x")
+    print(f"load average at end: {os.getloadavg()}")
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
