@@ -68,6 +68,9 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
         # Delta reads its log with this many partitions (default 50): small tables, small number.
         "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
+        # Delta's VACUUM lists a table's files with this many tasks (Spark's default: 10,000).
+        # Sized like the shuffle; on a cluster raise both.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
         "spark.ui.showConsoleProgress": "true",
     }
     config.update(settings.extra_config)
