@@ -5,21 +5,25 @@ from dagster import AssetSelection, Definitions, define_asset_job, in_process_ex
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.defs.event_log.jobs import ingest_job
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
+from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
+from databuild_assets.defs.maintenance.jobs import compaction_job, erase_job, erasure_report_job, vacuum_job
+from databuild_assets.defs.maintenance.schedules import compaction_schedule, vacuum_schedule
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.projections.jobs import refresh_projections_job
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.defs.resources import LakehouseResource
 
-# Every asset, in one run (the main job of the README): ingestion, then the projections.
+# Every asset, in one run (the main job of the README): ingestion, the filtered log, the projections.
 all_assets_job = define_asset_job(
     "all_assets_job", selection=AssetSelection.all() - AssetSelection.assets(landing_files.key)
 )
 
 defs = Definitions(
-    assets=[landing_files, ingested_event_log, *projection_assets],
+    assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
     asset_checks=projection_asset_checks,
-    jobs=[all_assets_job, ingest_job, refresh_projections_job],
+    jobs=[all_assets_job, ingest_job, refresh_projections_job, erase_job, compaction_job, vacuum_job, erasure_report_job],
+    schedules=[compaction_schedule, vacuum_schedule],
     sensors=[landing_files_sensor, event_log_commits_sensor],
     resources={"lakehouse": LakehouseResource.from_env()},
     # One process per run, so one JVM per run: a SparkSession cannot be shared across processes.

@@ -27,7 +27,10 @@ def test_definitions_load_and_validate():
 
     Definitions.validate_loadable(defs)
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"landing_files", RAW_EVENT_LOG.name, EVENT_QUARANTINE.name}
+    assert keys == {
+        "landing_files", RAW_EVENT_LOG.name, EVENT_QUARANTINE.name, "tombstones", "filtered_event_log",
+        "partition_state", "job_runs", "build_requests",
+    }
     assert defs.resolve_job_def("all_assets_job").executor_def.name == "in_process"
 
 

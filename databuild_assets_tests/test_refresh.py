@@ -23,7 +23,9 @@ from databuild_assets.defs.event_log.assets import ingested_event_log, landing_f
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
+from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
+from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.migrate import migrate_sqlite_to_delta
 from databuild_assets.log.sqlite_backend import load_events
@@ -131,13 +133,18 @@ def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(s
     append_events(spark, lake, [partition_event("p1")])
 
     first = tick(None)
-    assert isinstance(first, SensorResult) and first.cursor == "1"
-    assert [(r.run_key, r.tags["databuild/log_version"]) for r in first.run_requests] == [("raw_event_log-v1", "1")]
-    assert tick("1").skip_message == "event log still at version 1"
+    assert isinstance(first, SensorResult) and first.cursor == "raw_event_log=v1,tombstones=none"
+    assert [(r.run_key, r.tags["databuild/log_version"]) for r in first.run_requests] == [
+        ("raw_event_log=v1,tombstones=none", "1")
+    ]
+    assert tick(first.cursor).skip_message == "event log still at version 1, tombstones at None"
+
+    request_erasure(spark, lake, "event_id", "p1", actor="alice", reason="a new tombstone is a change too")
+    assert tick(first.cursor).cursor == "raw_event_log=v1,tombstones=v1"
 
     append_events(spark, lake, [partition_event("p2", 1)])
     instance.add_run(DagsterRun(job_name="refresh_projections_job", run_id="run-in-flight", status=DagsterRunStatus.STARTED))
-    assert tick("1").skip_message == "refresh run run-in-flight is in flight; event log at version 2"
+    assert tick(first.cursor).skip_message == "refresh run run-in-flight is in flight; event log at version 2"
 
 
 def test_landing_sensor_requests_ingestion_for_each_new_newest_file(lake):
@@ -157,7 +164,7 @@ def test_projection_checks_pass_after_a_run_and_fail_on_a_duplicated_key(spark, 
     write_landing_files(lake.landing, 400, seed=5)
     job = define_asset_job("everything")
     defs = Definitions(
-        assets=[landing_files, ingested_event_log, *projection_assets],
+        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
         asset_checks=projection_asset_checks,
         jobs=[job],
         resources={"lakehouse": lakehouse_for(lake)},

@@ -54,11 +54,23 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema)
     if spec.partition_by:
         builder = builder.partitionedBy(*spec.partition_by)
-    for key, value in COMMON_TABLE_PROPERTIES.items():
+    for key, value in table_properties(spec).items():
         builder = builder.property(key, value)
     if spec.description:
         builder = builder.comment(spec.description)
     return retry_on_conflict(builder.execute, what=f"create {spec.name} at {path}")
+
+
+def table_properties(spec: TableSpec) -> dict[str, str]:
+    """The Delta properties a table of ours is created with (see COMMON_TABLE_PROPERTIES)."""
+    properties = dict(COMMON_TABLE_PROPERTIES)
+    if spec.stats_columns:
+        properties["delta.dataSkippingStatsColumns"] = ",".join(spec.stats_columns)
+    else:
+        properties["delta.dataSkippingNumIndexedCols"] = "0"
+    if spec.append_only:
+        properties["delta.appendOnly"] = "true"
+    return properties
 
 
 def check_schema_version(spark: SparkSession, path: str) -> int:

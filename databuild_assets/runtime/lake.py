@@ -27,11 +27,18 @@ DEFAULT_LAKE_ROOT = str(REPO_ROOT / ".lake")
 
 SCHEMA_VERSION_PROPERTY = "databuild.schemaVersion"
 
-# Properties every table of ours carries. Change data feed stays off: change files would keep
-# copies of rows that a tombstone later erases (EVENTS.md, Tombstones).
+# Properties every table of ours carries, chosen so an erased value leaves no copy behind
+# (EVENTS.md, Tombstones; docs/erasure.md):
+# - no change data feed: change files would keep copies of rows a tombstone later erases;
+# - no deletion vectors: a delete rewrites the files, so the rows leave the live Parquet at once;
+# - statistics only on columns that cannot hold an erasable value (min/max of string columns
+#   would copy event ids and partition refs into the Delta log and its checkpoints);
+# - the Delta log's own history kept 7 days (default 30), the same as vacuum's retention.
 COMMON_TABLE_PROPERTIES: dict[str, str] = {
     SCHEMA_VERSION_PROPERTY: str(SCHEMA_VERSION),
     "delta.enableChangeDataFeed": "false",
+    "delta.enableDeletionVectors": "false",
+    "delta.logRetentionDuration": "interval 7 days",
 }
 
 
@@ -41,6 +48,10 @@ class TableSpec:
     schema: StructType
     partition_by: tuple[str, ...] = ()
     description: str = ""
+    # Columns Delta keeps min/max statistics on (data skipping); only ones no tombstone can name.
+    stats_columns: tuple[str, ...] = ()
+    # Delta refuses deletes and updates (delta.appendOnly): for audit records.
+    append_only: bool = False
 
 
 def _fields(*fields: tuple[str, object, bool]) -> list[StructField]:
@@ -60,6 +71,7 @@ RAW_EVENT_LOG = TableSpec(
     ),
     ("event_date",),
     "Every accepted event, exactly once, partitioned by its UTC date.",
+    ("timestamp", "event_type", "ingested_at"),
 )
 EVENT_QUARANTINE = TableSpec(
     "event_quarantine",
@@ -123,3 +135,31 @@ class Lake:
     def landing(self) -> str:
         """Where writers drop JSON Lines files (write to a hidden name, then rename)."""
         return self.path("landing")
+
+FILTERED_EVENT_LOG = TableSpec(
+    "filtered_event_log",
+    RAW_EVENT_LOG.schema,
+    ("event_date",),
+    "The raw event log minus every event a tombstone matches: what projections and readers see.",
+    RAW_EVENT_LOG.stats_columns,
+)
+TOMBSTONES = TableSpec(
+    "tombstones",
+    StructType(
+        _fields(
+            ("tombstone_id", StringType(), False),
+            ("record", StringType(), False),  # "requested" when asked, "applied" when compaction purged it
+            ("key", StringType(), False),  # event_id, build_request_id, job_run_id or partition_ref
+            ("value", StringType(), False),
+            ("actor", StringType(), False),
+            ("reason", StringType(), False),
+            ("requested_at", TimestampType(), False),
+            ("applied_at", TimestampType(), True),
+            ("applied_log_version", LongType(), True),  # raw_event_log version of the purge
+        )
+    ),
+    (),
+    append_only=True,
+    description="Erasure requests (append-only, audited): one 'requested' record each, and an 'applied' "
+    "record once compaction has purged the matching rows.",
+)

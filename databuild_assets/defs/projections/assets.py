@@ -9,10 +9,10 @@ from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.projection import Projection
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
-from databuild_assets.runtime.lake import RAW_EVENT_LOG
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG
 
-# The table the projections read: the visible log. (Issue 4 puts the tombstone-filtered log here.)
-PROJECTION_SOURCE = RAW_EVENT_LOG
+# The table the projections read: the visible (tombstone-filtered) log.
+PROJECTION_SOURCE = FILTERED_EVENT_LOG
 
 
 class RefreshConfig(Config):

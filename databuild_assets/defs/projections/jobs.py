@@ -3,9 +3,10 @@
 from dagster import AssetSelection, define_asset_job
 
 from databuild_assets.projections import PROJECTIONS
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG
 
 refresh_projections_job = define_asset_job(
     "refresh_projections_job",
-    selection=AssetSelection.assets(*PROJECTIONS),
-    description="Fold the event log's new commits into every projection.",
+    selection=AssetSelection.assets(FILTERED_EVENT_LOG.name, *PROJECTIONS),
+    description="Fold the event log's new commits and new tombstones into the filtered log and every projection.",
 )

@@ -1,0 +1,73 @@
+"""tombstones (erasure requests) and filtered_event_log (the log minus what they match)."""
+
+from typing import Optional
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from databuild_assets.defs.metadata import delta_table_metadata
+from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.tombstones import TOMBSTONE_KEYS, read_tombstones, request_erasure, validate_request
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES
+
+
+class ErasureRequest(Config):
+    """An erasure request, as typed in the launchpad. Leave all empty to only report the table."""
+
+    key: Optional[str] = Field(default=None, description=f"What the value is: one of {', '.join(TOMBSTONE_KEYS)}.")
+    value: Optional[str] = Field(default=None, description="The value to erase, e.g. a partition_ref.")
+    actor: Optional[str] = Field(default=None, description="Who asks (kept in the audit record).")
+    reason: Optional[str] = Field(default=None, description="Why (kept in the audit record), e.g. a ticket.")
+
+
+@asset(name=TOMBSTONES.name, group_name="maintenance", description=TOMBSTONES.description)
+def tombstones(context: AssetExecutionContext, config: ErasureRequest, lakehouse: LakehouseResource) -> MaterializeResult:
+    spark, lake = lakehouse.spark_session, lakehouse.lake
+    given = {"key": config.key, "value": config.value, "actor": config.actor, "reason": config.reason}
+    recorded = None
+    if any(v is not None for v in given.values()):
+        # Refused requests raise TombstoneError before anything is written.
+        validate_request(**{k: v or "" for k, v in given.items()})
+        recorded = request_erasure(spark, lake, **given)
+        context.log.info(f"tombstone {recorded.tombstone_id}: {recorded.key} erased by {recorded.actor} ({recorded.reason})")
+    all_tombstones = read_tombstones(spark, lake)
+    return MaterializeResult(
+        metadata={
+            "recorded_tombstone_id": MetadataValue.text(recorded.tombstone_id if recorded else "(none: report only)"),
+            "tombstones": MetadataValue.int(len(all_tombstones)),
+            "pending": MetadataValue.int(sum(t.pending for t in all_tombstones)),
+            "applied": MetadataValue.int(sum(not t.pending for t in all_tombstones)),
+            **delta_table_metadata(spark, lake.table_path(TOMBSTONES)),
+        }
+    )
+
+
+class FilteredLogConfig(Config):
+    full_rebuild: bool = Field(default=False, description="Rebuild from the whole raw log.")
+
+
+@asset(
+    name=FILTERED_EVENT_LOG.name,
+    deps=[RAW_EVENT_LOG.name, TOMBSTONES.name],
+    group_name="event_log",
+    description=FILTERED_EVENT_LOG.description,
+    pool="filtered_event_log",
+)
+def filtered_event_log(context: AssetExecutionContext, config: FilteredLogConfig, lakehouse: LakehouseResource) -> MaterializeResult:
+    spark, lake = lakehouse.spark_session, lakehouse.lake
+    result = refresh_filtered_log(spark, lake, full=config.full_rebuild)
+    context.log.info(f"filtered_event_log: {result.mode} ({result.reason}); +{result.inserted} -{result.deleted} rows")
+    path = lake.table_path(FILTERED_EVENT_LOG)
+    return MaterializeResult(
+        metadata={
+            "refresh_mode": MetadataValue.text(result.mode),
+            "refresh_reason": MetadataValue.text(result.reason),
+            "rows_inserted": MetadataValue.int(result.inserted),
+            "rows_hidden": MetadataValue.int(result.deleted),
+            "raw_log_version": MetadataValue.int(result.raw_log_version),
+            "tombstones_version": MetadataValue.int(result.tombstones_version),
+            "dagster/row_count": MetadataValue.int(spark.read.format("delta").load(path).count()),
+            **delta_table_metadata(spark, path),
+        }
+    )

@@ -1,0 +1,24 @@
+"""Compaction daily and vacuum weekly, by default; cron expressions from the environment."""
+
+import os
+
+from dagster import DefaultScheduleStatus, ScheduleDefinition
+
+from databuild_assets.defs.maintenance.jobs import compaction_job, vacuum_job
+
+compaction_schedule = ScheduleDefinition(
+    name="compaction_schedule",
+    job=compaction_job,
+    cron_schedule=os.environ.get("DATABUILD_COMPACTION_CRON", "0 3 * * *"),
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Purge erased rows and bin-pack small files (DATABUILD_COMPACTION_CRON, default daily 03:00 UTC).",
+)
+vacuum_schedule = ScheduleDefinition(
+    name="vacuum_schedule",
+    job=vacuum_job,
+    cron_schedule=os.environ.get("DATABUILD_VACUUM_CRON", "0 4 * * 0"),
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Delete files past retention (DATABUILD_VACUUM_CRON, default Sundays 04:00 UTC).",
+)

@@ -1,0 +1,207 @@
+"""Compaction: physically purge what tombstones match, and bin-pack small files.
+
+Purge, table by table (raw log, filtered log, quarantine), for the tombstones pending when the
+run starts:
+
+1. pin the table's version v and compute, by the tombstone rule, which rows must go;
+2. dry-run the purge on a shallow clone of the table at v (a new table that shares v's files)
+   and verify that the rows it keeps are exactly the rows expected to be kept (count and a
+   checksum over every column) and that none of them matches; if not, fail: the real table
+   is untouched;
+3. run the same purge on the real table: a MERGE on event_id that deletes the matched rows.
+   With deletion vectors off (our table default), Delta rewrites the files that held them, so
+   the rows leave the live Parquet files. The MERGE retries on Delta's conflicts, so appends
+   that land meanwhile are neither lost nor failed. It names no erased value in the commit.
+
+The projections are then refreshed (their source, the filtered log, removed data, so they
+rebuild in full and their live files no longer hold the values). Then OPTIMIZE bin-packs
+closed date partitions of the logs (dataChange=false: it does not conflict with appends) and
+the small tables. Last, exactly the tombstones this run purged are recorded as applied; one
+recorded while it ran stays pending for the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.tombstones import (
+    Tombstone,
+    event_matches,
+    matching_event_ids,
+    read_tombstones,
+    record_applied,
+)
+from databuild_assets.runtime.delta_tables import TableSize, current_version, retry_on_conflict, table_size
+from databuild_assets.runtime.lake import (
+    EVENT_QUARANTINE,
+    FILTERED_EVENT_LOG,
+    INGEST_LEDGER,
+    RAW_EVENT_LOG,
+    TOMBSTONES,
+    Lake,
+    TableSpec,
+)
+
+log = logging.getLogger(__name__)
+
+EVENT_TABLES = (RAW_EVENT_LOG, FILTERED_EVENT_LOG)
+
+
+class PurgeVerificationError(RuntimeError):
+    """The dry run of a purge kept other rows than expected; the real table was not touched."""
+
+
+@dataclass(frozen=True)
+class TableCompaction:
+    table: str
+    before: TableSize
+    after: TableSize
+    rows_purged: int
+    files_compacted: int
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    tables: tuple[TableCompaction, ...]
+    rows_purged_per_tombstone: dict[str, int] = field(default_factory=dict)
+    applied: tuple[str, ...] = ()
+
+
+def _checksum(frame: DataFrame) -> tuple[int, int]:
+    """(rows, order-independent checksum of every column) of `frame`."""
+    row_hash = F.xxhash64(F.to_json(F.struct(*[F.col(c) for c in frame.columns])))
+    stats = frame.agg(F.count("*").alias("rows"), F.sum(row_hash.cast("decimal(38,0)")).alias("hash")).first()
+    return int(stats["rows"]), int(stats["hash"] or 0)
+
+
+def _drop_dir(spark: SparkSession, path: str) -> None:
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
+
+
+def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) -> int:
+    metrics = retry_on_conflict(
+        lambda: DeltaTable.forPath(spark, path).alias("t")
+        .merge(event_ids.alias("erase"), "t.event_id = erase.event_id")
+        .whenMatchedDelete()
+        .execute()
+        .first(),
+        what=f"purge erased events from {path}",
+    )
+    return int(metrics["num_deleted_rows"])
+
+
+def purge_events(
+    spark: SparkSession, lake: Lake, spec: TableSpec, tombstones: list[Tombstone], event_ids: DataFrame | None = None
+) -> dict[str, int]:
+    """Remove every row of the event table `spec` that `tombstones` match; verified on a clone first.
+
+    `event_ids` (what to delete) defaults to what the tombstone rule selects; the check compares
+    the dry run's result with the rule, so a wrong id set fails before the real table changes.
+    Returns the rows matched per tombstone id.
+    """
+    path = lake.table_path(spec)
+    version = current_version(spark, path)
+    at_version = spark.read.format("delta").option("versionAsOf", version).load(path)
+    matched = matching_event_ids(at_version, tombstones).cache()
+    try:
+        per_tombstone = {row.tombstone_id: row["count"] for row in matched.groupBy("tombstone_id").count().collect()}
+        if not per_tombstone and event_ids is None:
+            return {}
+        ids = (event_ids if event_ids is not None else matched.select("event_id")).distinct().cache()
+        expected = _checksum(at_version.where(~event_matches(tombstones)))
+        clone = lake.path("_scratch", f"purge-{spec.name}-{uuid.uuid4().hex[:12]}")
+        try:
+            spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{path}` VERSION AS OF {version}")
+            _delete_by_event_id(spark, clone, ids)
+            dry_run = spark.read.format("delta").load(clone)
+            kept, still_matching = _checksum(dry_run), dry_run.where(event_matches(tombstones)).count()
+            if kept != expected or still_matching:
+                raise PurgeVerificationError(
+                    f"purge of {path} at version {version} not applied: the dry run kept {kept[0]} rows "
+                    f"(checksum {kept[1]}), {still_matching} of them matching a tombstone; expected {expected[0]} "
+                    f"rows (checksum {expected[1]}) and none matching. The table is unchanged."
+                )
+            deleted = _delete_by_event_id(spark, path, ids)
+            log.info("%s: purged %d rows for %d tombstones (dry run at v%d verified)", spec.name, deleted, len(per_tombstone), version)
+        finally:
+            ids.unpersist()
+            _drop_dir(spark, clone)
+        return per_tombstone
+    finally:
+        matched.unpersist()
+
+
+def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone]) -> int:
+    """Bad lines are text: remove every line that contains a pending tombstone's value."""
+    path = lake.table_path(EVENT_QUARANTINE)
+    if not tombstones or not DeltaTable.isDeltaTable(spark, path):
+        return 0
+    mentions = F.lit(False)
+    for tombstone in tombstones:
+        mentions = mentions | F.coalesce(F.col("line").contains(tombstone.value), F.lit(False))
+    lines = spark.read.format("delta").load(path).where(mentions).select("source_file", "line_number").distinct()
+    metrics = retry_on_conflict(
+        lambda: DeltaTable.forPath(spark, path).alias("q")
+        .merge(lines.alias("erase"), "q.source_file = erase.source_file AND q.line_number = erase.line_number")
+        .whenMatchedDelete()
+        .execute()
+        .first(),
+        what=f"purge erased values from {path}",
+    )
+    return int(metrics["num_deleted_rows"])
+
+
+def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: date) -> int:
+    """OPTIMIZE the table's closed date partitions (or the whole table when unpartitioned)."""
+    builder = DeltaTable.forPath(spark, lake.table_path(spec)).optimize()
+    if "event_date" in spec.partition_by:
+        builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
+    metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
+    return int(metrics["numFilesRemoved"] or 0)
+
+
+def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_projections=None) -> CompactionResult:
+    """Purge pending tombstones everywhere, then bin-pack. See the module docstring.
+
+    `open_days`: the most recent event dates that writers may still append to are left out of
+    bin-packing. `refresh_projections(spark, lake)` rebuilds the projections after the purge.
+    """
+    tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
+    pending = [t for t in read_tombstones(spark, lake, tombstones_version) if t.pending]
+    tables = [spec for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES)
+              if DeltaTable.isDeltaTable(spark, lake.table_path(spec))]
+    before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
+    purged: dict[str, dict[str, int]] = {}
+
+    if pending:
+        refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
+        for spec in EVENT_TABLES:
+            if spec in tables:
+                purged[spec.name] = purge_events(spark, lake, spec, pending)
+        purged[EVENT_QUARANTINE.name] = {"lines": purge_quarantine(spark, lake, pending)}
+        if refresh_projections is not None:
+            refresh_projections(spark, lake)
+
+    closed_before = datetime.now(timezone.utc).date() - timedelta(days=open_days - 1)
+    compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
+    record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
+
+    per_tombstone = {t.tombstone_id: purged.get(RAW_EVENT_LOG.name, {}).get(t.tombstone_id, 0) for t in pending}
+    results = tuple(
+        TableCompaction(
+            spec.name, before[spec.name], table_size(spark, lake.table_path(spec)),
+            sum(v for k, v in purged.get(spec.name, {}).items()), compacted[spec.name],
+        )
+        for spec in tables
+    )
+    return CompactionResult(results, per_tombstone, tuple(t.tombstone_id for t in pending))

@@ -1,0 +1,168 @@
+"""Tombstones: erasure requests, and the one rule that says which events they match.
+
+A tombstone names a key (event_id, build_request_id, job_run_id or partition_ref) and a value.
+An event matches when any of its fields of that key equals the value, array fields by
+membership (EVENTS.md). Matching events are hidden from every read at once (the filtered log
+and the query API apply `event_matches`), and compaction later purges them physically.
+
+The tombstones table is append-only (Delta's delta.appendOnly): a request appends a
+"requested" record; compaction appends an "applied" record when it has purged the rows.
+
+    request_erasure(spark, lake, key="partition_ref", value="data/users/id=42",
+                    actor="alice@example.com", reason="GDPR art. 17 request #1234")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from databuild_assets.runtime.delta_tables import ensure_table
+from databuild_assets.runtime.lake import TOMBSTONES, Lake
+
+log = logging.getLogger(__name__)
+
+# For each key: the event fields that hold a value of that key. Scalar fields match by
+# equality, array fields by membership, and JSON text fields (job configs, manifests and job
+# graphs name partitions as inputs and outputs) when they contain the value as a JSON string.
+_SCALAR_FIELDS = {
+    "event_id": ("event_id",),
+    "build_request_id": ("build_request_id", "delegation_event.delegated_to_build_request_id"),
+    "job_run_id": ("partition_event.job_run_id", "job_event.job_run_id", "task_cancel_event.job_run_id"),
+    "partition_ref": (
+        "partition_event.partition_ref",
+        "delegation_event.partition_ref",
+        "partition_invalidation_event.partition_ref",
+    ),
+}
+_ARRAY_FIELDS = {"partition_ref": ("build_request_event.requested_partitions", "job_event.target_partitions")}
+_JSON_TEXT_FIELDS = {"partition_ref": ("job_event.config", "job_event.manifests", "job_graph_event.job_graph")}
+TOMBSTONE_KEYS: tuple[str, ...] = tuple(_SCALAR_FIELDS)
+
+
+class TombstoneError(ValueError):
+    """An erasure request that cannot be recorded; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    tombstone_id: str
+    key: str
+    value: str
+    actor: str
+    reason: str
+    requested_at: datetime
+    applied_at: datetime | None = None
+    applied_log_version: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.applied_at is None
+
+
+def validate_request(key: str, value: str, actor: str, reason: str) -> None:
+    problems = []
+    if key not in TOMBSTONE_KEYS:
+        problems.append(f"key {key!r} is not one of {', '.join(TOMBSTONE_KEYS)}")
+    for name, given in (("value", value), ("actor", actor), ("reason", reason)):
+        if not isinstance(given, str) or not given.strip():
+            problems.append(f"{name} is empty: a tombstone needs the {name} {'to erase' if name == 'value' else 'for the audit record'}")
+    if problems:
+        raise TombstoneError("erasure request refused, nothing written: " + "; ".join(problems))
+
+
+def request_erasure(spark: SparkSession, lake: Lake, key: str, value: str, actor: str, reason: str) -> Tombstone:
+    """Record a tombstone (one commit). From that commit on, matching events are hidden."""
+    validate_request(key, value, actor, reason)
+    path = lake.table_path(TOMBSTONES)
+    ensure_table(spark, path, TOMBSTONES)
+    tombstone = Tombstone(str(uuid.uuid4()), key, value, actor, reason, datetime.now(timezone.utc))
+    _append(spark, path, [tombstone], "requested")
+    log.info("tombstone %s recorded: %s by %s (%s)", tombstone.tombstone_id, key, actor, reason)
+    return tombstone
+
+
+def record_applied(spark: SparkSession, lake: Lake, tombstones: list[Tombstone], log_version: int) -> None:
+    """Append an "applied" record for each tombstone compaction purged (one commit)."""
+    if not tombstones:
+        return
+    now = datetime.now(timezone.utc)
+    applied = [
+        Tombstone(t.tombstone_id, t.key, t.value, t.actor, t.reason, t.requested_at, now, log_version) for t in tombstones
+    ]
+    _append(spark, lake.table_path(TOMBSTONES), applied, "applied")
+
+
+def _append(spark: SparkSession, path: str, tombstones: list[Tombstone], record: str) -> None:
+    rows = [
+        (t.tombstone_id, record, t.key, t.value, t.actor, t.reason, t.requested_at, t.applied_at, t.applied_log_version)
+        for t in tombstones
+    ]
+    frame = spark.createDataFrame(rows, TOMBSTONES.schema)
+    (frame.write.format("delta").mode("append")
+        # The audit trail says who and how many, never the erased values themselves.
+        .option("userMetadata", json.dumps({"tombstones": record, "count": len(rows), "actors": sorted({t.actor for t in tombstones})}))
+        .save(path))
+
+
+def read_tombstones(spark: SparkSession, lake: Lake, version: int | None = None) -> list[Tombstone]:
+    """Every tombstone with its state (applied or pending), oldest request first."""
+    path = lake.table_path(TOMBSTONES)
+    ensure_table(spark, path, TOMBSTONES)
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    records = reader.load(path).collect()
+    applied = {r.tombstone_id: r for r in records if r.record == "applied"}
+    tombstones = []
+    for r in records:
+        if r.record == "requested":
+            done = applied.get(r.tombstone_id)
+            tombstones.append(
+                Tombstone(r.tombstone_id, r.key, r.value, r.actor, r.reason, r.requested_at,
+                          done.applied_at if done else None, done.applied_log_version if done else None)
+            )
+    return sorted(tombstones, key=lambda t: (t.requested_at, t.tombstone_id))
+
+
+def event_matches(tombstones: list[Tombstone]) -> Column:
+    """True for an event (a row of the event schema) that any of `tombstones` matches; never null."""
+    conditions = []
+    for key in TOMBSTONE_KEYS:
+        values = sorted({t.value for t in tombstones if t.key == key})
+        if not values:
+            continue
+        for field in _SCALAR_FIELDS[key]:
+            conditions.append(F.col(field).isin(values))
+        for field in _ARRAY_FIELDS.get(key, ()):
+            conditions.append(F.arrays_overlap(F.col(field), F.array(*[F.lit(v) for v in values])))
+        for field in _JSON_TEXT_FIELDS.get(key, ()):
+            for value in values:
+                conditions.append(F.col(field).contains(json.dumps(value)))
+    if not conditions:
+        return F.lit(False)
+    # coalesce: a null field (an unset payload) means "no match", never "unknown".
+    return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
+
+
+def visible_events(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
+    """`events` minus every event a tombstone matches: the soft delete."""
+    return events.where(~event_matches(tombstones)) if tombstones else events
+
+
+def matching_event_ids(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
+    """(event_id, tombstone_id) for every event each tombstone matches: what a purge removes."""
+    if not tombstones:
+        return events.sparkSession.createDataFrame([], "event_id string, tombstone_id string")
+    per_tombstone = [
+        events.where(event_matches([t])).select("event_id", F.lit(t.tombstone_id).alias("tombstone_id"))
+        for t in tombstones
+    ]
+    return reduce(DataFrame.unionByName, per_tombstone)

@@ -1,0 +1,89 @@
+"""Vacuum: delete the files no table version within the retention window still needs.
+
+After compaction has rewritten the files that held erased rows, the old files stay on disk for
+time travel until vacuum removes them; only then is an erased value gone from the disk.
+A retention below the configured minimum is refused unless explicitly overridden: readers and
+writers that started before the window may still need those files (Delta's own check is 168 h).
+
+    vacuum_lake(spark, Lake("/data/lake"), retention_hours=168)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from databuild_assets.runtime.lake import Lake
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_HOURS = 168
+DELTA_SAFE_RETENTION_HOURS = 168  # below this Delta itself refuses (retentionDurationCheck)
+
+
+class RetentionTooShortError(ValueError):
+    """The requested retention is below the minimum and no override was given; nothing deleted."""
+
+
+@dataclass(frozen=True)
+class TableVacuum:
+    table: str
+    files_deleted: int
+    bytes_deleted: int
+
+
+def lake_tables(spark: SparkSession, lake: Lake) -> list[tuple[str, str]]:
+    """(name, path) of every Delta table under the lake's tables/ folder."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(lake.path("tables"))
+    filesystem = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not filesystem.exists(root):
+        return []
+    tables = []
+    for status in filesystem.listStatus(root):
+        path = status.getPath().toString()
+        if status.isDirectory() and DeltaTable.isDeltaTable(spark, path):
+            tables.append((status.getPath().getName(), path))
+    return sorted(tables)
+
+
+def _size(spark: SparkSession, path: str) -> int:
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return filesystem.getFileStatus(hadoop_path).getLen() if filesystem.exists(hadoop_path) else 0
+
+
+def vacuum_lake(
+    spark: SparkSession,
+    lake: Lake,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    minimum_retention_hours: float = DEFAULT_RETENTION_HOURS,
+    allow_short_retention: bool = False,
+) -> list[TableVacuum]:
+    """Vacuum every table of the lake; returns the files and bytes deleted per table."""
+    if retention_hours < minimum_retention_hours and not allow_short_retention:
+        raise RetentionTooShortError(
+            f"retention of {retention_hours} hours is below the minimum of {minimum_retention_hours} hours; "
+            "nothing was deleted. Files younger than the retention may still be read by running queries "
+            "and writers. Set allow_short_retention to override (it is logged)."
+        )
+    session = spark.newSession()  # the retention check override must not leak into other work
+    if retention_hours < DELTA_SAFE_RETENTION_HOURS:
+        log.warning(
+            "vacuum with retention %s hours, below Delta's safe %s hours: override given (allow_short_retention)",
+            retention_hours, DELTA_SAFE_RETENTION_HOURS,
+        )
+        session.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    results = []
+    for name, path in lake_tables(session, lake):
+        dry_run = session.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS DRY RUN").collect()
+        files = [row["path"] for row in dry_run]
+        size = sum(_size(session, file) for file in files)
+        DeltaTable.forPath(session, path).vacuum(retention_hours)
+        log.info("vacuum %s: %d files, %d bytes deleted", name, len(files), size)
+        results.append(TableVacuum(name, len(files), size))
+    return results

@@ -1,0 +1,173 @@
+"""Tombstones, the filtered log, compaction's verified purge, vacuum, and the proof of erasure."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from dagster import Definitions, validate_run_config
+
+from databuild_assets.definitions import defs as project_defs
+from databuild_assets.ingest.writer import append_events
+from databuild_assets.maintenance.compaction import PurgeVerificationError, compact, purge_events
+from databuild_assets.maintenance.erasure_report import erasure_report
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure
+from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
+from databuild_assets.defs.maintenance.jobs import refresh_all_projections
+from databuild_assets.projections import PROJECTIONS
+from databuild_assets.projections.refresh import projection_spec
+from databuild_assets.runtime.delta_tables import current_version
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES
+from databuild_assets_tests.test_ingest import T0
+
+REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
+
+
+def build_with_partition(br: str, ref: str, offset: int) -> list[dict]:
+    """A small build of one partition: requested, job run, partition available."""
+    job_run = f"{br}-job"
+    return [
+        {"event_id": f"{br}-1", "timestamp": T0 + offset, "build_request_id": br, "event_type": "build_request_event",
+         "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": [ref]}},
+        {"event_id": f"{br}-2", "timestamp": T0 + offset + 1, "build_request_id": br, "event_type": "job_event",
+         "job_event": {"job_run_id": job_run, "job_label": "//jobs:x", "target_partitions": [ref], "status_code": 3,
+                       "status_name": "JOB_COMPLETED", "config": f'{{"outputs": [{{"str": "{ref}"}}]}}'}},
+        {"event_id": f"{br}-3", "timestamp": T0 + offset + 2, "build_request_id": br, "event_type": "partition_event",
+         "partition_event": {"partition_ref": ref, "status_code": 4, "status_name": "PARTITION_AVAILABLE", "job_run_id": job_run}},
+    ]
+
+
+@pytest.fixture
+def two_builds(spark, lake):
+    append_events(spark, lake, build_with_partition("br-a", REF, 0) + build_with_partition("br-b", OTHER, 10))
+    return lake
+
+
+def event_ids(spark, path) -> list[str]:
+    return sorted(row.event_id for row in spark.read.format("delta").load(path).collect())
+
+
+def live_parquet_rows_holding(spark, path: str, value: str) -> int:
+    """Rows of the table's live data files that hold `value`, read from the files directly."""
+    files = spark.read.format("delta").load(path).inputFiles()
+    if not files:
+        return 0
+    from pyspark.sql import functions as F
+    rows = spark.read.parquet(*files).select(F.to_json(F.struct("*")).alias("row"))
+    return rows.where(F.col("row").contains(value)).count()
+
+
+def test_an_erasure_request_with_an_unknown_key_or_missing_fields_is_refused_and_writes_nothing(spark, lake):
+    with pytest.raises(TombstoneError) as error:
+        request_erasure(spark, lake, key="user_id", value="", actor="alice", reason=" ")
+    assert str(error.value) == (
+        "erasure request refused, nothing written: key 'user_id' is not one of event_id, build_request_id, "
+        "job_run_id, partition_ref; value is empty: a tombstone needs the value to erase; "
+        "reason is empty: a tombstone needs the reason for the audit record"
+    )
+    assert read_tombstones(spark, lake) == []
+
+
+def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and_job_events_that_list_it(spark, two_builds):
+    lake = two_builds
+    refresh_filtered_log(spark, lake)
+    refresh_all_projections(spark, lake)
+
+    request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 1")
+    result = refresh_filtered_log(spark, lake)
+    refresh_all_projections(spark, lake)
+
+    assert (result.mode, result.deleted) == ("incremental", 3)
+    assert event_ids(spark, lake.table_path(FILTERED_EVENT_LOG)) == ["br-b-1", "br-b-2", "br-b-3"]
+    partitions = spark.read.format("delta").load(lake.table_path(projection_spec(PROJECTIONS["partition_state"])))
+    assert [row.partition_ref for row in partitions.collect()] == [OTHER]
+    for projection in PROJECTIONS.values():
+        assert live_parquet_rows_holding(spark, lake.table_path(projection_spec(projection)), REF) == 0
+    assert len(event_ids(spark, lake.table_path(RAW_EVENT_LOG))) == 6  # soft delete: the raw log keeps them
+
+
+def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_tombstones_applied(spark, two_builds):
+    lake = two_builds
+    tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 2")
+
+    result = compact(spark, lake, refresh_projections=refresh_all_projections)
+
+    assert result.rows_purged_per_tombstone == {tombstone.tombstone_id: 3}
+    assert event_ids(spark, lake.table_path(RAW_EVENT_LOG)) == ["br-b-1", "br-b-2", "br-b-3"]
+    for path in [lake.table_path(RAW_EVENT_LOG), lake.table_path(FILTERED_EVENT_LOG)] + [
+        lake.table_path(projection_spec(p)) for p in PROJECTIONS.values()
+    ]:
+        assert live_parquet_rows_holding(spark, path, '"br-a"') == 0, path
+    [state] = read_tombstones(spark, lake)
+    assert not state.pending and state.applied_log_version == current_version(spark, lake.table_path(RAW_EVENT_LOG))
+
+    late = request_erasure(spark, lake, "event_id", "br-b-3", actor="bob", reason="ticket 3")
+    assert [t.tombstone_id for t in read_tombstones(spark, lake) if t.pending] == [late.tombstone_id]
+
+
+def test_after_compaction_and_vacuum_no_file_on_disk_holds_an_erased_value(spark, two_builds):
+    lake = two_builds
+    refresh_filtered_log(spark, lake)
+    refresh_all_projections(spark, lake)
+    request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 4")
+    before = {f.table: f.rows_in_data_files for f in erasure_report(spark, lake)}
+    assert before[RAW_EVENT_LOG.name] == 3  # old and live files still hold it: soft delete only
+
+    compact(spark, lake, refresh_projections=refresh_all_projections)
+    with pytest.raises(RetentionTooShortError):
+        vacuum_lake(spark, lake, retention_hours=0)
+    vacuum_lake(spark, lake, retention_hours=0, allow_short_retention=True)
+
+    findings = erasure_report(spark, lake)
+    assert {f.table for f in findings} >= {RAW_EVENT_LOG.name, FILTERED_EVENT_LOG.name, "partition_state"}
+    assert TOMBSTONES.name not in {f.table for f in findings}
+    assert [(f.table, f.rows_in_data_files, f.delta_log_mentions) for f in findings if f.rows_in_data_files or f.delta_log_mentions] == []
+
+
+def test_a_purge_whose_dry_run_keeps_other_rows_than_expected_fails_and_leaves_the_table_unchanged(spark, two_builds):
+    lake = two_builds
+    tombstone = request_erasure(spark, lake, "event_id", "br-a-1", actor="alice", reason="ticket 5")
+    path = lake.table_path(RAW_EVENT_LOG)
+    version = current_version(spark, path)
+    wrong_ids = spark.createDataFrame([("br-a-1",), ("br-b-1",)], "event_id string")  # one too many
+
+    with pytest.raises(PurgeVerificationError) as error:
+        purge_events(spark, lake, RAW_EVENT_LOG, [tombstone], event_ids=wrong_ids)
+
+    assert "The table is unchanged" in str(error.value)
+    assert current_version(spark, path) == version and len(event_ids(spark, path)) == 6
+
+
+def test_appends_that_arrive_while_compaction_runs_all_land(spark, two_builds):
+    lake = two_builds
+    request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 6")
+    sent = [build_with_partition(f"br-late-{i}", f"data/late/{i}", 100 + 10 * i) for i in range(4)]
+    errors = []
+
+    def writer():
+        try:
+            for events in sent:
+                append_events(spark, lake, events, writer="during-compaction")
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    compact(spark, lake)
+    thread.join()
+
+    ids = event_ids(spark, lake.table_path(RAW_EVENT_LOG))
+    assert errors == []
+    assert ids == sorted(["br-b-1", "br-b-2", "br-b-3"] + [e["event_id"] for events in sent for e in events])
+
+
+def test_the_schedules_and_the_erase_jobs_config_validate():
+    Definitions.validate_loadable(project_defs)
+    schedules = {s.name: (s.cron_schedule, s.job_name) for s in project_defs.resolve_all_schedule_defs()}
+    assert schedules == {"compaction_schedule": ("0 3 * * *", "compaction_job"), "vacuum_schedule": ("0 4 * * 0", "vacuum_job")}
+    erase = project_defs.resolve_job_def("erase_job")
+    request = {"ops": {"tombstones": {"config": {"key": "partition_ref", "value": REF, "actor": "alice", "reason": "ticket 7"}}}}
+    assert validate_run_config(erase, request)
+    vacuum = project_defs.resolve_job_def("vacuum_job")
+    assert validate_run_config(vacuum, {"ops": {"vacuum_tables": {"config": {"retention_hours": 200}}}})
