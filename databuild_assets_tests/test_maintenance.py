@@ -164,7 +164,11 @@ def test_appends_that_arrive_while_compaction_runs_all_land(spark, two_builds):
 
 def test_the_schedules_and_the_erase_jobs_config_validate():
     Definitions.validate_loadable(project_defs)
-    schedules = {s.name: (s.cron_schedule, s.job_name) for s in project_defs.resolve_all_schedule_defs()}
+    schedules = {
+        name: (schedule.cron_schedule, schedule.job_name)
+        for name in ("compaction_schedule", "vacuum_schedule")
+        for schedule in [project_defs.resolve_schedule_def(name)]
+    }
     assert schedules == {"compaction_schedule": ("0 3 * * *", "compaction_job"), "vacuum_schedule": ("0 4 * * 0", "vacuum_job")}
     erase = project_defs.resolve_job_def("erase_job")
     request = {"ops": {"tombstones": {"config": {"key": "partition_ref", "value": REF, "actor": "alice", "reason": "ticket 7"}}}}
