@@ -67,6 +67,14 @@ def demo(events: int, seed: int) -> int:
     print(f"  raw_event_log       version {raw['delta_version']}, {raw['dagster/row_count']:,} events, "
           f"{raw['num_files']} files, {raw['size_bytes'] / 1e6:.1f} MB")
     print(f"  event_quarantine    version {quarantine['delta_version']}, {quarantine['dagster/row_count']:,} lines")
+    for name, noun in (("filtered_event_log", "visible events"), ("partition_state", "partitions"),
+                       ("job_runs", "job runs"), ("build_requests", "build requests")):
+        if name in metadata:
+            table = metadata[name]
+            mode = f", {table['refresh_mode']} refresh" if "refresh_mode" in table else ""
+            print(f"  {name:19} version {table['delta_version']}, {table['dagster/row_count']:,} {noun}{mode}")
+    if "tombstones" in metadata:
+        print(f"  tombstones          {metadata['tombstones']['tombstones']} ({metadata['tombstones']['pending']} pending)")
     print(f"  tables under        {lake.path('tables')}")
     print(f"  landing folder      {lake.landing}")
     return 0
