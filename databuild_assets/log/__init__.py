@@ -2,8 +2,11 @@
 
     log = open_event_log("sqlite:///var/lib/databuild/bel.db")
 
-Backends register a factory per URI scheme in `BACKENDS`; the Delta backend replaces the
-placeholder for "delta" when `databuild_assets.log.delta_backend` is imported.
+Backends register a factory per URI scheme in `BACKENDS`. The "delta" entry imports
+`databuild_assets.log.delta_backend` (and so Spark) on first use only; that module registers its
+own factory for the scheme when imported.
+
+    log = open_event_log("delta:///data/lake", spark=spark)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ BackendFactory = Callable[..., BuildEventLog]
 ACCEPTED_URIS = (
     "sqlite:///absolute/path/to/bel.db",
     "sqlite:///:memory:",
-    "delta:///absolute/path/to/table",
+    "delta:///absolute/path/to/lake (or .../lake/tables/raw_event_log)",
 )
 
 
@@ -48,17 +51,16 @@ def _open_sqlite(uri: str, location: str, **options: Any) -> BuildEventLog:
     return SqliteEventLog(location)
 
 
-def _delta_needs_spark(uri: str, location: str, **options: Any) -> BuildEventLog:
-    raise ValueError(
-        f"{uri!r}: the Delta backend needs a SparkSession; import databuild_assets.log.delta_backend "
-        "(it registers the 'delta' scheme) and call open_event_log(uri, spark=spark), or build its "
-        "event log class from that module directly"
-    )
+def _open_delta(uri: str, location: str, **options: Any) -> BuildEventLog:
+    # Imported here: opening a SQLite log should not import Spark and Delta.
+    from databuild_assets.log.delta_backend import open_delta_event_log
+
+    return open_delta_event_log(uri, location, **options)
 
 
 BACKENDS: dict[str, BackendFactory] = {
     "sqlite": _open_sqlite,
-    "delta": _delta_needs_spark,
+    "delta": _open_delta,
 }
 
 
