@@ -175,3 +175,19 @@ def test_the_schedules_and_the_erase_jobs_config_validate():
     assert validate_run_config(erase, request)
     vacuum = project_defs.resolve_job_def("vacuum_job")
     assert validate_run_config(vacuum, {"ops": {"vacuum_tables": {"config": {"retention_hours": 200}}}})
+
+
+def test_the_delta_query_api_hides_tombstoned_events_from_the_moment_the_tombstone_is_committed(spark, two_builds):
+    from databuild_assets.log.delta_backend import DeltaEventLog
+
+    lake = two_builds
+    bel = DeltaEventLog(spark, lake)
+    assert [e["event_id"] for e in bel.get_build_request_events("br-a")] == ["br-a-1", "br-a-2", "br-a-3"]
+    assert {b.build_request_id for b in bel.list_build_requests()} == {"br-a", "br-b"}
+
+    request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 8")  # no refresh, no compaction
+
+    assert bel.get_build_request_events("br-a") == []
+    assert bel.get_partition_events(REF) == []
+    assert {b.build_request_id for b in bel.list_build_requests()} == {"br-b"}
+    assert bel.get_latest_partition_status(REF) is None
