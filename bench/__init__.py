@@ -1,0 +1,1 @@
+"""Benchmarks: runnable modules (`python -m bench.ingest`) that print figures and ratios, not tests."""

@@ -1,0 +1,786 @@
+"""Ingestion benchmark: generated events from JSON Lines landing files into the raw event log
+(Spark + Delta), and the same events into the SQLite reference backend in one transaction.
+
+It prints events/s for both, their ratio, a phase profile of the Delta path and timings of
+alternatives, so that a slow ingest comes with the numbers that say why (bench/README.md).
+
+    python -m bench.ingest --events 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, TypeVar
+
+import pyarrow as pa
+from delta.tables import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from databuild_assets.events.validation import event_error, parse_line
+from databuild_assets.ingest.landing import (
+    LandingFile,
+    ensure_ingest_tables,
+    events_from_lines,
+    first_of_each_event_id,
+    ingest_landing_files,
+    list_landing_files,
+    merge_new_events,
+    read_landing_lines,
+)
+from databuild_assets.log.sqlite_backend import load_events
+from databuild_assets.runtime.delta_tables import ensure_table
+from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.spark import SparkSettings, build_spark_session
+from databuild_assets.workload.generator import write_landing_files
+
+TARGET_EVENTS_PER_SECOND = 100_000
+# Small batches of other events: one ingested before the measured one (the JVM's first Delta jobs
+# load classes and JIT-compile), others to price a batch whatever its size.
+SMALL_BATCH_EVENTS = 1_000
+# Lines timed in this process (one core) to put a price per line on what the Python workers do.
+LINES_TIMED_IN_PROCESS = 100_000
+# The longest Spark jobs of the measured ingest that the report lists.
+LONGEST_JOBS = 10
+
+_MERGE_REPARTITION = "spark.databricks.delta.merge.repartitionBeforeWrite.enabled"
+_DELTA_COLLECT_STATS = "spark.databricks.delta.stats.collect"
+_LINES_SCHEMA = "source_file string, line_number long, line string, raw_line binary, reason string"
+
+T = TypeVar("T")
+
+
+# --- Measuring ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Wall seconds of a step, and the CPU seconds used meanwhile by this process tree (driver,
+    JVM, Python workers) and by the whole machine: on a shared machine, `others` says how much
+    CPU someone else took while we measured."""
+
+    wall: float
+    cpu: float
+    machine_cpu: float
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.wall + other.wall, self.cpu + other.cpu, self.machine_cpu + other.machine_cpu)
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(self.wall - other.wall, self.cpu - other.cpu, self.machine_cpu - other.machine_cpu)
+
+    @property
+    def others(self) -> float:
+        return max(self.machine_cpu - self.cpu, 0.0)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_tree_ticks(root: int) -> dict[int, int]:
+    """CPU clock ticks (user + system) of `root` and each of its descendants, from /proc."""
+    parent_of, ticks_of = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                text = stat.read()
+        except OSError:  # the process ended while we looked
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
+        parent_of[int(entry)] = int(fields[1])
+        ticks_of[int(entry)] = int(fields[11]) + int(fields[12])
+    children = defaultdict(list)
+    for pid, parent in parent_of.items():
+        children[parent].append(pid)
+    tree, pending = {}, [root]
+    while pending:
+        pid = pending.pop()
+        if pid in ticks_of:
+            tree[pid] = ticks_of[pid]
+        pending.extend(children[pid])
+    return tree
+
+
+class CpuMeter:
+    """CPU seconds used by this process and its descendants (JVM, Python workers), added up by a
+    thread that samples /proc: Spark's Python daemon ignores SIGCHLD, so a worker that exits
+    takes its CPU time with it, and reading /proc only at the start and end of a step would miss
+    it (or count less than at the start). A process that exits loses at most one interval."""
+
+    def __init__(self, interval_s: float = 0.2):
+        self._last: dict[int, int] = {}
+        self._total_ticks = 0
+        self._lock = threading.Lock()
+        self._sample()
+        threading.Thread(target=self._sample_every, args=(interval_s,), name="cpu-meter", daemon=True).start()
+
+    def _sample(self) -> None:
+        with self._lock:
+            ticks = _process_tree_ticks(os.getpid())
+            for pid, now in ticks.items():
+                before = self._last.get(pid, 0)
+                self._total_ticks += now - before if now >= before else now  # a reused pid: a new process
+            self._last = ticks
+
+    def _sample_every(self, interval_s: float) -> None:
+        while True:
+            time.sleep(interval_s)
+            self._sample()
+
+    def seconds(self) -> float:
+        self._sample()
+        return self._total_ticks / _TICKS
+
+
+_cpu_meter: CpuMeter | None = None
+
+
+def _machine_cpu() -> float:
+    """CPU seconds all processes have used since boot (not idle, not waiting for I/O)."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
+def _now() -> Usage:
+    global _cpu_meter
+    if _cpu_meter is None:
+        _cpu_meter = CpuMeter()
+    return Usage(time.perf_counter(), _cpu_meter.seconds(), _machine_cpu())
+
+
+def measure(action: Callable[[], T]) -> tuple[T, Usage]:
+    """(what `action` returned, what it took)."""
+    start = _now()
+    result = action()
+    return result, _now() - start
+
+
+def evaluate(frame: DataFrame) -> None:
+    """Compute every column of every row and write nothing: what a phase costs without a sink.
+    (`count()` would let the optimizer drop the columns nobody reads, from_json included.)"""
+    frame.write.format("noop").mode("overwrite").save()
+
+
+def load_average() -> str:
+    return "load average: " + ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+class SparkJobs:
+    """The Spark jobs of this application, from the Spark UI's REST API: which jobs a step ran
+    and how long each took, so that a slow step shows where its time went."""
+
+    def __init__(self, spark: SparkSession):
+        web_url = spark.sparkContext.uiWebUrl
+        if web_url:
+            # The UI listens on every interface; ask it on loopback, never over the network.
+            web_url = re.sub(r"//[^:/]+", "//127.0.0.1", web_url, count=1)
+        self.url = f"{web_url}/api/v1/applications/{spark.sparkContext.applicationId}" if web_url else None
+
+    def _get(self, what: str) -> list[dict]:
+        if self.url is None:
+            return []
+        with urllib.request.urlopen(f"{self.url}/{what}", timeout=30) as response:
+            return json.load(response)
+
+    def all(self) -> list[dict]:
+        return self._get("jobs")
+
+    def stages(self) -> list[dict]:
+        return self._get("stages")
+
+    def ids(self) -> set[int]:
+        return {job["jobId"] for job in self.all()}
+
+
+def _ui_time(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%Z").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _job_label(job: dict) -> str:
+    call_site = re.sub(r"/\S*/", "", job.get("name", ""))  # "collect at /work/.../landing.py:265" -> "... landing.py:265"
+    description = job.get("description", "")
+    label = f"{description} [{call_site}]" if description and description != job.get("name") else call_site
+    return label if len(label) <= 100 else label[:97] + "..."
+
+
+def job_timeline(jobs: list[dict], stages: list[dict], wall: float, merge_ms: str | None) -> list[Row]:
+    """The ingest by its parts (the lines job, the raw log's MERGE, the rest), its longest jobs,
+    the time inside any job, and the time the driver ran alone between jobs."""
+    spans = sorted((_ui_time(job["submissionTime"]), _ui_time(job["completionTime"]), job)
+                   for job in jobs if "completionTime" in job)
+    inside, reach = 0.0, float("-inf")
+    for start, end, _job in spans:
+        if end > reach:
+            inside += end - max(start, reach)
+            reach = end
+    longest = sorted(spans, key=lambda span: span[1] - span[0], reverse=True)
+    rows = []
+    # write_batch's count of good and bad lines reads, validates and persists every line: the job
+    # that reads the most input (the landing files; the others read tables or cached lines).
+    input_of = defaultdict(int)
+    for stage in stages:
+        input_of[stage["jobId"]] += stage["inputBytes"]
+    lines_job = max(spans, key=lambda span: input_of[span[2]["jobId"]], default=None)
+    if lines_job is not None and merge_ms is not None:
+        lines_seconds, merge_seconds = lines_job[1] - lines_job[0], int(merge_ms) / 1000
+        rows += [
+            Row(f"lines: read + split + validate + persist (job {lines_job[2]['jobId']})", lines_seconds),
+            Row("raw log MERGE (Delta's executionTimeMs)", merge_seconds),
+            Row("the rest: table checks, ledger, quarantine, history", wall - lines_seconds - merge_seconds),
+        ]
+    rows += [Row(f"job {job['jobId']}: {_job_label(job)}", end - start) for start, end, job in longest[:LONGEST_JOBS]]
+    return rows + [
+        Row(f"inside any of the {len(spans)} Spark jobs", inside),
+        Row("between jobs: driver only (planning, Delta log, commits)", wall - inside),
+    ]
+
+
+# --- Reporting -----------------------------------------------------------------------------------
+
+
+def print_stages(stages: list[dict]) -> None:
+    """The stages that took the most task time: how many tasks, how long, how much they moved."""
+    if not stages:
+        return
+    mb = 1e6
+    print("  its stages with the most task time (task s: summed over tasks; jvm cpu: without the Python workers)")
+    print(f"  {'stage':>5}  {'job':>4}  {'tasks':>5}  {'wall s':>6}  {'task s':>6}  {'jvm cpu':>7}  {'in MB':>6}  "
+          f"{'shuf rd':>7}  {'shuf wr':>7}  {'out MB':>6}  {'spill':>6}  {'gc s':>5}  name")
+    for stage in sorted(stages, key=lambda stage: stage["executorRunTime"], reverse=True)[:LONGEST_JOBS]:
+        wall = _ui_time(stage["completionTime"]) - _ui_time(stage["submissionTime"])
+        name = re.sub(r"/\S*/", "", stage["name"])
+        print(f"  {stage['stageId']:>5}  {stage['jobId']:>4}  {stage['numTasks']:>5}  {wall:>6.2f}  "
+              f"{stage['executorRunTime'] / 1000:>6.2f}  {stage['executorCpuTime'] / 1e9:>7.2f}  "
+              f"{stage['inputBytes'] / mb:>6.0f}  {stage['shuffleReadBytes'] / mb:>7.0f}  "
+              f"{stage['shuffleWriteBytes'] / mb:>7.0f}  {stage['outputBytes'] / mb:>6.0f}  "
+              f"{(stage['memoryBytesSpilled'] + stage['diskBytesSpilled']) / mb:>6.0f}  {stage['jvmGcTime'] / 1000:>5.1f}  {name}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a printed table: a phase, its seconds and, when it moves events, its events/s.
+    `usage` adds the CPU seconds of this process tree and of everyone else meanwhile."""
+
+    name: str
+    seconds: float
+    events: int | None = None
+    note: str = ""
+    usage: Usage | None = None
+
+    @classmethod
+    def of(cls, name: str, usage: Usage, events: int | None = None, note: str = "") -> Row:
+        return cls(name, usage.wall, events, note, usage)
+
+    @property
+    def events_per_second(self) -> float | None:
+        if self.events is None or self.seconds <= 0:
+            return None
+        return self.events / self.seconds
+
+
+def print_rows(title: str, rows: Iterable[Row], total_seconds: float | None = None) -> None:
+    """A table: phase / seconds / events/s / our CPU s / others' CPU s (/ share of `total_seconds`) / note."""
+    rows = list(rows)
+    width = max(len(row.name) for row in rows)
+    print(f"\n{title}")
+    share_header = "  share" if total_seconds else ""
+    print(f"  {'phase':<{width}}  {'seconds':>8}  {'events/s':>10}  {'cpu s':>6}  {'others':>6}{share_header}  note")
+    for row in rows:
+        rate = row.events_per_second
+        rate_text = f"{rate:>10,.0f}" if rate is not None else f"{'-':>10}"
+        usage = f"{row.usage.cpu:>6.1f}  {row.usage.others:>6.1f}" if row.usage else f"{'':>6}  {'':>6}"
+        share = f"  {row.seconds / total_seconds:>5.0%}" if total_seconds else ""
+        print(f"  {row.name:<{width}}  {row.seconds:>8.2f}  {rate_text}  {usage}{share}  {row.note}".rstrip())
+
+
+# --- The Delta path ------------------------------------------------------------------------------
+
+
+def start_spark(cores: int, shuffle_partitions: int, driver_memory: str) -> SparkSession:
+    settings = SparkSettings(
+        master=f"local[{cores}]",
+        app_name="bench-ingest",
+        shuffle_partitions=shuffle_partitions,
+        driver_memory=driver_memory,
+        extra_config={"spark.ui.showConsoleProgress": "false"},
+    )
+    spark = build_spark_session(settings)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def ingest_checked(spark: SparkSession, lake: Lake, landing: str, expected_events: int) -> None:
+    """`ingest_landing_files`, refusing to report a speed for an ingest that lost or added events."""
+    result = ingest_landing_files(spark, lake, landing=landing)
+    counts = (result.lines_read, result.accepted, result.duplicates, result.quarantined)
+    if counts != (expected_events, expected_events, 0, 0):
+        raise RuntimeError(
+            f"ingest of {landing} into {lake.root}: expected {expected_events:,} lines all accepted, got "
+            f"lines_read={result.lines_read:,} accepted={result.accepted:,} duplicates={result.duplicates:,} "
+            f"quarantined={result.quarantined:,}; the figures would be meaningless"
+        )
+
+
+def merge_metrics(spark: SparkSession, log_path: str) -> dict[str, str]:
+    """The operationMetrics Delta recorded for the latest MERGE into `log_path`."""
+    row = (
+        DeltaTable.forPath(spark, log_path).history()
+        .where("operation = 'MERGE'").orderBy(F.col("version").desc()).select("operationMetrics").first()
+    )
+    return dict(row["operationMetrics"]) if row else {}
+
+
+@dataclass(frozen=True)
+class PhaseProfile:
+    """What the ingest pipeline costs when cut after each phase, on the same files (cumulative)."""
+
+    read_tasks: int
+    read_validate: Usage  # read_landing_lines(...).count(): binaryFile + mapInArrow in Python workers
+    read_validate_persist: Usage  # the same, persisted as write_batch does
+    scan_cached: Usage  # the good lines, from the cache
+    parse: Usage  # + events_from_lines (from_json, event_date)
+    dedup: Usage  # + first_of_each_event_id (shuffle, sort, window)
+    parquet: Usage  # + plain Parquet write, partitioned by event_date
+    delta_append: Usage  # + Delta append into an empty raw log instead (stats, commit)
+    delta_merge: Usage  # + merge_new_events into an empty raw log, as ingestion does
+    alternatives: tuple[Row, ...]
+
+
+def profile_phases(spark: SparkSession, scratch: Path, landing_files: list[LandingFile], n_events: int) -> PhaseProfile:
+    """Run the ingest pipeline on `landing_files` phase by phase, each on top of the cached lines."""
+    paths = [landing_file.path for landing_file in landing_files]
+    lines = read_landing_lines(spark, paths)
+    read_tasks = lines.rdd.getNumPartitions()
+    _, read_validate = measure(lines.count)
+    # Before the lines are cached: Spark would answer a plan equal to theirs from the cache.
+    alternatives = read_alternatives(spark, landing_files, n_events, read_validate)
+    lines.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        _, read_validate_persist = measure(lines.count)
+        good_lines = lines.where("reason IS NULL")
+        _, scan_cached = measure(lambda: evaluate(good_lines))
+        events = events_from_lines(good_lines)
+        _, parse = measure(lambda: evaluate(events))
+        unique_events = first_of_each_event_id(events)
+        _, dedup = measure(lambda: evaluate(unique_events))
+        parquet_path = str(scratch / "plain_parquet")
+        _, parquet = measure(lambda: unique_events.write.partitionBy("event_date").parquet(parquet_path))
+
+        def fresh_raw_log(name: str) -> str:
+            path = str(scratch / name)
+            ensure_table(spark, path, RAW_EVENT_LOG)
+            return path
+
+        append_path = fresh_raw_log("delta_append")
+        _, delta_append = measure(lambda: unique_events.write.format("delta").mode("append").save(append_path))
+        merge_path = fresh_raw_log("delta_merge")
+        _, delta_merge = measure(lambda: merge_new_events(spark, merge_path, unique_events))
+
+        alternatives += pipeline_alternatives(spark, events, unique_events, n_events, fresh_raw_log,
+                                              dedup=dedup, delta_append=delta_append, delta_merge=delta_merge)
+        alternatives += jvm_only_alternatives(spark, paths, n_events, fresh_raw_log,
+                                              python_pipeline=read_validate_persist + delta_merge)
+    finally:
+        lines.unpersist()
+    return PhaseProfile(read_tasks, read_validate, read_validate_persist, scan_cached, parse, dedup, parquet,
+                        delta_append, delta_merge, alternatives)
+
+
+def split_without_validation(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """`read_landing_lines` with the same output but no `parse_line`: validation's cost by difference."""
+
+    def split(batches):  # nested, so that Spark ships it by value to its Python workers
+        schema = pa.schema([("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
+                            ("raw_line", pa.binary()), ("reason", pa.string())])
+        for batch in batches:
+            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+                pieces = content.split(b"\n")
+                if pieces and pieces[-1] == b"":
+                    pieces.pop()
+                yield pa.RecordBatch.from_pydict(
+                    {"source_file": [path] * len(pieces), "line_number": list(range(1, len(pieces) + 1)),
+                     "line": [piece.decode("utf-8") for piece in pieces], "raw_line": [None] * len(pieces),
+                     "reason": [None] * len(pieces)},
+                    schema=schema,
+                )
+
+    files = spark.read.format("binaryFile").load(paths).select("path", "content")
+    return files.mapInArrow(split, _LINES_SCHEMA)
+
+
+def files_through_python(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """The landing files' bytes to the Python workers and a length back: the floor of the read phase."""
+
+    def lengths(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"length": [len(content) for content in batch.column("content").to_pylist()]})
+
+    return spark.read.format("binaryFile").load(paths).select("path", "content").mapInArrow(lengths, "length long")
+
+
+def with_conf(spark: SparkSession, key: str, value: str, action: Callable[[], T]) -> T:
+    spark.conf.set(key, value)
+    try:
+        return action()
+    finally:
+        spark.conf.unset(key)
+
+
+def read_alternatives(spark: SparkSession, landing_files: list[LandingFile], n_events: int,
+                      read_validate: Usage) -> tuple[Row, ...]:
+    """What the read phase costs without validation, without splitting, and with another task size."""
+    paths = [landing_file.path for landing_file in landing_files]
+    _, bytes_only = measure(lambda: spark.read.format("binaryFile").load(paths)
+                            .selectExpr("sum(length(content))").first())
+    _, through_python = measure(files_through_python(spark, paths).count)
+    _, split_only = measure(split_without_validation(spark, paths).count)
+    # Spark packs files into one read task up to maxPartitionBytes (128 MB); at the largest
+    # file's size, each task reads one file.
+    largest_file = max(landing_file.size for landing_file in landing_files)
+    _, one_file_per_task = measure(lambda: with_conf(
+        spark, "spark.sql.files.maxPartitionBytes", str(largest_file),
+        lambda: read_landing_lines(spark, paths).count()))
+    return (
+        Row.of("read the files' bytes in the JVM only (binaryFile)", bytes_only, n_events),
+        Row.of("+ bytes to Python workers and back, no split", through_python, n_events),
+        Row.of("+ split lines, no validation", split_only, n_events,
+               f"validation = {read_validate.wall - split_only.wall:.2f} s, "
+               f"{(read_validate.cpu - split_only.cpu) / n_events * 1e6:.1f} CPU µs/line"),
+        Row.of("read + split + validate, one file per task", one_file_per_task, n_events,
+               f"maxPartitionBytes={largest_file:,}; vs {read_validate.wall:.2f} s as configured"),
+    )
+
+
+def first_of_each_event_id_by_keys(events: DataFrame) -> DataFrame:
+    """`first_of_each_event_id` with a shuffle of the keys only: rank (event_id, file, line),
+    broadcast the few that lose, and drop them with an anti-join. The same rows survive."""
+    first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
+    later = (
+        events.select("event_id", "source_file", "source_line")
+        .withColumn("_rank", F.row_number().over(first)).where("_rank > 1").drop("_rank")
+    )
+    return events.join(F.broadcast(later), ["event_id", "source_file", "source_line"], "left_anti")
+
+
+def pipeline_alternatives(spark: SparkSession, events: DataFrame, unique_events: DataFrame, n_events: int,
+                          fresh_raw_log: Callable[[str], str], *, dedup: Usage, delta_append: Usage,
+                          delta_merge: Usage) -> tuple[Row, ...]:
+    """What-if timings after the read phase, each on the same cached lines as the phase it would replace."""
+    _, keys_dedup = measure(lambda: evaluate(first_of_each_event_id_by_keys(events)))
+    no_repartition_path = fresh_raw_log("delta_merge_no_repartition")
+    _, merge_no_repartition = measure(lambda: with_conf(
+        spark, _MERGE_REPARTITION, "false", lambda: merge_new_events(spark, no_repartition_path, unique_events)))
+    configured = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    cores = spark.sparkContext.defaultParallelism
+    other = cores if configured != cores else 2 * cores
+    other_partitions_path = fresh_raw_log("delta_merge_other_partitions")
+    _, merge_other_partitions = measure(lambda: with_conf(
+        spark, "spark.sql.shuffle.partitions", str(other),
+        lambda: merge_new_events(spark, other_partitions_path, unique_events)))
+    no_stats_path = fresh_raw_log("delta_append_no_stats")
+    _, append_no_stats = measure(lambda: with_conf(
+        spark, _DELTA_COLLECT_STATS, "false",
+        lambda: unique_events.write.format("delta").mode("append").save(no_stats_path)))
+    return (
+        Row.of("scan + parse + dedup shuffling the keys only", keys_dedup, n_events,
+               f"vs {dedup.wall:.2f} s scan + parse + window over whole rows"),
+        Row.of("MERGE, repartitionBeforeWrite off", merge_no_repartition, n_events,
+               f"vs {delta_merge.wall:.2f} s MERGE as configured"),
+        Row.of(f"MERGE with {other} shuffle partitions", merge_other_partitions, n_events,
+               f"vs {delta_merge.wall:.2f} s with {configured} ({cores} cores)"),
+        Row.of("Delta append, no file statistics", append_no_stats, n_events,
+               f"vs {delta_append.wall:.2f} s append with statistics"),
+    )
+
+
+def lines_without_python(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """The landing files' lines read by the JVM alone (Spark's text source): no validation, and an
+    increasing id instead of the line number. The floor of a pipeline that leaves Python out."""
+    return spark.read.text(paths).select(
+        F.input_file_name().alias("source_file"),
+        F.monotonically_increasing_id().alias("line_number"),
+        F.col("value").alias("line"),
+    )
+
+
+def jvm_only_alternatives(spark: SparkSession, paths: list[str], n_events: int,
+                          fresh_raw_log: Callable[[str], str], *, python_pipeline: Usage) -> tuple[Row, ...]:
+    """How fast the data path is without the Python workers: the JVM reads the lines, from_json
+    parses them, and Delta appends them, with and without the dedup window."""
+    events = events_from_lines(lines_without_python(spark, paths))
+    deduplicated_path, appended_path = fresh_raw_log("jvm_only_dedup"), fresh_raw_log("jvm_only_append")
+    _, deduplicated = measure(lambda: first_of_each_event_id(events).write.format("delta").mode("append")
+                              .save(deduplicated_path))
+    _, appended = measure(lambda: events.write.format("delta").mode("append").save(appended_path))
+    reference = f"vs {python_pipeline.wall:.2f} s, {python_pipeline.cpu:.1f} CPU s for a + a' + the MERGE pipeline"
+    return (
+        Row.of("JVM only: text + from_json + dedup + Delta append", deduplicated, n_events, reference),
+        Row.of("JVM only: text + from_json + Delta append", appended, n_events, "no dedup, no validation"),
+    )
+
+
+def price_small_delta_operations(spark: SparkSession, lake: Lake, scratch: Path) -> list[Row]:
+    """What the small Delta operations that each batch makes, whatever its size, cost on a warm JVM.
+    A batch makes 1 check of the 3 tables, 1 ledger read, 1 small MERGE (plan), 2 small appends
+    (quarantine, record) and 2 history lookups (its commit, the log's version)."""
+    _, check = measure(lambda: ensure_ingest_tables(spark, lake))
+    ledger_path = lake.table_path(INGEST_LEDGER)
+    _, read = measure(lambda: spark.read.format("delta").load(ledger_path).collect())
+    table = str(scratch / "small_table")
+    ensure_table(spark, table, INGEST_LEDGER)
+    row = spark.createDataFrame(
+        [(1, "planned", "file:/landing/events-00000.jsonl", 1)],
+        "batch_id long, stage string, file_path string, file_size long",
+    ).withColumn("recorded_at", F.current_timestamp())
+    _, merge = measure(lambda: DeltaTable.forPath(spark, table).alias("ledger")
+                       .merge(row.alias("plan"), "ledger.batch_id = plan.batch_id")
+                       .whenNotMatchedInsert(values={column: f"plan.{column}" for column in row.columns})
+                       .execute().first())
+    _, append = measure(lambda: row.write.format("delta").mode("append").save(table))
+    _, history = measure(lambda: DeltaTable.forPath(spark, table).history(50)
+                         .where(F.col("userMetadata") == "{}").select("version").first())
+    return [
+        Row.of("check the 3 tables exist (ensure_ingest_tables)", check),
+        Row.of("read the ledger", read),
+        Row.of("MERGE 1 row into a small table (ledger plan)", merge),
+        Row.of("append 1 row to a small table (quarantine, record)", append, note="x 2 per batch"),
+        Row.of("history lookup (batch commit, log version)", history, note="x 2 per batch"),
+        Row.of("estimated bookkeeping of one batch", check + read + merge + append + append + history + history),
+    ]
+
+
+def report_profile(profile: PhaseProfile, ingest: Usage, n_events: int) -> None:
+    p = profile
+    rows = [
+        Row.of("a. read files + split + validate lines (Python workers)", p.read_validate, n_events,
+               f"{p.read_tasks} read tasks; read_landing_lines(...).count()"),
+        Row.of("a'. persist the lines (MEMORY_AND_DISK)", p.read_validate_persist - p.read_validate, n_events,
+               "write_batch persists them: the merge reads them again"),
+        Row.of("   scan the cached good lines", p.scan_cached, n_events),
+        Row.of("b. from_json parse + event_date", p.parse - p.scan_cached, n_events, "events_from_lines"),
+        Row.of("c. dedup shuffle (window by event_id)", p.dedup - p.parse, n_events, "first_of_each_event_id"),
+        Row.of("d. Parquet write (partitioned by event_date)", p.parquet - p.dedup, n_events,
+               "plain Parquet, scratch path"),
+        Row.of("e1. Delta append over Parquet (stats + commit)", p.delta_append - p.parquet, n_events,
+               "append into an empty raw log"),
+        Row.of("e2. MERGE over append", p.delta_merge - p.delta_append, n_events,
+               "merge_new_events into an empty raw log"),
+        Row.of("f. the rest: batch bookkeeping, and noise", ingest - p.read_validate_persist - p.delta_merge, None,
+               "warm ingest - (a + a' + the MERGE pipeline)"),
+    ]
+    print_rows(f"Phase profile (the same files into fresh lakes; increments; share of the warm ingest's "
+               f"{ingest.wall:.1f} s)", rows, total_seconds=ingest.wall)
+    print(f"  the MERGE pipeline alone (scan cached lines .. commit): {p.delta_merge.wall:.2f} s")
+    print_rows("Alternatives (what-if)", p.alternatives)
+
+
+# --- The SQLite path -----------------------------------------------------------------------------
+
+
+def landing_events(files: Iterable[Path]) -> Iterator[dict]:
+    """The events of the landing files, parsed: what SQLite is fed, so that it too pays for JSON."""
+    for path in files:
+        with path.open("rb") as lines:
+            for line in lines:
+                yield json.loads(line)
+
+
+def price_per_line(landing_file: Path, limit: int) -> list[Row]:
+    """What the Python workers do per line, timed in this process on one core. Results are dropped
+    as they come, as the workers drop the parsed events: kept, 100,000 dicts would make Python's
+    garbage collector walk them again and again, and the price would be the collector's."""
+    pieces = [piece for piece in landing_file.read_bytes().split(b"\n", limit)[:limit] if piece]
+    parsed = [json.loads(piece) for piece in pieces]
+    count = len(pieces)
+
+    def each(function: Callable, items: list) -> Callable[[], None]:
+        return lambda: deque(map(function, items), maxlen=0)
+
+    _, decode = measure(each(bytes.decode, pieces))
+    _, loads = measure(each(json.loads, pieces))
+    _, check = measure(each(event_error, parsed))
+    _, validate = measure(each(parse_line, pieces))
+    return [
+        Row.of(name, usage, count, f"{usage.cpu / count * 1e6:.1f} CPU µs/line ({usage.wall / count * 1e6:.1f} µs wall)")
+        for name, usage in (("decode UTF-8", decode), ("json.loads only", loads),
+                            ("event_error only (the checks, on parsed events)", check),
+                            ("parse_line (json.loads + checks)", validate))
+    ]
+
+
+# --- The run -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    cores = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events to generate and ingest (default 1,000,000)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--events-per-file", type=int, default=100_000, help="events per landing file (default 100,000)")
+    parser.add_argument("--workdir", help="where to make the fresh working folder (default: the system's temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the working folder (landing files, lakes, SQLite file)")
+    parser.add_argument("--cores", type=int, default=cores, help=f"Spark local cores (default: all, {cores})")
+    parser.add_argument("--shuffle-partitions", type=int, default=None,
+                        help="spark.sql.shuffle.partitions (default: cores; the run also times 2 x cores)")
+    parser.add_argument("--driver-memory", default="4g", help="Spark driver memory (default 4g)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the phase profile and the alternatives")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    n_events = args.events
+    shuffle_partitions = args.shuffle_partitions or args.cores
+    work = Path(tempfile.mkdtemp(prefix="bench-ingest-", dir=args.workdir))
+    print(f"bench.ingest {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node()}: "
+          f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}")
+    print(f"  {n_events:,} events, seed {args.seed}, {args.events_per_file:,} events per file; "
+          f"Spark local[{args.cores}], {shuffle_partitions} shuffle partitions, driver {args.driver_memory}; "
+          f"work in {work}")
+    print(f"  at start: {load_average()}", flush=True)
+    try:
+        run(args, work, n_events, shuffle_partitions)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class MeasuredIngest:
+    """One `ingest_landing_files` run: what it took, its Spark jobs and stages, its MERGE's metrics."""
+
+    usage: Usage
+    jobs: list[dict]
+    stages: list[dict]
+    merge_metrics: dict[str, str]
+
+
+def measure_ingest(spark: SparkSession, jobs: SparkJobs, lake: Lake, landing: Path, n_events: int) -> MeasuredIngest:
+    jobs_before = jobs.ids()
+    _, usage = measure(lambda: ingest_checked(spark, lake, str(landing), n_events))
+    ingest_jobs = [job for job in jobs.all() if job["jobId"] not in jobs_before]
+    job_of_stage = {stage_id: job["jobId"] for job in ingest_jobs for stage_id in job["stageIds"]}
+    stages = [dict(stage, jobId=job_of_stage[stage["stageId"]]) for stage in jobs.stages()
+              if stage["stageId"] in job_of_stage and stage["status"] == "COMPLETE"]
+    return MeasuredIngest(usage, ingest_jobs, stages, merge_metrics(spark, lake.table_path(RAW_EVENT_LOG)))
+
+
+def report_ingest(title: str, ingest: MeasuredIngest) -> None:
+    wall = ingest.usage.wall
+    print_rows(f"{title}: where its {wall:.1f} s went (Spark jobs, from the Spark UI)",
+               job_timeline(ingest.jobs, ingest.stages, wall, ingest.merge_metrics.get("executionTimeMs")),
+               total_seconds=wall)
+    print("  its MERGE, as Delta recorded it: " + ", ".join(
+        f"{key}={ingest.merge_metrics.get(key, '?')}"
+        for key in ("executionTimeMs", "rewriteTimeMs", "materializeSourceTimeMs", "numTargetFilesAdded")))
+    gc_seconds = sum(stage["jvmGcTime"] for stage in ingest.stages) / 1000
+    print(f"  JVM garbage collection in its tasks: {gc_seconds:.1f} s (summed over tasks)")
+    print_stages(ingest.stages)
+
+
+def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions: int) -> None:
+    rows: list[Row] = []
+    landing = work / "landing"
+    workload, usage = measure(lambda: write_landing_files(landing, n_events, seed=args.seed,
+                                                          events_per_file=args.events_per_file))
+    megabytes = sum(path.stat().st_size for path in workload.files) / 1e6
+    rows.append(Row.of(f"generate landing files ({len(workload.files)} files; not in ingest)", usage, n_events,
+                       f"{megabytes:,.0f} MB"))
+    # Other events (other seeds): one small batch warms the JVM up, the other prices a batch.
+    warm_up_landing, small_landing = work / "warm_up_landing", work / "small_landing"
+    write_landing_files(warm_up_landing, SMALL_BATCH_EVENTS, seed=args.seed + 1)
+    write_landing_files(small_landing, SMALL_BATCH_EVENTS, seed=args.seed + 2)
+
+    spark, usage = measure(lambda: start_spark(args.cores, shuffle_partitions, args.driver_memory))
+    rows.append(Row.of("start Spark (JVM; fixed cost)", usage))
+    jobs = SparkJobs(spark)
+    small_lake = Lake(str(work / "small_lake"))
+    _, usage = measure(lambda: ingest_checked(spark, small_lake, str(warm_up_landing), SMALL_BATCH_EVENTS))
+    rows.append(Row.of(f"warm-up: ingest {SMALL_BATCH_EVENTS:,} events (first Delta jobs)", usage, SMALL_BATCH_EVENTS))
+    print(f"  Spark up; {load_average()}; ingesting {n_events:,} events...", flush=True)
+
+    lake = Lake(str(work / "lake"))
+    first = measure_ingest(spark, jobs, lake, landing, n_events)
+    rows.append(Row.of(f"ingest {n_events:,} events -> raw log (Delta)", first.usage, n_events))
+    _, usage = measure(lambda: ingest_landing_files(spark, lake, landing=str(landing)))
+    rows.append(Row.of("ingest again: no new files (no-op)", usage))
+    print(f"  ingest done in {first.usage.wall:.1f} s; {load_average()}", flush=True)
+
+    profile = None
+    if not args.no_profile:
+        profile = profile_phases(spark, work / "profile", list_landing_files(spark, str(landing)), n_events)
+        print(f"  profile done; {load_average()}", flush=True)
+    # The same files into a fresh lake, once the JVM has compiled the hot paths of a big batch:
+    # what a long-running process (a Dagster code server's session) would see.
+    warm = measure_ingest(spark, jobs, Lake(str(work / "lake_warm")), landing, n_events)
+    rows.append(Row.of(f"the same {n_events:,} events into a fresh lake, warm JVM", warm.usage, n_events))
+    _, usage = measure(lambda: ingest_checked(spark, small_lake, str(small_landing), SMALL_BATCH_EVENTS))
+    rows.append(Row.of(f"fixed cost: {SMALL_BATCH_EVENTS:,} new events into a {SMALL_BATCH_EVENTS:,}-event log",
+                       usage, SMALL_BATCH_EVENTS))
+    _, usage = measure(lambda: ingest_checked(spark, lake, str(small_landing), SMALL_BATCH_EVENTS))
+    rows.append(Row.of(f"the same {SMALL_BATCH_EVENTS:,} new events into the {n_events:,}-event log", usage,
+                       SMALL_BATCH_EVENTS, "MERGE reads the log's event_ids"))
+    fixed_costs = price_small_delta_operations(spark, small_lake, work / "scratch")
+    spark.stop()
+
+    # SQLite runs after Spark has stopped: it uses one core, Spark had them all.
+    _, parse = measure(lambda: sum(1 for _ in landing_events(workload.files)))
+    result, sqlite = measure(lambda: load_events(work / "bel.db", landing_events(workload.files)))
+    if (result.accepted, result.duplicates) != (n_events, 0):
+        raise RuntimeError(f"SQLite load of {n_events:,} events: {result}; the figures would be meaningless")
+    rows.append(Row.of("SQLite load_events, one transaction (from the files)", sqlite, n_events,
+                       "1 core; json.loads of every line included"))
+    rows.append(Row.of("  of which reading the files + json.loads", parse, n_events))
+
+    print_rows("Results (cpu s: this process tree; others: everyone else's meanwhile)", rows)
+    report_ingest(f"The first ingest of {n_events:,} events", first)
+    report_ingest(f"The warm ingest of {n_events:,} events", warm)
+    print_rows("Per-batch fixed costs (warm JVM, small tables)", fixed_costs)
+    if profile is not None:
+        report_profile(profile, warm.usage, n_events)
+    per_line = price_per_line(workload.files[0], LINES_TIMED_IN_PROCESS)
+    print_rows(f"Price per line in one Python process, one core ({per_line[0].events:,} lines of "
+               f"{workload.files[0].name})", per_line)
+    report_verdict(first.usage, warm.usage, sqlite, n_events, args.cores)
+
+
+def report_verdict(ingest: Usage, warm: Usage, sqlite: Usage, n_events: int, cores: int) -> None:
+    """Events/s of both backends, their ratio and the target, by wall time and per CPU second (what
+    the figures would be on a machine nobody else uses, near enough)."""
+    print()
+    for name, usage in (("Delta ingest", ingest), ("Delta, warm JVM", warm), ("SQLite load", sqlite)):
+        print(f"{name:<16} {n_events / usage.wall:>9,.0f} events/s  ({n_events:,} events in {usage.wall:.1f} s; "
+              f"{n_events / usage.cpu:,.0f} events per CPU s: {usage.cpu:.1f} CPU s ours, {usage.others:.1f} others')")
+    print(f"ratio Delta/SQLite  {sqlite.wall / ingest.wall:.2f} (wall), {sqlite.cpu / ingest.cpu:.2f} (per CPU s); "
+          f"warm JVM: {sqlite.wall / warm.wall:.2f} (wall), {sqlite.cpu / warm.cpu:.2f} (per CPU s)")
+    best = min(ingest.wall, warm.wall)
+    met = "MET" if n_events / best >= TARGET_EVENTS_PER_SECOND else "NOT MET"
+    budget = cores * n_events / TARGET_EVENTS_PER_SECOND
+    print(f"target {TARGET_EVENTS_PER_SECOND:,} events/s ({n_events / TARGET_EVENTS_PER_SECOND:.1f} s for {n_events:,} "
+          f"events): {met}; the better ingest reached {n_events / best / TARGET_EVENTS_PER_SECOND:.0%} of it. It needs "
+          f"{min(ingest.cpu, warm.cpu):.0f} CPU s; {cores} cores give {budget:.0f} CPU s in the target's time")
+    print(f"at end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
