@@ -51,7 +51,8 @@ class LakehouseResource(LazyPySparkResource):
 
     @property
     def lake(self) -> Lake:
-        return Lake(self.lake_root)
+        """The lake, its root checked first (LakeRootError names a bad DATABUILD_LAKE_ROOT)."""
+        return Lake(self.lake_root).ensure_root()
 
     def _init_session(self) -> None:
         if self._spark_session is None:

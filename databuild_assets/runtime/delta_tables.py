@@ -42,6 +42,10 @@ class SchemaVersionError(RuntimeError):
     """A table was written by a newer (or unknown) schema version than this code knows."""
 
 
+class NotADeltaTableError(RuntimeError):
+    """A table's path holds files that are not a Delta table; nothing was created over them."""
+
+
 def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
     """The Delta table at `path`, created empty with `spec`'s schema and properties if missing.
 
@@ -51,6 +55,7 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
     if DeltaTable.isDeltaTable(spark, path):
         check_schema_version(spark, path)
         return DeltaTable.forPath(spark, path)
+    _refuse_foreign_files(spark, path, spec)
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema)
     if spec.partition_by:
         builder = builder.partitionedBy(*spec.partition_by)
@@ -59,6 +64,30 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
     if spec.description:
         builder = builder.comment(spec.description)
     return retry_on_conflict(builder.execute, what=f"create {spec.name} at {path}")
+
+
+def _refuse_foreign_files(spark: SparkSession, path: str, spec: TableSpec) -> None:
+    """Raise NotADeltaTableError when `path` (not a Delta table) is a file or a folder holding
+    anything but `_delta_log`: creating the table there would mix our files with someone
+    else's, and a later purge or vacuum of the table would delete theirs."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not filesystem.exists(hadoop_path):
+        return
+    if filesystem.getFileStatus(hadoop_path).isFile():
+        foreign = [hadoop_path.getName()]
+    else:
+        # `_delta_log` alone: a table being created by another writer, or a create that crashed.
+        foreign = sorted(s.getPath().getName() for s in filesystem.listStatus(hadoop_path))
+        foreign = [name for name in foreign if name != "_delta_log"]
+    if foreign and not DeltaTable.isDeltaTable(spark, path):  # not created meanwhile by another writer
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise NotADeltaTableError(
+            f"{path} should hold the Delta table {spec.name} but holds other files ({shown}) and no Delta log; "
+            "nothing was written. Move those files away (or point DATABUILD_LAKE_ROOT at another lake); "
+            "the table is created there on the next run."
+        )
 
 
 def table_properties(spec: TableSpec) -> dict[str, str]:
@@ -73,7 +102,9 @@ def table_properties(spec: TableSpec) -> dict[str, str]:
     return properties
 
 
-def check_schema_version(spark: SparkSession, path: str) -> int:
+def check_schema_version(spark: SparkSession, path: str, known_version: int = SCHEMA_VERSION) -> int:
+    """The table's schema version (its databuild.schemaVersion property); raises
+    SchemaVersionError when it is missing or newer than `known_version` (this code's)."""
     # SHOW TBLPROPERTIES reads the table's metadata only; DESCRIBE DETAIL would also add up file sizes.
     properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
     found = properties.get(SCHEMA_VERSION_PROPERTY)
@@ -82,10 +113,12 @@ def check_schema_version(spark: SparkSession, path: str) -> int:
             f"{path} has no valid {SCHEMA_VERSION_PROPERTY} property (found {found!r}); "
             "it was not created by databuild-assets. Point the lake root elsewhere or remove the table."
         )
-    if int(found) > SCHEMA_VERSION:
+    if int(found) > known_version:
         raise SchemaVersionError(
-            f"{path} has schema version {found}, newer than this code's {SCHEMA_VERSION}; "
-            "upgrade databuild-assets before reading or writing it."
+            f"{path} has schema version {found}, newer than this code's {known_version}: a newer "
+            f"databuild-assets upgraded it, and this code would misread or mis-write its rows, so it "
+            f"neither reads nor writes it. Run a databuild-assets release that knows schema version "
+            f"{found} (upgrade this deployment), or point DATABUILD_LAKE_ROOT at a lake of version {known_version}."
         )
     return int(found)
 

@@ -25,6 +25,11 @@ from databuild_assets.events.schema import EVENT_SCHEMA, SCHEMA_VERSION
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LAKE_ROOT = str(REPO_ROOT / ".lake")
 
+
+class LakeRootError(RuntimeError):
+    """The lake root cannot be used (its parent is missing, it is not a folder, not writable);
+    nothing was created."""
+
 SCHEMA_VERSION_PROPERTY = "databuild.schemaVersion"
 
 # Properties every table of ours carries, chosen so an erased value leaves no copy behind
@@ -135,6 +140,43 @@ class Lake:
     def landing(self) -> str:
         """Where writers drop JSON Lines files (write to a hidden name, then rename)."""
         return self.path("landing")
+
+    def ensure_root(self) -> "Lake":
+        """This lake, its local root checked (and created when only its last folder is missing).
+
+        A root whose parent folder is missing is refused rather than created with every parent:
+        that is a typo or an unmounted volume, and a fresh empty lake there would make every run
+        silently ingest into, and answer from, the wrong place. The default root (the repo's
+        `.lake/`) is created. Remote roots (s3a://, abfss://...) are not checked here: object
+        stores have no folders to create, and Spark reports a bad bucket on first use.
+
+            lake = Lake("/data/lake").ensure_root()
+        """
+        if not is_local(self.root):
+            return self
+        root = Path(self.root.removeprefix("file://").removeprefix("file:"))
+        fix = "fix DATABUILD_LAKE_ROOT (the lakehouse resource's lake_root)"
+        if root.exists() and not root.is_dir():
+            raise LakeRootError(f"lake root {root} is a file, not a folder; {fix}, or move that file away")
+        if not root.exists():
+            parent = root.parent
+            if self.root != DEFAULT_LAKE_ROOT and not parent.is_dir():
+                raise LakeRootError(
+                    f"lake root {root} does not exist, nor does its parent folder {parent}: a typo or a volume "
+                    f"not mounted? Nothing was created. Create it (mkdir -p {root}) if it is meant to be new, "
+                    f"or {fix}."
+                )
+            try:
+                root.mkdir(parents=self.root == DEFAULT_LAKE_ROOT, exist_ok=True)
+            except OSError as error:
+                raise LakeRootError(f"lake root {root} cannot be created ({error.strerror}); {fix}, or create it "
+                                    "with write access for this user") from error
+        elif not os.access(root, os.W_OK | os.X_OK):
+            raise LakeRootError(
+                f"lake root {root} is not writable by this user (uid {os.geteuid()}); nothing was written. "
+                f"Give this user write access to it (chown/chmod), or {fix}."
+            )
+        return self
 
 FILTERED_EVENT_LOG = TableSpec(
     "filtered_event_log",

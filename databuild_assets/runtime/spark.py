@@ -7,16 +7,39 @@ all start Spark the same way; the master URL decides whether that is local or a 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 from dagster_pyspark.resources import spark_session_from_config
+from pyspark import SparkContext
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from databuild_assets.runtime.delta_jars import delta_jar_paths
 
 DEFAULT_MASTER = "local[*]"
+
+# The master URLs Spark 4 starts with (SparkContext.createTaskScheduler and its cluster managers).
+_MASTER_URL = re.compile(
+    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]|spark://\S+|yarn|k8s://\S+"
+)
+_MASTER_FORMS = "local[*], local[N], spark://host:7077, yarn or k8s://https://host:port"
+
+
+class SparkStartError(RuntimeError):
+    """Spark could not start; nothing was read or written."""
+
+
+class InvalidSparkMasterError(SparkStartError):
+    """The master URL is none Spark knows."""
+
+
+class JavaNotFoundError(SparkStartError):
+    """No Java to start Spark's JVM with."""
 
 
 @dataclass(frozen=True)
@@ -81,12 +104,49 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     """Start (or reuse) the process's SparkSession with Delta configured.
 
     Static settings (master, driver memory, jars) only take effect for the first session of a
-    process; later calls return that session, as Spark itself does.
+    process; later calls return that session, as Spark itself does. What would stop Spark from
+    starting (a master URL Spark does not know, no Java, Delta's jars not fetched, a JVM that
+    exits) raises one SparkStartError (DeltaJarsMissingError for the jars) naming the fix.
     """
     settings = settings or SparkSettings()
+    if not _MASTER_URL.fullmatch(settings.master):
+        raise InvalidSparkMasterError(
+            f"Spark master URL {settings.master!r} is not one Spark knows; use {_MASTER_FORMS} "
+            "(DATABUILD_SPARK_MASTER, or the lakehouse resource's master). Spark was not started."
+        )
+    config = spark_config(settings)  # DeltaJarsMissingError (run `make setup`) before any JVM starts
+    starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if starts_jvm:
+        _require_java()
     if settings.master.startswith("local"):
         # Python workers must import this package and pyarrow, so they must run the driver's
         # interpreter (the venv), not the first `python3` on PATH. Local-mode pyspark reads
         # only this variable (pyspark/core/context.py); a cluster configures its own.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return spark_session_from_config(spark_config(settings))
+    try:
+        return spark_session_from_config(config)
+    except PySparkRuntimeError as error:
+        if error.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        raise SparkStartError(
+            f"Spark's JVM ({_java_command()}) exited before it started; its own message is printed above. "
+            "Spark 4.2 needs Java 17 or 21: install it (Debian: apt-get install openjdk-17-jdk-headless) or "
+            "point JAVA_HOME at one, then run `make setup`."
+        ) from error
+
+
+def _java_command() -> str:
+    """The java Spark's launcher runs: $JAVA_HOME/bin/java, else `java` on PATH (bin/spark-class)."""
+    java_home = os.environ.get("JAVA_HOME")
+    return str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
+
+
+def _require_java() -> None:
+    java = _java_command()
+    if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+        where = f"JAVA_HOME is {os.environ['JAVA_HOME']!r}" if os.environ.get("JAVA_HOME") else "JAVA_HOME is not set"
+        raise JavaNotFoundError(
+            f"Spark needs Java and there is none at {java} ({where}, and no usable `java` there). Install Java 17 "
+            "(Debian: apt-get install openjdk-17-jdk-headless) or set JAVA_HOME to a Java 17 or 21 home, "
+            "then run `make setup`. Spark was not started."
+        )
