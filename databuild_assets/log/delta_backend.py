@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -147,10 +148,13 @@ def _job_run_counts(counts: Mapping[str, int]) -> dict[str, int]:
 class DeltaEventLog(BuildEventLog):
     """The Build Event Log in a lake's Delta tables, read and written through `spark`.
 
-    Appends go through the writer API (one MERGE commit on event_id). Event reads filter the log
-    table; status and summary reads use the projection tables, which a read first brings up to
-    the log's current version (`refresh_projection`, incremental), so a read sees every append
-    before it. A lake with no log yet answers as an empty log; the first append creates it.
+    Appends go through the writer API (one MERGE commit on event_id). Event reads filter the raw
+    log, leaving out what tombstones match from the moment they commit (`_visible_log`). Status
+    and summary reads use the projection tables: a read first brings the filtered log and the
+    projections it needs up to the current raw log and tombstones (incrementally), so it sees
+    every append and erasure before it, as SQLite does. The instance remembers the versions it
+    refreshed to, so reads refresh nothing while neither table moves. A lake with no log yet
+    answers as an empty log; the first append creates it. Use one instance per thread.
 
         log = DeltaEventLog(spark, Lake("/data/lake"))
         log.append_events(events)
@@ -163,9 +167,11 @@ class DeltaEventLog(BuildEventLog):
         self.writer = writer
         self._log_path = lake.table_path(_LOG)
         self._log_checked = False  # its schema version, once per instance
-        # Per projection, the log version it is known to reflect: skips the refresh's own check
-        # (a few Spark jobs) while the log has not moved.
-        self._projection_versions: dict[str, tuple] = {}  # name -> (raw log version, tombstones version)
+        # The (raw log version, tombstones version) that the filtered log and each projection are
+        # known to reflect: while neither table moves, reads skip the refreshes' own checks (a few
+        # Spark jobs each).
+        self._filtered_log_state: tuple[int, int] | None = None
+        self._projection_states: dict[str, tuple[int, int]] = {}
         self._tombstones: tuple[int | None, list[Tombstone]] = (None, [])
 
     def __repr__(self) -> str:
@@ -215,30 +221,35 @@ class DeltaEventLog(BuildEventLog):
         return visible_events(spark.read.format("delta").load(self._log_path), self._current_tombstones())
 
     def _projections(self, *names: str) -> list[DataFrame]:
-        """The projection tables `names`, each first brought up to the log's current version.
+        """The projection tables `names`, each first brought up to the current log and tombstones.
 
-        Stale ones are refreshed concurrently: each refresh runs in a Spark session of its own
-        and writes only its own table, and most of its time is spent waiting on small jobs.
+        Projections are refreshed from the filtered log (raw log minus tombstones), which is
+        refreshed first. Stale projections are refreshed concurrently: each refresh runs in a
+        Spark session of its own and writes only its own table, and most of its time is spent
+        waiting on small jobs.
         """
         spark = self._spark()
         log_version = self._log_version()
         if log_version is None:
             return [spark.createDataFrame([], PROJECTIONS[name].schema) for name in names]
         state = (log_version, self._tombstones_version())
-        stale = [name for name in names if self._projection_versions.get(name) != state]
+        stale = [name for name in names if self._projection_states.get(name) != state]
         if stale:
-            refresh_filtered_log(spark, self.lake)  # the projections' source: raw log minus tombstones
+            if self._filtered_log_state != state:
+                # It may create the tombstones table: the versions it reflects are what it says.
+                filtered = refresh_filtered_log(spark, self.lake)
+                self._filtered_log_state = (filtered.raw_log_version, filtered.tombstones_version)
+            refreshed_state = self._filtered_log_state
 
-        def refresh(name: str) -> tuple:
-            refresh_projection(spark, self.lake, PROJECTIONS[name], FILTERED_EVENT_LOG)
-            return state
+            def refresh(name: str) -> None:
+                refresh_projection(spark, self.lake, PROJECTIONS[name], FILTERED_EVENT_LOG)
 
-        if len(stale) > 1:
-            with ThreadPoolExecutor(max_workers=len(stale), thread_name_prefix="refresh-projection") as pool:
-                versions = list(pool.map(refresh, stale))
-        else:
-            versions = [refresh(name) for name in stale]
-        self._projection_versions.update(zip(stale, versions))
+            if len(stale) > 1:
+                with ThreadPoolExecutor(max_workers=len(stale), thread_name_prefix="refresh-projection") as pool:
+                    list(pool.map(refresh, stale))
+            else:
+                refresh(stale[0])
+            self._projection_states.update(dict.fromkeys(stale, refreshed_state))
         paths = [self.lake.table_path(projection_spec(PROJECTIONS[name])) for name in names]
         return [spark.read.format("delta").load(path) for path in paths]
 
@@ -438,12 +449,26 @@ class DeltaEventLog(BuildEventLog):
             job_runs_by_status=status_counts(JobStatus, job_runs),
         )
 
+    # -- time travel ----------------------------------------------------------------------------
+
+    def as_of(self, version: int | None = None, timestamp: datetime | str | None = None) -> "BuildEventLog":
+        """A read-only view of this log as of a raw log version, or of the last commit at or before
+        `timestamp` (a datetime, naive = UTC, or ISO 8601 text): every query answers as the log did
+        then, except that events erased since stay hidden. See `databuild_assets.log.time_travel`.
+
+            log.as_of(version=12).get_activity_summary()
+        """
+        from databuild_assets.log.time_travel import DeltaEventLogAsOf, resolve_log_version
+
+        spark = self._spark()
+        return DeltaEventLogAsOf(spark, self.lake, resolve_log_version(spark, self.lake, version, timestamp))
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Forget the session (the caller's: it stays open); the log is unusable afterwards."""
         self.spark = None
-        self._projection_versions.clear()
+        self._projection_states.clear()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ log's commits since the last processed version added (their add actions), finds 
 those rows touch, recomputes those keys' rows from *all* their events and MERGEs them in. So
 a late event (an older timestamp in a newer commit) gives the same rows as a full rebuild,
 and applying the same range twice changes nothing. The processed log version is written in
-the projection commit's own userMetadata: atomic with the rows it describes.
+the projection commit's own userMetadata: atomic with the rows it describes. A refresh that
+changes no rows gets no data commit (Delta skips empty ones), so it records the version in a
+metadata-only commit instead (a table property); otherwise every later refresh would redo it.
 
 A full rebuild happens when asked, when the projection is missing or records no version, when
 the commits since then are no longer readable (log cleanup), or when they removed data
@@ -57,9 +59,23 @@ def _commit_metadata(projection: Projection, log_version: int, mode: str) -> str
     return json.dumps({"projection": projection.name, "log_version": log_version, "mode": mode})
 
 
+def record_processed_version(session: SparkSession, path: str, projection: Projection, log_version: int, mode: str) -> None:
+    """Record `log_version` as processed in a commit that changes no rows (for refreshes that had
+    none to change): a table property set under the same userMetadata that data commits carry."""
+    session.conf.set(_USER_METADATA, _commit_metadata(projection, log_version, mode))
+    try:
+        retry_on_conflict(
+            lambda: session.sql(
+                f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('databuild.processed_log_version' = '{log_version}')"
+            ),
+            what=f"record log version {log_version} for {projection.name} at {path}",
+        )
+    finally:
+        session.conf.unset(_USER_METADATA)
+
+
 def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
-    """Replace the projection with `build` of the whole log, in one commit."""
-    ensure_table(spark, path, projection_spec(projection))
+    """Replace the projection (an existing table) with `build` of the whole log, in one commit."""
     rows = projection.build(log_at_version).select(*projection.schema.fieldNames())
     (rows.write.format("delta").mode("overwrite")
         .option("userMetadata", _commit_metadata(projection, log_version, "full"))
@@ -105,8 +121,12 @@ def refresh_projection(
     log_version = current_version(session, source_path)
     log_at_version = session.read.format("delta").option("versionAsOf", log_version).load(source_path)
     processed = processed_log_version(session, path, projection.name)
+    ensure_table(session, path, projection_spec(projection))
+    version_before = current_version(session, path)
 
     def done(mode: str, reason: str, keys: int | None) -> RefreshResult:
+        if processed != log_version and current_version(session, path) == version_before:
+            record_processed_version(session, path, projection, log_version, mode)  # no rows changed
         result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, current_version(session, path))
         log.info("%s: %s refresh (%s), log version %s -> %d, %s keys", projection.name, mode, reason, processed, log_version, keys)
         return result
