@@ -16,6 +16,8 @@ import json
 import random
 import shutil
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,9 @@ import pytest
 
 pytest.register_assert_rewrite("databuild_assets_tests.bel_cases")
 
+from databuild_assets.events.enums import BuildRequestStatus  # noqa: E402
 from databuild_assets.events.validation import InvalidEventError  # noqa: E402
+from databuild_assets.ingest.landing import ensure_ingest_tables  # noqa: E402
 from databuild_assets.log import (  # noqa: E402
     BACKENDS,
     AppendResult,
@@ -36,6 +40,7 @@ from databuild_assets.log import (  # noqa: E402
     open_event_log,
     register_backend,
 )
+from databuild_assets.log.delta_backend import DeltaEventLog  # noqa: E402
 from databuild_assets.log.interface import (  # noqa: E402
     ActivitySummary,
     BuildRequestSummary,
@@ -43,6 +48,7 @@ from databuild_assets.log.interface import (  # noqa: E402
     PartitionStatusInfo,
     PartitionSummary,
 )
+from databuild_assets.runtime.lake import Lake  # noqa: E402
 from databuild_assets_tests import bel_cases  # noqa: E402
 from databuild_assets_tests.bel_cases import P, partition_event  # noqa: E402
 
@@ -70,7 +76,7 @@ BACKEND_FACTORIES: dict[str, BackendFactory] = {
 
 @dataclass
 class _Lake:
-    log: Any  # a DeltaEventLog (imported with Spark, by the fixture only)
+    log: DeltaEventLog
     result: AppendResult | None  # of the append call that made it
     owner: object | None  # the SharedDeltaLog that made it
     shared: bool = False  # some other SharedDeltaLog has it too
@@ -87,27 +93,25 @@ class SharedDeltaLakes:
     """
 
     def __init__(self, spark: Any, directory: Path) -> None:
-        from databuild_assets.ingest.landing import ensure_ingest_tables
-        from databuild_assets.log.delta_backend import DeltaEventLog
-        from databuild_assets.runtime.lake import Lake
-
-        self._directory, self._made = directory, 0
-        self._open = lambda root: DeltaEventLog(spark, Lake(str(root)))
-        empty = self._open(self._new_root())
+        self._spark, self._directory, self._made = spark, directory, 0
+        empty = self._new_log()
         ensure_ingest_tables(spark, empty.lake)
         empty.get_activity_summary()  # creates the three projection tables
         self._lakes: dict[tuple[str, ...], _Lake] = {(): _Lake(empty, None, owner=None, shared=True)}
 
-    def _new_root(self) -> Path:
+    def _new_log(self, copy_of: DeltaEventLog | None = None) -> DeltaEventLog:
         self._made += 1
-        return self._directory / f"lake-{self._made}"
+        root = self._directory / f"lake-{self._made}"
+        if copy_of is not None:
+            shutil.copytree(copy_of.lake.root, root)
+        return DeltaEventLog(self._spark, Lake(str(root)))
 
-    def log_of(self, calls: tuple[str, ...]) -> Any:
+    def log_of(self, calls: tuple[str, ...]) -> DeltaEventLog:
         return self._lakes[calls].log
 
     def append(
         self, calls: tuple[str, ...], events: list[Mapping[str, Any]], owner: object
-    ) -> tuple[tuple[str, ...], Any, AppendResult]:
+    ) -> tuple[tuple[str, ...], DeltaEventLog, AppendResult]:
         """Append `events` to the lake that `calls` made; returns the calls now made, their lake's
         log and the append's result."""
         after = (*calls, json.dumps(events, sort_keys=True, default=repr))
@@ -117,12 +121,8 @@ class SharedDeltaLakes:
             return after, known.log, known.result
         current = self._lakes[calls]
         in_place = current.owner is owner and not current.shared
-        if in_place:
-            log = self._lakes.pop(calls).log  # it is about to hold more than `calls` made
-        else:
-            root = self._new_root()
-            shutil.copytree(current.log.lake.root, root)
-            log = self._open(root)
+        # In place, it is about to hold more than `calls` made: it is no longer their lake.
+        log = self._lakes.pop(calls).log if in_place else self._new_log(copy_of=current.log)
         try:
             result = log.append_events(events)
         except InvalidEventError:
@@ -175,7 +175,9 @@ class SharedDeltaLog(BuildEventLog):
     def get_build_request_for_available_partition(self, partition_ref: str) -> str | None:
         return self._log.get_build_request_for_available_partition(partition_ref)
 
-    def list_build_requests(self, limit: int = 100, offset: int = 0, status: Any = None) -> list[BuildRequestSummary]:
+    def list_build_requests(
+        self, limit: int = 100, offset: int = 0, status: BuildRequestStatus | int | None = None
+    ) -> list[BuildRequestSummary]:
         return self._log.list_build_requests(limit, offset, status)
 
     def list_recent_partitions(self, limit: int = 100, offset: int = 0) -> list[PartitionSummary]:
@@ -273,7 +275,7 @@ def test_a_sqlite_uri_opens_the_file_at_its_absolute_path(tmp_path: Path) -> Non
         log.append_event(partition_event("e1", 100, "br-1", "data/a", P.PARTITION_AVAILABLE))
 
     with open_event_log(f"sqlite://{path}") as reopened:
-        assert reopened.get_build_request_for_available_partition("data/a") == "br-1"
+        assert bel_cases.ids(reopened.get_build_request_events("br-1")) == ["e1"]
 
 
 def test_a_sqlite_memory_uri_opens_an_empty_log_in_memory() -> None:
@@ -317,10 +319,24 @@ def test_a_delta_uri_says_the_delta_backend_needs_a_spark_session() -> None:
         open_event_log("delta:///lake/bel")
 
 
-def test_a_delta_uri_opens_the_lake_at_its_root_or_at_its_raw_log_table(spark: Any, tmp_path: Path) -> None:
-    from databuild_assets.log.delta_backend import DeltaEventLog
-    from databuild_assets.runtime.lake import Lake
+def test_open_event_log_finds_the_delta_backend_without_it_being_imported_first() -> None:
+    script = (
+        "import sys\n"
+        "from databuild_assets.log import open_event_log\n"
+        "try:\n"
+        "    open_event_log('delta:///lake')\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+        "print('databuild_assets.log.delta_backend' in sys.modules)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    output = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, check=True).stdout
 
+    assert output.splitlines()[-1] == "True"
+    assert "needs a SparkSession" in output
+
+
+def test_a_delta_uri_opens_the_lake_at_its_root_or_at_its_raw_log_table(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "lake"
     with open_event_log(f"delta://{root}", spark=spark) as log:
         assert isinstance(log, DeltaEventLog)
@@ -336,7 +352,7 @@ def test_a_delta_uri_opens_the_lake_at_its_root_or_at_its_raw_log_table(spark: A
 
     with open_event_log(f"delta://{root}/tables/raw_event_log/", spark=spark) as reopened:
         assert reopened.lake == Lake(str(root))
-        assert reopened.get_build_request_for_available_partition("data/a") == "br-1"
+        assert bel_cases.ids(reopened.get_build_request_events("br-1")) == ["e1"]
 
 
 def test_a_delta_uri_must_be_absolute_and_name_a_lake_or_its_raw_log_table(spark: Any, tmp_path: Path) -> None:
