@@ -2,6 +2,7 @@
 #   make demo   set up, then run the main job on the embedded default lake and print a summary
 #   make test   set up, then run the test suite (what .ci/run calls)
 #   make ui     start the Dagster UI on http://127.0.0.1:3000
+#   make ui-test  the UI in headless Chromium (several minutes; skipped by `make test`)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup demo test ui bench clean-lake
+.PHONY: setup demo test ui ui-test bench clean-lake
 
 # A virtual environment with the pinned packages, and Delta's jars from Maven Central.
 setup: $(VENV)/.installed delta-jars/lib/.fetched $(DAGSTER_HOME)/dagster.yaml
@@ -36,6 +37,19 @@ test: setup
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# dagster dev on a free loopback port, driven by Playwright in Debian's chromium (installed here
+# with apt-get when missing; Playwright never downloads a browser). Screenshots: .ui-screenshots/
+ui-test: setup $(VENV)/.ui-test-installed
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the UI test"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+	DATABUILD_UI_TEST=1 $(BIN)/python -m pytest -m ui databuild_assets_tests/test_ui.py
+
+$(VENV)/.ui-test-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[test,ui-test]"
+	touch $@
 
 bench: setup
 	$(BIN)/python -m bench.ingest
