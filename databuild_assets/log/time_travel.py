@@ -1,0 +1,190 @@
+"""The Build Event Log as it was: the query API at a Delta version (or a timestamp) of the raw
+log, and the diff of the log between two of its versions.
+
+An erased event stays erased: a past view and a diff leave out, and never show the contents of,
+every event a tombstone matches now, even one recorded after that version (the tombstones
+table is append-only, so today's tombstones include every earlier one).
+
+    past = DeltaEventLog(spark, lake).as_of(version=12)      # or as_of(timestamp="2026-11-18T09:00:00Z")
+    past.get_latest_partition_status("data/sales/date=2026-11-18")
+    diff = log_diff(spark, lake, 12, 15)                     # events added, event ids purged
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from databuild_assets.events.schema import EVENT_COLUMNS, event_from_row
+from databuild_assets.log.delta_backend import DeltaEventLog
+from databuild_assets.log.interface import AppendResult
+from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
+from databuild_assets.projections import PROJECTIONS
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
+
+
+class TimeTravelError(ValueError):
+    """The version or timestamp asked for is not in the raw log's retained history."""
+
+
+class ReadOnlyEventLogError(RuntimeError):
+    """A past view of the log was asked to append events."""
+
+
+def _epoch_ms(moment: datetime | str) -> int:
+    """Milliseconds since the epoch of `moment`: a datetime (naive means UTC) or ISO 8601 text."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def log_commits(spark: SparkSession, lake: Lake) -> list[tuple[int, int]]:
+    """(version, commit time in epoch milliseconds) of every raw log commit still in its history,
+    oldest first; raises TimeTravelError when the lake has no raw log."""
+    path = lake.table_path(RAW_EVENT_LOG)
+    if not DeltaTable.isDeltaTable(spark, path):
+        raise TimeTravelError(f"{path} is not a Delta table yet: the lake has no event log to travel in")
+    rows = DeltaTable.forPath(spark, path).history().select("version", F.unix_millis("timestamp").alias("ms")).collect()
+    return sorted((row["version"], row["ms"]) for row in rows)
+
+
+def resolve_log_version(
+    spark: SparkSession, lake: Lake, version: int | None = None, timestamp: datetime | str | None = None
+) -> int:
+    """The raw log version to read: `version` itself once checked, or the last commit made at or
+    before `timestamp` (naive datetimes are UTC). Exactly one of the two must be given.
+
+        resolve_log_version(spark, lake, timestamp="2026-11-18T09:00:00Z")
+    """
+    if (version is None) == (timestamp is None):
+        raise ValueError("give exactly one of version= (a raw log version) and timestamp= (a datetime or ISO 8601 text)")
+    commits = log_commits(spark, lake)
+    first, last = commits[0], commits[-1]
+    available = (f"versions {first[0]}..{last[0]} are in its history, committed "
+                 f"{_iso(first[1])} .. {_iso(last[1])} (older ones are cleaned up after delta.logRetentionDuration)")
+    path = lake.table_path(RAW_EVENT_LOG)
+    if version is not None:
+        if version not in {v for v, _ in commits}:
+            raise TimeTravelError(f"{path} has no version {version} to read: {available}")
+        return version
+    wanted = _epoch_ms(timestamp)
+    before = [v for v, ms in commits if ms <= wanted]
+    if not before:
+        raise TimeTravelError(f"{path} had no commit yet at {_iso(wanted)}: {available}")
+    return before[-1]
+
+
+def _iso(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class DeltaEventLogAsOf(DeltaEventLog):
+    """A read-only view of the Build Event Log as of raw log version `version`.
+
+    Event reads read the raw log at that version; status and summary reads compute the
+    projections from those events with the same pure functions the projection tables are built
+    with (`PROJECTIONS[name].build`), so they answer what the log answered then. Events a
+    tombstone matches now are left out (an erased event stays erased). Appends are refused.
+
+        past = log.as_of(version=12)
+        past.list_build_requests(limit=20)
+        past.projection("partition_state").show()
+    """
+
+    def __init__(self, spark: SparkSession, lake: Lake, version: int) -> None:
+        super().__init__(spark, lake, writer="read-only")
+        self.version = version
+
+    def __repr__(self) -> str:
+        return f"DeltaEventLog({self.lake.root!r}).as_of(version={self.version})"
+
+    def _visible_log(self) -> DataFrame:
+        spark = self._spark()
+        self._log_version()  # refuses a log of a newer schema version, as the live log does
+        at_version = spark.read.format("delta").option("versionAsOf", self.version).load(self._log_path)
+        return visible_events(at_version, self._current_tombstones())
+
+    def _projections(self, *names: str) -> list[DataFrame]:
+        events = self._visible_log()
+        return [PROJECTIONS[name].build(events).select(*PROJECTIONS[name].schema.fieldNames()) for name in names]
+
+    def projection(self, name: str) -> DataFrame:
+        """The projection `name` (partition_state, job_runs, build_requests) as of this version."""
+        [frame] = self._projections(name)
+        return frame
+
+    def append_events(self, events: Iterable[Mapping[str, Any]]) -> AppendResult:
+        raise ReadOnlyEventLogError(
+            f"{self!r} is the log as it was at version {self.version}, read-only; append to the log itself "
+            "(DeltaEventLog, or open_event_log without as_of)"
+        )
+
+
+@dataclass(frozen=True)
+class LogDiff:
+    """What changed in the raw log from `from_version` to `to_version`, by event_id.
+
+    - `added`: events in `to_version` and not in `from_version`, in canonical order, minus those a
+      tombstone matches now;
+    - `hidden_event_ids`: events added that a tombstone matches now: only their ids are given;
+    - `removed_event_ids`: events in `from_version` and not in `to_version`. The raw log only
+      loses events to compaction's purge, so these are the events erased in between.
+    """
+
+    from_version: int
+    to_version: int
+    added: tuple[dict[str, Any], ...]
+    hidden_event_ids: tuple[str, ...]
+    removed_event_ids: tuple[str, ...]
+
+
+def log_diff(spark: SparkSession, lake: Lake, from_version: int, to_version: int) -> LogDiff:
+    """The events added and the events removed (by erasure) between two raw log versions.
+
+    Compares the two versions' event_id sets, so an event appended and purged in between
+    appears in neither list; a compaction's rewrite of files that moves rows is no change.
+
+        diff = log_diff(spark, lake, 3, 7)
+        [event["event_id"] for event in diff.added], diff.removed_event_ids
+    """
+    for version in (from_version, to_version):
+        resolve_log_version(spark, lake, version=version)
+    if from_version > to_version:
+        raise ValueError(f"from_version {from_version} is after to_version {to_version}; give the older version first")
+    path = lake.table_path(RAW_EVENT_LOG)
+    before, after = (spark.read.format("delta").option("versionAsOf", v).load(path) for v in (from_version, to_version))
+    tombstones_path = lake.table_path(TOMBSTONES)
+    tombstones = read_tombstones(spark, lake) if DeltaTable.isDeltaTable(spark, tombstones_path) else []
+    added = (
+        after.join(before.select("event_id"), "event_id", "left_anti")
+        .select(*EVENT_COLUMNS, event_matches(tombstones).alias("_hidden"))
+        .collect()
+    )
+    added = sorted(added, key=lambda row: (row["timestamp"], row["event_id"]))
+    removed = before.select("event_id").join(after.select("event_id"), "event_id", "left_anti").collect()
+    return LogDiff(
+        from_version,
+        to_version,
+        tuple(event_from_row(row) for row in added if not row["_hidden"]),
+        tuple(sorted(row["event_id"] for row in added if row["_hidden"])),
+        tuple(sorted(row["event_id"] for row in removed)),
+    )
+
+
+__all__ = [
+    "DeltaEventLogAsOf",
+    "LogDiff",
+    "ReadOnlyEventLogError",
+    "TimeTravelError",
+    "log_commits",
+    "log_diff",
+    "resolve_log_version",
+]
