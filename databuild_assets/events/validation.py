@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from databuild_assets.events.enums import enum_range
 from databuild_assets.events.schema import CORE_FIELDS, EVENT_COLUMNS, EVENT_TYPES, PAYLOADS, Field
 
@@ -151,11 +153,14 @@ def parse_line(raw: bytes | str) -> tuple[dict | None, str | None]:
     if raw.strip() == "":
         return None, "empty line: expected one event as a JSON object"
     try:
-        event = json.loads(raw)
-    except json.JSONDecodeError as error:
-        return None, f"not valid JSON: {error.msg} at column {error.colno}"
-    except RecursionError:
-        return None, "not valid JSON: nested too deeply"
+        event = orjson.loads(raw)  # several times faster than json; it refuses what json refuses, and more
+    except orjson.JSONDecodeError:
+        try:  # so the standard parser decides, and its words give the reason
+            event = json.loads(raw)
+        except json.JSONDecodeError as error:
+            return None, f"not valid JSON: {error.msg} at column {error.colno}"
+        except RecursionError:
+            return None, "not valid JSON: nested too deeply"
     error = event_error(event)
     return (None, error) if error else (event, None)
 
