@@ -77,34 +77,35 @@ def _same_type(current: DataType, target: DataType) -> bool:
     return current.simpleString() == target.simpleString()
 
 
-def schema_additions(current: StructType, target: StructType, where: tuple[str, ...] = ()) -> list[_Addition]:
+def schema_additions(current: StructType, target: StructType) -> list[_Addition]:
     """The fields `target` adds to `current`, outermost first; raises SchemaUpgradeError when
-    `target` drops a field, changes a type, or adds a field that is not nullable."""
-    problems, additions = [], []
+    `target` drops a field, changes a type, or adds a field that is not nullable (naming each)."""
+    problems: list[str] = []
+    additions = _additions(current, target, (), problems)
+    if problems:
+        raise SchemaUpgradeError("; ".join(problems))
+    return additions
+
+
+def _additions(current: StructType, target: StructType, where: tuple[str, ...], problems: list[str]) -> list[_Addition]:
+    additions = []
     target_names = set(target.fieldNames())
-    for field in current.fields:
-        if field.name not in target_names:
-            problems.append(f"{'.'.join((*where, field.name))} is dropped")
+    problems += [f"{'.'.join((*where, f.name))} is dropped" for f in current.fields if f.name not in target_names]
     current_fields = {field.name: field for field in current.fields}
     previous = None
     for field in target.fields:
         path = ".".join((*where, field.name))
         existing = current_fields.get(field.name)
         if existing is None:
-            if not field.nullable:
-                problems.append(f"{path} is new and NOT NULL (rows already stored have no value for it)")
-            else:
+            if field.nullable:
                 additions.append(_Addition(where, field, previous))
+            else:
+                problems.append(f"{path} is new and NOT NULL (rows already stored have no value for it)")
         elif isinstance(existing.dataType, StructType) and isinstance(field.dataType, StructType):
-            try:
-                additions += schema_additions(existing.dataType, field.dataType, (*where, field.name))
-            except SchemaUpgradeError as nested:
-                problems += nested.args[1]
+            additions += _additions(existing.dataType, field.dataType, (*where, field.name), problems)
         elif not _same_type(existing.dataType, field.dataType):
             problems.append(f"{path} changes type from {existing.dataType.simpleString()} to {field.dataType.simpleString()}")
         previous = field.name
-    if problems:
-        raise SchemaUpgradeError("; ".join(problems), problems)
     return additions
 
 
@@ -163,7 +164,7 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
         additions = schema_additions(DeltaTable.forPath(session, path).toDF().schema, target_schema)
     except SchemaUpgradeError as error:
         raise SchemaUpgradeError(
-            f"{path}: schema version {target_version} is not an additive change of the table's schema ({error.args[0]}); "
+            f"{path}: schema version {target_version} is not an additive change of the table's schema ({error}); "
             "nothing was changed. Only new nullable columns and struct fields are upgraded in place."
         ) from error
     if found == target_version:
