@@ -11,14 +11,21 @@ A batch goes through three recorded steps, so a crash at any point is repaired b
 A run first replays any batch that was planned but not recorded, with exactly the files it
 planned, then plans a new batch from the files no batch has read. Events are keyed by
 event_id: one already in the log (or earlier in the same batch) is skipped and counted.
+
+A file that may still be being written is not planned yet (docs/decisions.md, Ingestion): one
+that is empty or does not end with a newline, unless it has not changed for `settle_seconds`.
+A batch reads each file only up to the size it planned, so bytes appended after planning are
+never ingested half (a replay reads the same bytes).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import pyarrow as pa
 from delta.tables import DeltaTable
@@ -37,6 +44,9 @@ log = logging.getLogger(__name__)
 EVENTS_APP_ID = "databuild-ingest-events"
 QUARANTINE_APP_ID = "databuild-ingest-quarantine"
 LANDING_SUFFIXES = (".jsonl", ".json", ".ndjson")
+# A file that is empty or whose last line has no newline yet is taken for one still being
+# written, and waits; once unchanged this long it is taken as complete (its writer is gone).
+DEFAULT_SETTLE_SECONDS = 600.0
 
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -50,6 +60,7 @@ _LINES_SCHEMA = "source_file string, line_number long, line string, raw_line bin
 class LandingFile:
     path: str
     size: int
+    modified_ms: int = 0  # the filesystem's modification time, ms since the epoch
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,9 @@ class IngestResult:
 
     batches: tuple[BatchResult, ...] = field(default_factory=tuple)
     log_version: int | None = None
+    # Files not ingested yet because they may still be being written (empty, or no newline at
+    # the end, and changed less than settle_seconds ago); a later run ingests them.
+    incomplete: tuple[str, ...] = ()
 
     def _total(self, name: str) -> int:
         return sum(getattr(batch, name) for batch in self.batches)
@@ -100,15 +114,51 @@ def list_landing_files(spark: SparkSession, directory: str) -> list[LandingFile]
     for status in filesystem.listStatus(directory_path):
         name = status.getPath().getName()
         if status.isFile() and not name.startswith((".", "_")) and name.endswith(LANDING_SUFFIXES):
-            files.append(LandingFile(status.getPath().toString(), status.getLen()))
+            files.append(LandingFile(status.getPath().toString(), status.getLen(), status.getModificationTime()))
     return sorted(files, key=lambda landing_file: landing_file.path)
 
 
-def _split_and_validate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def ends_with_newline(spark: SparkSession, path: str, size: int) -> bool:
+    """Whether the file's byte at `size - 1` is a newline (False for an empty file)."""
+    if size <= 0:
+        return False
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    stream = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(hadoop_path)
+    try:
+        stream.seek(size - 1)
+        return stream.read() == ord("\n")
+    finally:
+        stream.close()
+
+
+def split_incomplete(
+    spark: SparkSession, files: list[LandingFile], settle_seconds: float, now_s: float | None = None
+) -> tuple[list[LandingFile], list[LandingFile]]:
+    """(complete, incomplete): a file is incomplete while it is empty or its last line has no
+    newline yet, and it changed less than `settle_seconds` ago."""
+    now_ms = (time.time() if now_s is None else now_s) * 1000
+    complete, incomplete = [], []
+    for landing_file in files:
+        settled = now_ms - landing_file.modified_ms >= settle_seconds * 1000
+        if settled or ends_with_newline(spark, landing_file.path, landing_file.size):
+            complete.append(landing_file)
+        else:
+            incomplete.append(landing_file)
+    return complete, incomplete
+
+
+def _split_and_validate(
+    batches: Iterator[pa.RecordBatch], sizes: Mapping[str, int] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Runs in Spark's Python workers: one landing file in, one row per line out, with the
-    reason when the line is bad. Good lines keep only their text; bad ones their exact bytes."""
+    reason when the line is bad. Good lines keep only their text; bad ones their exact bytes.
+    A file in `sizes` is read only up to that many bytes (what its batch planned)."""
     for batch in batches:
         for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+            planned_size = (sizes or {}).get(path)
+            if planned_size is not None:
+                content = content[:planned_size]
             pieces = content.split(b"\n")
             if pieces and pieces[-1] == b"":
                 pieces.pop()  # the newline that ends the last line does not start another
@@ -137,10 +187,11 @@ def _split_and_validate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Record
             )
 
 
-def read_landing_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """Every line of `paths` with its file, 1-based line number and, when bad, the reason."""
+def read_landing_lines(spark: SparkSession, paths: list[str], sizes: Mapping[str, int] | None = None) -> DataFrame:
+    """Every line of `paths` with its file, 1-based line number and, when bad, the reason;
+    files named in `sizes` only up to that size."""
     files = spark.read.format("binaryFile").load(paths).select("path", "content")
-    return files.mapInArrow(_split_and_validate, _LINES_SCHEMA)
+    return files.mapInArrow(functools.partial(_split_and_validate, sizes=dict(sizes or {})), _LINES_SCHEMA)
 
 
 def events_from_lines(good_lines: DataFrame, source_line: str = "line_number") -> DataFrame:
@@ -193,6 +244,12 @@ class _Ledger:
             if row.stage == "planned" and row.batch_id not in committed:
                 pending.setdefault(row.batch_id, []).append(row.file_path)
         return {batch_id: sorted(files) for batch_id, files in sorted(pending.items())}
+
+    def planned_sizes(self, batch_id: int) -> dict[str, int]:
+        """The size each file of batch `batch_id` had when it was planned: what the batch reads."""
+        rows = (self.spark.read.format("delta").load(self.path)
+                .where((F.col("batch_id") == batch_id) & (F.col("stage") == "planned")).collect())
+        return {row.file_path: row.file_size for row in rows if row.file_size is not None}
 
     def plan(self, new_files: list[LandingFile], rows: list) -> tuple[int, list[str]] | None:
         """Record a new batch of the files no batch has read; None when there are none.
@@ -260,7 +317,10 @@ def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str]
     # other thread writing through the parent session at the same time.
     session = spark.newSession()
     log_path = lake.table_path(RAW_EVENT_LOG)
-    lines = read_landing_lines(session, files).persist(StorageLevel.MEMORY_AND_DISK)
+    # Only the bytes the plan saw: a file that grew since is not read half-way into a new line,
+    # and a replay reads exactly what the interrupted run read.
+    sizes = _Ledger(spark, lake).planned_sizes(batch_id)
+    lines = read_landing_lines(session, files, sizes).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         counts = {row["bad"]: row["count"] for row in lines.groupBy(F.col("reason").isNotNull().alias("bad")).count().collect()}
         good_lines, quarantined = counts.get(False, 0), counts.get(True, 0)
@@ -313,10 +373,14 @@ def ensure_ingest_tables(spark: SparkSession, lake: Lake) -> None:
         ensure_table(spark, lake.table_path(spec), spec)
 
 
-def ingest_landing_files(spark: SparkSession, lake: Lake, landing: str | None = None) -> IngestResult:
+def ingest_landing_files(
+    spark: SparkSession, lake: Lake, landing: str | None = None, settle_seconds: float = DEFAULT_SETTLE_SECONDS
+) -> IngestResult:
     """Ingest every landing file no earlier run ingested; replay a batch a crash interrupted.
 
-    Running it again with no new files does nothing and returns an empty result.
+    Running it again with no new files does nothing and returns an empty result. A file that
+    may still be being written (empty, or no newline at its end, and changed less than
+    `settle_seconds` ago) is left for a later run and listed in `incomplete`.
 
         result = ingest_landing_files(spark, Lake("/data/lake"))
         assert result.lines_read == result.accepted + result.duplicates + result.quarantined
@@ -331,9 +395,22 @@ def ingest_landing_files(spark: SparkSession, lake: Lake, landing: str | None = 
         ledger.record_committed(results[-1])
     if results:
         ledger_rows = ledger.rows()
-    planned = ledger.plan(list_landing_files(spark, landing or lake.landing), ledger_rows)
+    taken = {row.file_path for row in ledger_rows if row.stage == "planned"}
+    new_files = [f for f in list_landing_files(spark, landing or lake.landing) if f.path not in taken]
+    complete, incomplete = split_incomplete(spark, new_files, settle_seconds)
+    for landing_file in incomplete:
+        log.warning(
+            "landing file %s is not ingested yet: %s; it may still be being written. It is ingested once it "
+            "ends with a newline, or once unchanged for %.0f s. Writers should write under a name starting "
+            "with '.' or '_' and rename when done.",
+            landing_file.path, "it is empty" if landing_file.size == 0 else "its last line has no newline",
+            settle_seconds,
+        )
+    planned = ledger.plan(complete, ledger_rows)
     if planned is not None:
         batch_id, files = planned
         results.append(write_batch(spark, lake, batch_id, files))
         ledger.record_committed(results[-1])
-    return IngestResult(tuple(results), current_version(spark, lake.table_path(RAW_EVENT_LOG)))
+    return IngestResult(
+        tuple(results), current_version(spark, lake.table_path(RAW_EVENT_LOG)), tuple(f.path for f in incomplete)
+    )
