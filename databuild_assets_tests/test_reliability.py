@@ -1,0 +1,56 @@
+"""Crash and concurrency, small: worker subprocesses with their own SparkSession, killed with a
+real SIGKILL or racing each other, then a check that nothing was lost or duplicated.
+
+The full scale (50 crash points over ingestion, refresh and compaction; 4 writers) is
+`python -m bench.reliability`; see the README's Reliability section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.reliability import Worker, run_concurrency_scenario, run_crash_scenario
+
+
+def test_ingestion_killed_at_random_points_then_rerun_holds_every_event_exactly_once(tmp_path):
+    # Killed within the first half of the work's measured time: a kill is all but certain to land.
+    result = run_crash_scenario("crash-ingest", crash_points=2, workdir=tmp_path, seed=3, per_batch=40, kill_window=0.5)
+
+    assert (result.lost, result.duplicates, result.problems) == (0, 0, [])
+    assert result.sent > 0 and result.in_log == result.sent
+    assert result.runs >= 1, result.kill_steps  # at least one worker really was killed mid-work
+
+
+def test_two_writer_processes_racing_ingestion_refresh_and_compaction_lose_and_duplicate_nothing(tmp_path):
+    result = run_concurrency_scenario(writers=2, workdir=tmp_path, per_batch=40, calls=2)
+
+    assert (result.lost, result.duplicates, result.problems) == (0, 0, [])
+    assert result.sent > 0
+
+
+def test_a_kill_takes_the_workers_jvm_too(tmp_path):
+    # The runner's kill must not leave a JVM behind that keeps writing after the "crash".
+    worker = Worker(["crash-ingest", "--lake", str(tmp_path / "lake"), "--batches", "1", "--per-batch", "5"],
+                    tmp_path / "worker.log")
+    assert worker.wait_for("ready", 600)["event"] == "ready"
+    group = worker.process.pid
+
+    assert len(live_processes_in_group(group)) >= 2  # the Python driver and its JVM
+
+    worker.kill()
+
+    assert live_processes_in_group(group) == []
+
+
+def live_processes_in_group(group: int) -> list[int]:
+    """Pids in process group `group` that are not zombies (a zombie no longer runs)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == group and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
