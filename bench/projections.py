@@ -58,8 +58,8 @@ def refresh_all(spark, lake: Lake, full: bool) -> dict[str, tuple[float, str]]:
 def query_plan(events: list[dict], rng: random.Random) -> list[tuple[str, tuple]]:
     """The calls to time: each query method with keys drawn from the log."""
     build_requests = sorted({e["build_request_id"] for e in events})
-    partitions = sorted({e["partition_event"]["partition_ref"] for e in events if e["partition_event"]})
-    job_runs = sorted({e["job_event"]["job_run_id"] for e in events if e["job_event"]})
+    partitions = sorted({e["partition_event"]["partition_ref"] for e in events if e.get("partition_event")})
+    job_runs = sorted({e["job_event"]["job_run_id"] for e in events if e.get("job_event")})
     start = events[len(events) // 2]["timestamp"]
     return [
         ("get_build_request_events", (rng.choice(build_requests),)),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
 
 from databuild_assets.projections.projection import Projection
 from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, rows_added
@@ -87,9 +88,13 @@ def merge_keys(
 ) -> int:
     """Recompute the keys `new_rows` touch from all their events and MERGE them in; returns the key count."""
     keys = projection.keys_of(new_rows).cache()
+    # Kept once computed: MERGE reads its source twice (the files to rewrite, then the rewrite),
+    # and Delta does not materialize a deterministic source of Delta scans itself; unkept, the
+    # whole log would be scanned and aggregated twice.
+    rows = projection.build(projection.events_for_keys(log_at_version, keys)).select(*projection.schema.fieldNames())
+    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         key_count = keys.count()
-        rows = projection.build(projection.events_for_keys(log_at_version, keys)).select(*projection.schema.fieldNames())
         key = projection.key
         session.conf.set(_USER_METADATA, _commit_metadata(projection, log_version, "incremental"))
         try:
@@ -105,6 +110,7 @@ def merge_keys(
             session.conf.unset(_USER_METADATA)
         return key_count
     finally:
+        rows.unpersist()
         keys.unpersist()
 
 
