@@ -1,0 +1,273 @@
+"""Bad input: mutated landing lines never crash ingestion, every bad line lands in quarantine with
+a reason, good lines land unchanged, and the counts reconcile. Plus the files that are not
+JSON Lines at all, empty files, and files still being written (docs/decisions.md, Ingestion)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from databuild_assets.events.schema import EVENT_TYPES, event_from_row, normalize_event
+from databuild_assets.events.validation import MAX_LINE_BYTES, event_error, parse_line
+from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files, list_landing_files
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests.test_ingest import ONE_EVENT_OF_EACH_TYPE, partition_event, write_landing
+
+# Valid events to mutate: one of each type, plus a realistic sample (configs, manifests, graphs).
+BASE_EVENTS = ONE_EVENT_OF_EACH_TYPE + list(generate_events(60, seed=5))
+
+MUTATIONS = (
+    "none", "truncate", "flip_type", "drop_field", "wrong_enum", "invalid_utf8", "long_string",
+    "deep_nesting", "unknown_field", "duplicate_key", "crlf", "not_an_object", "random_bytes",
+)
+_OTHER_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
+    st.text(max_size=20), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+
+
+def _fields_of(event: dict) -> list[tuple[str, ...]]:
+    """Every (top-level) and (payload, field) path of `event`."""
+    paths = [(key,) for key in event]
+    paths += [(key, inner) for key, value in event.items() if isinstance(value, dict) for inner in value]
+    return paths
+
+
+def _set(event: dict, path: tuple[str, ...], value) -> dict:
+    copy = json.loads(json.dumps(event))
+    target = copy
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return copy
+
+
+def _drop(event: dict, path: tuple[str, ...]) -> dict:
+    copy = json.loads(json.dumps(event))
+    target = copy
+    for key in path[:-1]:
+        target = target[key]
+    del target[path[-1]]
+    return copy
+
+
+@st.composite
+def mutated_lines(draw, event_id: str | None = None) -> tuple[str, bytes]:
+    """(mutation, line bytes without the newline) from a valid event."""
+    event = dict(draw(st.sampled_from(BASE_EVENTS)))
+    if event_id is not None:
+        event["event_id"] = event_id
+    mutation = draw(st.sampled_from(MUTATIONS))
+    if mutation == "flip_type":
+        event = _set(event, draw(st.sampled_from(_fields_of(event))), draw(_OTHER_VALUES))
+    elif mutation == "drop_field":
+        event = _drop(event, draw(st.sampled_from(_fields_of(event))))
+    elif mutation == "wrong_enum":
+        payload = event["event_type"]
+        if payload in ("partition_event", "job_event", "build_request_event"):
+            code = draw(st.one_of(st.integers(min_value=8, max_value=2**31 - 1), st.integers(max_value=-1, min_value=-(2**31))))
+            event = _set(event, (payload, "status_code"), code)
+        else:
+            event = _set(event, ("event_type",), draw(st.sampled_from(["PARTITION_EVENT", "partition", "", "job_events"])))
+    elif mutation == "long_string":
+        size = draw(st.sampled_from([10_000, 200_000, MAX_LINE_BYTES + 1]))
+        event = _set(event, draw(st.sampled_from([("event_id",), ("build_request_id",)])), "x" * size)
+    elif mutation == "unknown_field":
+        event = _set(event, (draw(st.sampled_from(["extra", "eventId", "status"])),), 1)
+    text = json.dumps(event, ensure_ascii=draw(st.booleans()))
+    line = text.encode("utf-8")
+    if mutation == "truncate":
+        line = line[: draw(st.integers(min_value=1, max_value=len(line) - 1))]
+    elif mutation == "invalid_utf8":
+        at = draw(st.integers(min_value=0, max_value=len(line)))
+        line = line[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80\x80", b"\xf8\x88\x80\x80\x80"])) + line[at:]
+    elif mutation == "deep_nesting":
+        depth = draw(st.sampled_from([10, 1_000, 100_000]))
+        line = text.replace('"event_id"', '"nested": ' + "[" * depth + "]" * depth + ', "event_id"', 1).encode()
+    elif mutation == "duplicate_key":
+        line = text.replace('"event_id"', '"event_id": "the-other-one", "event_id"', 1).encode()
+    elif mutation == "crlf":
+        line = line + b"\r"
+    elif mutation == "not_an_object":
+        line = json.dumps(draw(st.one_of(st.lists(st.integers(), max_size=3), st.integers(), st.text(max_size=10), st.none()))).encode()
+    elif mutation == "random_bytes":
+        line = draw(st.binary(max_size=200)).replace(b"\n", b" ")
+    return mutation, line
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(mutated_lines())
+def test_parse_line_never_raises_and_says_why_a_mutated_line_is_bad(mutated):
+    mutation, line = mutated
+
+    event, reason = parse_line(line)
+
+    assert (event is None) != (reason is None)
+    if event is not None:
+        assert event_error(event) is None
+        assert mutation not in ("truncate", "invalid_utf8", "deep_nesting", "not_an_object", "unknown_field", "wrong_enum")
+    else:
+        assert isinstance(reason, str) and reason.strip()
+        assert mutation != "none", reason
+    expected_prefix = {"truncate": "not valid JSON", "invalid_utf8": "not valid UTF-8"}.get(mutation)
+    if expected_prefix and len(line) <= MAX_LINE_BYTES:
+        assert reason.startswith(expected_prefix), reason
+
+
+def test_a_json_duplicate_key_keeps_the_last_value_in_validation():
+    # Spark's from_json must then store the same value: the fuzz below checks the round trip.
+    event, reason = parse_line(json.dumps(partition_event("first")).replace('"event_id"', '"event_id": "x", "event_id"', 1))
+    assert (reason, event["event_id"]) == (None, "first")
+
+
+def _differences(found: dict, expected: dict) -> list[tuple]:
+    """(key, found, expected) for every key where the two differ, values cut short to be readable."""
+    return [(key, str(found.get(key))[:300], str(expected.get(key))[:300])
+            for key in sorted(set(found) | set(expected), key=str) if found.get(key) != expected.get(key)]
+
+
+def _expected_from_content(content: bytes) -> tuple[dict[int, str], dict[str, dict]]:
+    """The spec as an oracle: (bad line number -> reason, first good event per event_id)."""
+    pieces = content.split(b"\n")
+    if pieces and pieces[-1] == b"":
+        pieces.pop()
+    bad, good = {}, {}
+    for number, piece in enumerate(pieces, start=1):
+        event, reason = parse_line(piece)
+        if reason is not None:
+            bad[number] = reason
+        else:
+            good.setdefault(event["event_id"], normalize_event(event))
+    return bad, good
+
+
+# Few examples of many lines each (every example is a Spark ingestion); no shrinking: a failing
+# file is reported whole, which is readable enough and takes seconds, not minutes.
+@settings(max_examples=int(os.environ.get("FUZZ_SPARK_EXAMPLES", 4)), deadline=None, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=40), st.booleans()), min_size=60, max_size=80), st.data())
+def test_ingesting_a_file_of_mutated_lines_never_crashes_and_every_line_is_accounted_for(spark, plan, data):
+    # Each line: a mutation of a valid event whose event_id is its number (some repeat: redeliveries).
+    lines = [data.draw(mutated_lines(event_id=f"fuzz-{n}"))[1] for n, _resend in plan]
+    content = b"\n".join(lines) + b"\n"
+    root = tempfile.mkdtemp(prefix="fuzz-lake-")
+    try:
+        lake = Lake(root)
+        Path(lake.landing).mkdir(parents=True)
+        (Path(lake.landing) / "fuzz.jsonl").write_bytes(content)
+        expected_bad, expected_good = _expected_from_content(content)
+
+        result = ingest_landing_files(spark, lake)
+
+        quarantined = spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()
+        reasons = {row.line_number: row.reason for row in quarantined}
+        pieces = content.split(b"\n")
+        assert _differences(reasons, expected_bad) == [], [pieces[n - 1][:300] for n, *_ in _differences(reasons, expected_bad)]
+        assert all(bytes(row.raw_line) == pieces[row.line_number - 1] for row in quarantined)
+        stored = {row.event_id: event_from_row(row)
+                  for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()}
+        assert _differences(stored, expected_good) == []
+        assert (result.lines_read, result.accepted, result.quarantined) == (len(lines), len(expected_good), len(expected_bad))
+        assert result.lines_read == result.accepted + result.duplicates + result.quarantined
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _age(path: Path, seconds: float) -> None:
+    old = time.time() - seconds
+    os.utime(path, (old, old))
+
+
+def test_a_file_whose_last_line_has_no_newline_waits_and_is_ingested_whole_once_completed(spark, lake):
+    good = [json.dumps(partition_event("p1")), json.dumps(partition_event("p2", 1))]
+    third = json.dumps(partition_event("p3", 2)).encode()
+    path = Path(lake.landing) / "being-written.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes("\n".join(good).encode() + b"\n" + third[:25])  # the writer is mid-line
+
+    waiting = ingest_landing_files(spark, lake)
+
+    assert (waiting.batches, waiting.incomplete) == ((), (list_landing_files(spark, lake.landing)[0].path,))
+    assert spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).count() == 0
+
+    with open(path, "ab") as out:  # the writer finishes the line
+        out.write(third[25:] + b"\n")
+    done = ingest_landing_files(spark, lake)
+
+    assert (done.lines_read, done.accepted, done.quarantined, done.incomplete) == (3, 3, 0, ())
+    ids = sorted(r.event_id for r in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect())
+    assert ids == ["p1", "p2", "p3"]
+
+
+def test_a_file_left_without_a_final_newline_is_ingested_once_it_has_settled(spark, lake):
+    path = Path(lake.landing) / "writer-died.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(json.dumps(partition_event("p1")).encode() + b"\n" + b'{"event_id": "p2", "times')
+    _age(path, 3600)  # its writer has been gone an hour
+
+    result = ingest_landing_files(spark, lake, settle_seconds=600)
+
+    assert (result.lines_read, result.accepted, result.quarantined, result.incomplete) == (2, 1, 1, ())
+    [row] = spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()
+    assert (row.line_number, bytes(row.raw_line)) == (2, b'{"event_id": "p2", "times')
+    assert row.reason.startswith("not valid JSON: Unterminated string")
+
+
+def test_an_empty_file_waits_until_settled_then_is_recorded_with_no_lines(spark, lake):
+    path = Path(lake.landing) / "empty.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+
+    fresh = ingest_landing_files(spark, lake)
+    assert (fresh.batches, len(fresh.incomplete)) == ((), 1)
+
+    _age(path, 3600)
+    settled = ingest_landing_files(spark, lake)
+
+    assert (len(settled.batches), settled.lines_read, settled.incomplete) == (1, 0, ())
+    assert ingest_landing_files(spark, lake).batches == ()  # recorded: not read again
+
+
+def test_a_batch_reads_a_file_only_up_to_the_size_it_planned(spark, lake):
+    write_landing(lake, "a.jsonl", [partition_event("a1"), partition_event("a2", 1)])
+    ensure_ingest_tables(spark, lake)
+    ledger = _Ledger(spark, lake)
+    ledger.plan(list_landing_files(spark, lake.landing), ledger.rows())  # the run dies after planning
+    with open(Path(lake.landing) / "a.jsonl", "ab") as out:  # a writer (wrongly) appends half a line
+        out.write(b'{"event_id": "a3", "timest')
+
+    result = ingest_landing_files(spark, lake)  # the replay reads what the plan saw
+
+    assert [(b.replayed, b.lines_read, b.accepted, b.quarantined) for b in result.batches] == [(True, 2, 2, 0)]
+    assert spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).count() == 0
+
+
+def test_files_that_are_not_json_lines_at_all_are_quarantined_line_by_line(spark, lake):
+    write_landing(lake, "array.json", ["[", json.dumps(partition_event("in-array")) + ",", "]"])
+    write_landing(lake, "table.jsonl", ["event_id,timestamp", "e1,1"])
+    write_landing(lake, "binary.ndjson", [b"\x89PNG\r\n\x1a\x00\x00\x00\rIHDR\x00"])
+    write_landing(lake, "mixed.jsonl", [partition_event("good-1"), "{}", partition_event("good-2", 1)])
+
+    result = ingest_landing_files(spark, lake)
+
+    reasons = {(Path(r.source_file).name, r.line_number): r.reason
+               for r in spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()}
+    assert reasons == {
+        ("array.json", 1): "not valid JSON: Expecting value at column 2",
+        ("array.json", 2): "not valid JSON: Extra data at column " + str(len(json.dumps(partition_event("in-array"))) + 1),
+        ("array.json", 3): "not valid JSON: Expecting value at column 1",
+        ("table.jsonl", 1): "not valid JSON: Expecting value at column 1",
+        ("table.jsonl", 2): "not valid JSON: Expecting value at column 1",
+        ("binary.ndjson", 1): "not valid UTF-8: byte 0x89 at offset 0",  # "\x89PNG\r"
+        ("binary.ndjson", 2): "not valid JSON: Expecting value at column 1",  # the rest, after its "\n"
+        ("mixed.jsonl", 2): "missing required field 'event_id'",
+    }
+    assert (result.lines_read, result.accepted, result.duplicates, result.quarantined) == (10, 2, 0, 8)
