@@ -128,6 +128,20 @@ def test_a_json_duplicate_key_keeps_the_last_value_in_validation():
     assert (reason, event["event_id"]) == (None, "first")
 
 
+def test_an_escaped_lone_surrogate_is_refused_and_a_surrogate_pair_is_kept():
+    # Python's json accepts "\\ud800" but it is no text Spark can store: it would become U+FFFD.
+    lone = json.dumps(partition_event("lone", ref="data/lone")).replace('"data/lone"', '"data/\\ud800"')
+    pair = json.dumps(partition_event("pair", ref="data/pair")).replace('"data/pair"', '"data/\\ud83d\\ude00"')
+
+    assert parse_line(lone)[1] == "not valid JSON text: a string holds an unpaired UTF-16 surrogate escape (e.g. \\ud800)"
+    event, reason = parse_line(pair)
+    assert (reason, event["partition_event"]["partition_ref"]) == (None, "data/\U0001f600")
+
+
+def test_a_json_syntax_reason_reads_as_one_phrase():
+    assert parse_line(b'{"event_id": "p2", "times')[1] == "not valid JSON: Unterminated string starting at column 20"
+
+
 def _differences(found: dict, expected: dict) -> list[tuple]:
     """(key, found, expected) for every key where the two differ, values cut short to be readable."""
     return [(key, str(found.get(key))[:300], str(expected.get(key))[:300])

@@ -158,9 +158,14 @@ def parse_line(raw: bytes | str) -> tuple[dict | None, str | None]:
         try:  # so the standard parser decides, and its words give the reason
             event = json.loads(raw)
         except json.JSONDecodeError as error:
-            return None, f"not valid JSON: {error.msg} at column {error.colno}"
+            message = error.msg.removesuffix(" at")  # "Unterminated string starting at"
+            return None, f"not valid JSON: {message} at column {error.colno}"
         except RecursionError:
             return None, "not valid JSON: nested too deeply"
+        try:  # json, unlike orjson, accepts escaped lone surrogates ("\ud800"): not text Spark can store
+            json.dumps(event, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return None, "not valid JSON text: a string holds an unpaired UTF-16 surrogate escape (e.g. \\ud800)"
     error = event_error(event)
     return (None, error) if error else (event, None)
 
