@@ -79,10 +79,17 @@ def compaction_job():
     compact_lake()
 
 
+# A minimum raised above the default retention raises the default with it: otherwise the
+# scheduled vacuum (default config) would refuse to run.
+_MINIMUM_RETENTION_HOURS = float(os.environ.get("DATABUILD_VACUUM_MIN_RETENTION_HOURS", DEFAULT_RETENTION_HOURS))
+
+
 class VacuumConfig(Config):
-    retention_hours: float = Field(default=DEFAULT_RETENTION_HOURS, description="Keep files younger than this.")
+    retention_hours: float = Field(
+        default=max(DEFAULT_RETENTION_HOURS, _MINIMUM_RETENTION_HOURS), description="Keep files younger than this."
+    )
     minimum_retention_hours: float = Field(
-        default=float(os.environ.get("DATABUILD_VACUUM_MIN_RETENTION_HOURS", DEFAULT_RETENTION_HOURS)),
+        default=_MINIMUM_RETENTION_HOURS,
         description="A shorter retention is refused unless allow_short_retention is set.",
     )
     allow_short_retention: bool = Field(default=False, description="Override the minimum (logged as a warning).")
