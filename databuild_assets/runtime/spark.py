@@ -118,10 +118,15 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
     if starts_jvm:
         _require_java()
-    if settings.master.startswith("local"):
-        # Python workers must import this package and pyarrow, so they must run the driver's
-        # interpreter (the venv), not the first `python3` on PATH. Local-mode pyspark reads
-        # only this variable (pyspark/core/context.py); a cluster configures its own.
+    # Python workers must import this package and pyarrow, so they must run an interpreter that
+    # has them, not the first `python3` on PATH. When this process starts the JVM, pyspark tells
+    # the executors which interpreter from PYSPARK_PYTHON alone (pyspark/core/context.py:
+    # pythonExec); Spark's setting spark.pyspark.python is turned into that variable only by
+    # spark-submit, so given in our config it would be ignored: apply it here, for every master.
+    # Local mode without it: the driver's own interpreter (the venv).
+    if config.get("spark.pyspark.python"):
+        os.environ["PYSPARK_PYTHON"] = config["spark.pyspark.python"]
+    elif settings.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
         return spark_session_from_config(config)
