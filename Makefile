@@ -3,6 +3,7 @@
 #   make test   set up, then run the test suite (what .ci/run calls)
 #   make ui     start the Dagster UI on http://127.0.0.1:3000
 #   make ui-test  the UI in headless Chromium (several minutes; skipped by `make test`)
+#   make cluster-test  the lakehouse on a Spark standalone cluster on loopback (several minutes; skipped by `make test`)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup demo test ui ui-test bench clean-lake
+.PHONY: setup demo test ui ui-test cluster-test bench clean-lake
 
 # A virtual environment with the pinned packages, and Delta's jars from Maven Central.
 setup: $(VENV)/.installed delta-jars/lib/.fetched $(DAGSTER_HOME)/dagster.yaml
@@ -50,6 +51,11 @@ ui-test: setup $(VENV)/.ui-test-installed
 $(VENV)/.ui-test-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[test,ui-test]"
 	touch $@
+
+# A Spark standalone master and worker started from pyspark's jars on free loopback ports; the
+# same ingestion, projections and compaction as local mode must give the same tables (docs/cluster.md).
+cluster-test: setup
+	DATABUILD_CLUSTER_TEST=1 $(BIN)/python -m pytest -m cluster -s databuild_assets_tests/test_spark_cluster.py
 
 bench: setup
 	$(BIN)/python -m bench.ingest
