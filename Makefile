@@ -4,6 +4,7 @@
 #   make ui     start the Dagster UI on http://127.0.0.1:3000
 #   make ui-test  the UI in headless Chromium (several minutes; skipped by `make test`)
 #   make cluster-test  the lakehouse on a Spark standalone cluster on loopback (several minutes; skipped by `make test`)
+#   make reliability-test  the multi-process crash and concurrency scenarios (minutes; skipped by `make test`)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -11,7 +12,7 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup demo test ui ui-test cluster-test bench clean-lake
+.PHONY: setup demo test ui ui-test cluster-test reliability-test bench clean-lake
 
 # A virtual environment with the pinned packages, and Delta's jars from Maven Central.
 setup: $(VENV)/.installed delta-jars/lib/.fetched $(DAGSTER_HOME)/dagster.yaml
@@ -41,6 +42,9 @@ ui: setup
 
 # dagster dev on a free loopback port, driven by Playwright in Debian's chromium (installed here
 # with apt-get when missing; Playwright never downloads a browser). Screenshots: .ui-screenshots/
+reliability-test: setup
+	DATABUILD_SLOW_TESTS=1 $(BIN)/python -m pytest -m slow databuild_assets_tests/test_reliability.py
+
 ui-test: setup $(VENV)/.ui-test-installed
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the UI test"; \

@@ -3,15 +3,30 @@ real SIGKILL or racing each other, then a check that nothing was lost or duplica
 
 The full scale (50 crash points over ingestion, refresh and compaction; 4 writers) is
 `python -m bench.reliability`; see the README's Reliability section.
+
+The two scenarios start several JVMs each (about 2 and 3.5 minutes on an idle 2-core machine),
+so `make test` skips them with a printed reason to keep the suite well under 20 minutes;
+`make reliability-test` runs them. Crashes between commit and bookkeeping and concurrent
+writers are also tested in-process in test_ingest.py and test_maintenance.py, which always run.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from bench.reliability import Worker, run_concurrency_scenario, run_crash_scenario
 
+scenario = pytest.mark.skipif(
+    os.environ.get("DATABUILD_SLOW_TESTS") != "1",
+    reason="a multi-process scenario (several JVMs, minutes): run `make reliability-test` (DATABUILD_SLOW_TESTS=1)",
+)
 
+
+@pytest.mark.slow
+@scenario
 def test_ingestion_killed_at_random_points_then_rerun_holds_every_event_exactly_once(tmp_path):
     # Killed within the first half of the work's measured time: a kill is all but certain to land.
     result = run_crash_scenario("crash-ingest", crash_points=2, workdir=tmp_path, seed=3, per_batch=40, kill_window=0.5)
@@ -21,6 +36,8 @@ def test_ingestion_killed_at_random_points_then_rerun_holds_every_event_exactly_
     assert result.runs >= 1, result.kill_steps  # at least one worker really was killed mid-work
 
 
+@pytest.mark.slow
+@scenario
 def test_two_writer_processes_racing_ingestion_refresh_and_compaction_lose_and_duplicate_nothing(tmp_path):
     result = run_concurrency_scenario(writers=2, workdir=tmp_path, per_batch=40, calls=2)
 
