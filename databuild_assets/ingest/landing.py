@@ -35,7 +35,13 @@ from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_SCHEMA
 from databuild_assets.events.validation import parse_line
-from databuild_assets.runtime.delta_tables import current_version, ensure_table, retry_on_conflict
+from databuild_assets.runtime.delta_tables import (
+    USER_METADATA,
+    current_version,
+    ensure_table,
+    retry_on_conflict,
+    session_settings,
+)
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
 
 log = logging.getLogger(__name__)
@@ -50,7 +56,6 @@ DEFAULT_SETTLE_SECONDS = 600.0
 
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 # What the Python workers hand back for each line of a landing file.
 _LINES_SCHEMA = "source_file string, line_number long, line string, raw_line binary, reason string"
@@ -336,17 +341,13 @@ def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str]
 
         events = events_from_lines(lines.where("reason IS NULL"))
         unique_events = first_of_each_event_id(events)
-        session.conf.set(_TXN_APP_ID, EVENTS_APP_ID)
-        session.conf.set(_TXN_VERSION, str(batch_id))
-        session.conf.set(_USER_METADATA, json.dumps({"ingest_batch": batch_id}))
-        try:
+        batch_settings = {_TXN_APP_ID: EVENTS_APP_ID, _TXN_VERSION: str(batch_id),
+                          USER_METADATA: json.dumps({"ingest_batch": batch_id})}
+        with session_settings(session, batch_settings):
             retry_on_conflict(
                 lambda: merge_new_events(session, log_path, unique_events),
                 what=f"ingestion batch {batch_id} into {log_path}",
             )
-        finally:
-            for key in (_TXN_APP_ID, _TXN_VERSION, _USER_METADATA):
-                session.conf.unset(key)
         commit = _batch_commit(session, log_path, batch_id)
         version, accepted = commit if commit else (current_version(session, log_path), 0)
         result = BatchResult(

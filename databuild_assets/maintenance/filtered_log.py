@@ -23,12 +23,17 @@ from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
 from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, rows_added
-from databuild_assets.runtime.delta_tables import current_version, ensure_table, retry_on_conflict
+from databuild_assets.runtime.delta_tables import (
+    USER_METADATA,
+    current_version,
+    ensure_table,
+    retry_on_conflict,
+    session_settings,
+)
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
 
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,7 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                            if new_tombstones else current.limit(0).select("event_id")).withColumn("_action", F.lit("delete"))
                 source = inserts.unionByName(deletes, allowMissingColumns=True)
                 columns = FILTERED_EVENT_LOG.schema.fieldNames()
-                session.conf.set(_USER_METADATA, metadata)
-                try:
+                with session_settings(session, {USER_METADATA: metadata}):
                     metrics = retry_on_conflict(
                         lambda: DeltaTable.forPath(session, path).alias("log")
                         .merge(source.alias("change"), "log.event_id = change.event_id")
@@ -104,8 +108,6 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                         .first(),
                         what=f"refresh filtered_event_log at {path}",
                     )
-                finally:
-                    session.conf.unset(_USER_METADATA)
                 return done("incremental", f"{len(changes.added_files)} raw files added, {len(new_tombstones)} new tombstones",
                             int(metrics["num_inserted_rows"]), int(metrics["num_deleted_rows"]))
     ensure_table(session, path, FILTERED_EVENT_LOG)

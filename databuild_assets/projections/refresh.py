@@ -27,12 +27,16 @@ from pyspark.storagelevel import StorageLevel
 
 from databuild_assets.projections.projection import Projection
 from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, rows_added
-from databuild_assets.runtime.delta_tables import current_version, ensure_table, retry_on_conflict
+from databuild_assets.runtime.delta_tables import (
+    USER_METADATA,
+    current_version,
+    ensure_table,
+    retry_on_conflict,
+    session_settings,
+)
 from databuild_assets.runtime.lake import Lake, TableSpec
 
 log = logging.getLogger(__name__)
-
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,13 @@ def _commit_metadata(projection: Projection, log_version: int, mode: str) -> str
 def record_processed_version(session: SparkSession, path: str, projection: Projection, log_version: int, mode: str) -> None:
     """Record `log_version` as processed in a commit that changes no rows (for refreshes that had
     none to change): a table property set under the same userMetadata that data commits carry."""
-    session.conf.set(_USER_METADATA, _commit_metadata(projection, log_version, mode))
-    try:
+    with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, mode)}):
         retry_on_conflict(
             lambda: session.sql(
                 f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('databuild.processed_log_version' = '{log_version}')"
             ),
             what=f"record log version {log_version} for {projection.name} at {path}",
         )
-    finally:
-        session.conf.unset(_USER_METADATA)
 
 
 def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
@@ -96,8 +97,7 @@ def merge_keys(
     try:
         key_count = keys.count()
         key = projection.key
-        session.conf.set(_USER_METADATA, _commit_metadata(projection, log_version, "incremental"))
-        try:
+        with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, "incremental")}):
             retry_on_conflict(
                 lambda: DeltaTable.forPath(session, path).alias("current")
                 .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
@@ -106,8 +106,6 @@ def merge_keys(
                 .execute(),
                 what=f"refresh {projection.name} at {path}",
             )
-        finally:
-            session.conf.unset(_USER_METADATA)
         return key_count
     finally:
         rows.unpersist()

@@ -8,6 +8,8 @@ import os
 import random
 import re
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -121,6 +123,25 @@ def check_schema_version(spark: SparkSession, path: str, known_version: int = SC
             f"{found} (upgrade this deployment), or point DATABUILD_LAKE_ROOT at a lake of version {known_version}."
         )
     return int(found)
+
+
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"  # carried by every commit made under it
+
+
+@contextmanager
+def session_settings(session: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Set Spark SQL `settings` on `session` for the block's commits, and unset them after it.
+
+    Delta reads its per-commit settings (userMetadata, txnAppId/txnVersion) from the session, so
+    callers use a session of their own (`spark.newSession()`) to keep them off other threads.
+    """
+    for key, value in settings.items():
+        session.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            session.conf.unset(key)
 
 
 def current_version(spark: SparkSession, path: str) -> int:

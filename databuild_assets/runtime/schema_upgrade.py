@@ -23,12 +23,16 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
-from databuild_assets.runtime.delta_tables import check_schema_version, current_version, retry_on_conflict
+from databuild_assets.runtime.delta_tables import (
+    USER_METADATA,
+    check_schema_version,
+    current_version,
+    retry_on_conflict,
+    session_settings,
+)
 from databuild_assets.runtime.lake import SCHEMA_VERSION_PROPERTY
 
 log = logging.getLogger(__name__)
-
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 class SchemaUpgradeError(RuntimeError):
@@ -176,8 +180,8 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
         return SchemaUpgrade(path, found, target_version, (), _count_at(session, path, before), ())
 
     upgrade_id = uuid.uuid4().hex
-    session.conf.set(_USER_METADATA, json.dumps({"schema_upgrade": upgrade_id, "from": found, "to": target_version}))
-    try:
+    metadata = json.dumps({"schema_upgrade": upgrade_id, "from": found, "to": target_version})
+    with session_settings(session, {USER_METADATA: metadata}):
         if additions:
             columns = ", ".join(addition.sql() for addition in additions)
             retry_on_conflict(lambda: session.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
@@ -188,8 +192,6 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
             ),
             what=f"record schema version {target_version} at {path}",
         )
-    finally:
-        session.conf.unset(_USER_METADATA)
 
     ours = sorted(
         row["version"] for row in DeltaTable.forPath(session, path).history().where(F.col("version") > before)
