@@ -382,6 +382,20 @@ def worker_main(argv: list[str]) -> None:
 # Runner side: no JVM; starts workers, kills them, collects their reports.
 # ----------------------------------------------------------------------------------------------
 
+def processes_in_group(group: int) -> list[int]:
+    """Pids in process group `group` that still run (a zombie has ended; only its entry is left)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == group and state not in ("Z", "X"):
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 class Worker:
     """A worker subprocess in its own process group (so a kill takes its JVM too)."""
 
@@ -417,15 +431,27 @@ class Worker:
             if message["event"] in (wanted, "exit", "timeout"):
                 return message
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the driver, its JVM and Spark's Python workers."""
+    def kill(self, timeout: float = 60) -> None:
+        """SIGKILL the whole process group: the driver, its JVM and Spark's Python workers.
+
+        Returns only once no process of the group runs any more. The driver is our child and
+        `wait` reaps it, but its JVM is reparented to init when the driver dies and can take a
+        moment (seconds on a loaded machine: gigabytes of heap to unmap) to go; a "crash" whose
+        JVM still runs could keep writing while the recovery starts.
+        """
+        group = self.process.pid
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.process.wait()
+        deadline = time.monotonic() + timeout
+        while (left := processes_in_group(group)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.reader.join(timeout=10)
         self.log.close()
+        if left:
+            raise RuntimeError(f"processes {left} of killed worker group {group} still run {timeout:.0f} s after SIGKILL")
 
     def finish(self, timeout: float) -> int:
         try:

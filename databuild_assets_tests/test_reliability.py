@@ -13,11 +13,10 @@ writers are also tested in-process in test_ingest.py and test_maintenance.py, wh
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from bench.reliability import Worker, run_concurrency_scenario, run_crash_scenario
+from bench.reliability import Worker, processes_in_group, run_concurrency_scenario, run_crash_scenario
 
 scenario = pytest.mark.skipif(
     os.environ.get("DATABUILD_SLOW_TESTS") != "1",
@@ -52,22 +51,9 @@ def test_a_kill_takes_the_workers_jvm_too(tmp_path):
     assert worker.wait_for("ready", 600)["event"] == "ready"
     group = worker.process.pid
 
-    assert len(live_processes_in_group(group)) >= 2  # the Python driver and its JVM
+    assert len(processes_in_group(group)) >= 2  # the Python driver and its JVM
 
-    worker.kill()
+    worker.kill()  # returns once the group is gone, or raises naming the pids still running
 
-    assert live_processes_in_group(group) == []
+    assert processes_in_group(group) == []
 
-
-def live_processes_in_group(group: int) -> list[int]:
-    """Pids in process group `group` that are not zombies (a zombie no longer runs)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended while we looked
-            continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == group and state != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
