@@ -40,7 +40,7 @@ from databuild_assets.log import (  # noqa: E402
     open_event_log,
     register_backend,
 )
-from databuild_assets.log.delta_backend import DeltaEventLog  # noqa: E402
+from databuild_assets.log.delta_backend import DeltaEventLog, lake_of_location  # noqa: E402
 from databuild_assets.log.interface import (  # noqa: E402
     ActivitySummary,
     BuildRequestSummary,
@@ -353,6 +353,21 @@ def test_a_delta_uri_opens_the_lake_at_its_root_or_at_its_raw_log_table(spark: A
     with open_event_log(f"delta://{root}/tables/raw_event_log/", spark=spark) as reopened:
         assert reopened.lake == Lake(str(root))
         assert bel_cases.ids(reopened.get_build_request_events("br-1")) == ["e1"]
+
+
+def test_a_delta_plus_uri_opens_a_lake_on_any_hadoop_filesystem(spark: Any, tmp_path: Path) -> None:
+    # delta+<scheme>://... names a lake root by its filesystem URI (s3a, abfss, gs, file, ...).
+    assert lake_of_location("delta+s3a://bucket/databuild", "bucket/databuild") == Lake("s3a://bucket/databuild")
+    assert lake_of_location("delta+s3a://b/lake/tables/raw_event_log", "b/lake/tables/raw_event_log") == Lake("s3a://b/lake")
+    with pytest.raises(ValueError, match=r"does not name a lake on a Hadoop filesystem.*delta\+s3a://bucket"):
+        open_event_log("delta+s3a://", spark=spark)
+
+    root = tmp_path / "lake"
+    with open_event_log(f"delta+file://{root}", spark=spark) as log:
+        assert log.lake == Lake(f"file://{root}") == Lake(str(root))
+        log.append_event(partition_event("e1", 100, "br-1", "data/a", P.PARTITION_AVAILABLE))
+    with open_event_log(f"delta://{root}", spark=spark) as same_lake:
+        assert bel_cases.ids(same_lake.get_build_request_events("br-1")) == ["e1"]
 
 
 def test_a_delta_uri_must_be_absolute_and_name_a_lake_or_its_raw_log_table(spark: Any, tmp_path: Path) -> None:

@@ -14,11 +14,18 @@ from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure
 from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
-from databuild_assets.defs.maintenance.jobs import refresh_all_projections
+from databuild_assets.defs.maintenance.jobs import (
+    compaction_job,
+    erasure_report_job,
+    refresh_all_projections,
+    vacuum_job,
+)
+from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.runtime.delta_tables import current_version
-from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
+from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import T0
 
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
@@ -106,23 +113,42 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
     assert [t.tombstone_id for t in read_tombstones(spark, lake) if t.pending] == [late.tombstone_id]
 
 
-def test_after_compaction_and_vacuum_no_file_on_disk_holds_an_erased_value(spark, two_builds):
+def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_value(spark, two_builds):
+    # Through the Dagster jobs an operator runs, so their wiring and metadata are tested too.
     lake = two_builds
+    ensure_ingest_tables(spark, lake)  # the ingest ledger too: a table of the lake that is no asset
     refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
     request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 4")
     before = {f.table: f.rows_in_data_files for f in erasure_report(spark, lake)}
     assert before[RAW_EVENT_LOG.name] == 3  # old and live files still hold it: soft delete only
+    resources = {"lakehouse": lakehouse_for(lake)}
 
-    compact(spark, lake, refresh_projections=refresh_all_projections)
+    compaction = compaction_job.execute_in_process(resources=resources)
     with pytest.raises(RetentionTooShortError):
         vacuum_lake(spark, lake, retention_hours=0)
-    vacuum_lake(spark, lake, retention_hours=0, allow_short_retention=True)
+    short = {"ops": {"vacuum_tables": {"config": {"retention_hours": 0, "allow_short_retention": True}}}}
+    vacuum = vacuum_job.execute_in_process(run_config=short, resources=resources)
+    report = erasure_report_job.execute_in_process(resources=resources)
 
+    asset_keys = {key.to_user_string() for key in project_defs.resolve_asset_graph().get_all_asset_keys()}
+    for run in (compaction, vacuum):
+        materialized = {event.asset_key.to_user_string() for event in run.get_asset_materialization_events()}
+        assert {RAW_EVENT_LOG.name, FILTERED_EVENT_LOG.name, TOMBSTONES.name} <= materialized <= asset_keys
+        assert f"| {INGEST_LEDGER.name} |" in output_metadata(run)["tables"].value  # reported, not materialized
+    assert output_metadata(compaction)["tombstones_applied"].value == 1
+    assert output_metadata(vacuum)["files_deleted"].value > 0
+    assert output_metadata(report)["rows_still_holding_values"].value == 0
     findings = erasure_report(spark, lake)
     assert {f.table for f in findings} >= {RAW_EVENT_LOG.name, FILTERED_EVENT_LOG.name, "partition_state"}
     assert TOMBSTONES.name not in {f.table for f in findings}
     assert [(f.table, f.rows_in_data_files, f.delta_log_mentions) for f in findings if f.rows_in_data_files or f.delta_log_mentions] == []
+
+
+def output_metadata(run) -> dict:
+    """The metadata of the one op output of an op job's run."""
+    [output] = [event for event in run.all_events if event.is_successful_output]
+    return output.step_output_data.metadata
 
 
 def test_a_purge_whose_dry_run_keeps_other_rows_than_expected_fails_and_leaves_the_table_unchanged(spark, two_builds):

@@ -4,6 +4,7 @@ checks and the migration command behave as an operator expects."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from dagster import (
 )
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
-from databuild_assets.defs.event_log.sensors import landing_files_sensor
+from databuild_assets.defs.event_log.sensors import landing_files_sensor, landing_state
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
@@ -32,7 +33,7 @@ from databuild_assets.log.sqlite_backend import load_events
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import processed_log_version, projection_spec, refresh_projection
 from databuild_assets.runtime.delta_tables import current_version
-from databuild_assets.runtime.lake import RAW_EVENT_LOG
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events, write_landing_files
 from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import partition_event
@@ -147,6 +148,30 @@ def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(s
     assert tick(first.cursor).skip_message == "refresh run run-in-flight is in flight; event log at version 2"
 
 
+def test_event_log_sensor_gives_a_new_lake_at_the_same_root_new_run_keys(spark, tmp_path):
+    # After `make clean-lake` the versions start again at 0: the old lake's run keys must not be
+    # reused, or Dagster would skip those runs.
+    lake = Lake(str(tmp_path / "lake"))
+    instance = DagsterInstance.ephemeral()
+    resources = {"lakehouse": lakehouse_for(lake)}
+
+    def tick(cursor):
+        return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+
+    append_events(spark, lake, [partition_event("p1")])
+    append_events(spark, lake, [partition_event("p2", 1)])
+    old = tick(None)
+    assert old.run_requests[0].run_key == "raw_event_log=v2,tombstones=none"
+    shutil.rmtree(lake.root)
+    append_events(spark, lake, [partition_event("p1")])
+
+    new = tick(old.cursor)
+    assert [r.run_key for r in new.run_requests] == ["raw_event_log=v1,tombstones=none,lake-generation=1"]
+    append_events(spark, lake, [partition_event("p2", 1)])
+    assert [r.run_key for r in tick(new.cursor).run_requests] == ["raw_event_log=v2,tombstones=none,lake-generation=1"]
+    assert tick(tick(new.cursor).cursor).skip_message == "event log still at version 2, tombstones at None"
+
+
 def test_landing_sensor_requests_ingestion_for_each_new_newest_file(lake):
     resources = {"lakehouse": lakehouse_for(lake)}
 
@@ -158,6 +183,29 @@ def test_landing_sensor_requests_ingestion_for_each_new_newest_file(lake):
     first = tick(None)
     assert len(first.run_requests) == 1 and isinstance(first.run_requests[0], RunRequest)
     assert isinstance(tick(first.cursor), SkipReason)
+
+    # A file moved in keeps its old modification time: still a change.
+    moved = Path(lake.landing) / "moved-in.jsonl"
+    moved.write_bytes((Path(lake.landing) / sorted(os.listdir(lake.landing))[0]).read_bytes())
+    os.utime(moved, ns=(1_000_000_000, 1_000_000_000))
+    second = tick(first.cursor)
+    assert len(second.run_requests) == 1 and second.run_requests[0].run_key != first.run_requests[0].run_key
+    assert isinstance(tick(second.cursor), SkipReason)
+
+
+def test_landing_state_changes_when_a_file_being_written_settles(lake):
+    # Ingestion leaves a file without a final newline for later until it is unchanged for the
+    # settle time; then a run must come, though the file itself did not change.
+    Path(lake.landing).mkdir(parents=True)
+    partial = Path(lake.landing) / "partial.jsonl"
+    partial.write_bytes(b'{"event_id": "e1"}\n{"event_id": "e2", "times')
+    written = partial.stat().st_mtime_ns / 1e9
+
+    waiting = landing_state(lake.landing, settle_seconds=600, now_s=written + 1)
+    assert (waiting.files, waiting.waiting) == (1, 1)
+    assert landing_state(lake.landing, settle_seconds=600, now_s=written + 599) == waiting
+    settled = landing_state(lake.landing, settle_seconds=600, now_s=written + 601)
+    assert settled.waiting == 0 and settled.fingerprint != waiting.fingerprint
 
 
 def test_projection_checks_pass_after_a_run_and_fail_on_a_duplicated_key(spark, lake):

@@ -7,6 +7,7 @@ Backends register a factory per URI scheme in `BACKENDS`. The "delta" entry impo
 own factory for the scheme when imported.
 
     log = open_event_log("delta:///data/lake", spark=spark)
+    log = open_event_log("delta+s3a://bucket/databuild", spark=spark)   # a lake on object storage
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ ACCEPTED_URIS = (
     "sqlite:///absolute/path/to/bel.db",
     "sqlite:///:memory:",
     "delta:///absolute/path/to/lake (or .../lake/tables/raw_event_log)",
+    "delta+s3a://bucket/path/to/lake (any Hadoop filesystem: delta+abfss://..., delta+gs://...)",
 )
 
 
@@ -80,7 +82,9 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
             log.list_build_requests(limit=20)
     """
     scheme, separator, location = uri.partition("://") if isinstance(uri, str) else ("", "", "")
-    factory = BACKENDS.get(scheme.lower()) if separator else None
+    # "delta+s3a://bucket/lake": the Delta backend on the lake root "s3a://bucket/lake".
+    backend = scheme.lower().partition("+")[0]
+    factory = BACKENDS.get(backend) if separator else None
     if factory is None:
         raise ValueError(
             f"cannot open event log {uri!r}: expected one of {', '.join(ACCEPTED_URIS)} "

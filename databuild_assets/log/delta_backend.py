@@ -481,7 +481,19 @@ def lake_of_location(uri: str, location: str) -> Lake:
 
         lake_of_location("delta:///data/lake", "/data/lake")                       # Lake("/data/lake")
         lake_of_location(uri, "/data/lake/tables/raw_event_log")                   # Lake("/data/lake")
+        lake_of_location("delta+s3a://bucket/lake", "bucket/lake")                 # Lake("s3a://bucket/lake")
     """
+    scheme = uri.partition("://")[0].lower()
+    if scheme.startswith("delta+"):
+        filesystem = scheme[len("delta+"):]
+        path = location.rstrip("/")
+        if not filesystem or not path:
+            raise ValueError(
+                f"{uri!r} does not name a lake on a Hadoop filesystem; write delta+ followed by the root's "
+                "URI, e.g. delta+s3a://bucket/databuild (the lake root s3a://bucket/databuild)"
+            )
+        root = f"{filesystem}://{path}"
+        return Lake(root[: -len(_LOG_SUFFIX)] if root.endswith(_LOG_SUFFIX) else root)
     path = location.rstrip("/")
     if not location.startswith("/") or not path:
         raise ValueError(
@@ -502,7 +514,8 @@ def open_delta_event_log(uri: str, location: str, **options: Any) -> DeltaEventL
     """The `delta` scheme's factory for `open_event_log`.
 
     `delta:///absolute/path` names either the lake root (the folder holding `tables/`) or the raw
-    log table `<root>/tables/raw_event_log`; both open the same log. Options: `spark` (required,
+    log table `<root>/tables/raw_event_log`; both open the same log. `delta+s3a://bucket/lake`
+    (or any other Hadoop filesystem scheme after the `+`) names a lake root on that filesystem. Options: `spark` (required,
     a SparkSession with Delta configured) and `writer` (the name appends are recorded under).
 
         log = open_event_log("delta:///data/lake/tables/raw_event_log", spark=spark)

@@ -125,6 +125,13 @@ class Lake:
 
     root: str = DEFAULT_LAKE_ROOT
 
+    def __post_init__(self) -> None:
+        # A local root given as a URI ("file:///data/lake", "file:/data/lake") is kept as the
+        # plain path: Spark writes "file:/..." and Delta refuses a CREATE TABLE whose location
+        # is spelled two ways.
+        if self.root.startswith("file:"):
+            object.__setattr__(self, "root", "/" + self.root.removeprefix("file:").lstrip("/"))
+
     @classmethod
     def from_env(cls) -> "Lake":
         """The root from DATABUILD_LAKE_ROOT, else the repo's git-ignored `.lake/`."""

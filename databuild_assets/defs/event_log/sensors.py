@@ -1,40 +1,69 @@
-"""The landing-files sensor: a new file under <lake root>/landing requests one ingestion run."""
+"""The landing-files sensor: a change in <lake root>/landing requests one ingestion run."""
 
-import json
+import hashlib
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from dagster import RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
 from databuild_assets.defs.event_log.jobs import ingest_job
 from databuild_assets.defs.resources import LakehouseResource
-from databuild_assets.ingest.landing import LANDING_SUFFIXES
+from databuild_assets.ingest.landing import DEFAULT_SETTLE_SECONDS, LANDING_SUFFIXES
 from databuild_assets.runtime.lake import is_local
 
 
-def newest_landing_file(landing: str) -> tuple[int, str] | None:
-    """(modification time ns, name) of the newest complete landing file, or None."""
-    folder = Path(landing)
+@dataclass(frozen=True)
+class LandingState:
+    """The landing folder as ingestion would see it now, summed up in one fingerprint."""
+
+    fingerprint: str  # sha256 over every landing file's name, size, mtime and waiting flag
+    files: int
+    waiting: int  # files ingestion would leave for later: empty or no final newline, not settled
+
+
+def _waits(path: Path, size: int, age_s: float, settle_seconds: float) -> bool:
+    """Ingestion's rule for a file still being written (ingest/landing.py)."""
+    if age_s >= settle_seconds:
+        return False
+    if size == 0:
+        return True
+    with open(path, "rb") as handle:
+        handle.seek(size - 1)
+        return handle.read(1) != b"\n"
+
+
+def landing_state(landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, now_s: float | None = None) -> LandingState | None:
+    """The fingerprint of the landing folder, or None when it holds no landing file. No JVM.
+
+    Any file added, grown or touched changes it, whatever its modification time (a file moved in
+    keeps its old one), and so does a file that was waiting (partial last line) once it has
+    settled: then ingestion will take it, so the sensor must ask for a run.
+    """
+    folder = Path(landing.removeprefix("file://").removeprefix("file:"))
     if not folder.is_dir():
         return None
-    files = [
-        (entry.stat().st_mtime_ns, entry.name)
-        for entry in folder.iterdir()
-        if entry.is_file() and not entry.name.startswith((".", "_")) and entry.name.endswith(LANDING_SUFFIXES)
-    ]
-    return max(files, default=None)
+    now_s = time.time() if now_s is None else now_s
+    digest, files, waiting = hashlib.sha256(), 0, 0
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not entry.is_file() or entry.name.startswith((".", "_")) or not entry.name.endswith(LANDING_SUFFIXES):
+            continue
+        stat = entry.stat()
+        waits = _waits(Path(entry.path), stat.st_size, now_s - stat.st_mtime_ns / 1e9, settle_seconds)
+        digest.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0{int(waits)}\n".encode())
+        files, waiting = files + 1, waiting + waits
+    return LandingState(digest.hexdigest()[:32], files, waiting) if files else None
 
 
-@sensor(job=ingest_job, minimum_interval_seconds=30, description="Requests ingestion when a landing file appears.")
+@sensor(job=ingest_job, minimum_interval_seconds=30, description="Requests ingestion when the landing folder changes.")
 def landing_files_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource):
     landing = lakehouse.lake.landing
     if not is_local(landing):
         return SkipReason(f"{landing} is not on a local disk: schedule ingest_job instead of this sensor")
-    newest = newest_landing_file(landing)
-    seen = tuple(json.loads(context.cursor)) if context.cursor else None
-    if newest is None or (seen is not None and newest <= seen):
+    state = landing_state(landing)
+    if state is None or state.fingerprint == context.cursor:
         return SkipReason(f"no new landing files in {landing}")
-    # Ingestion takes every file not yet ingested, so one run per newest file is enough.
-    return SensorResult(
-        run_requests=[RunRequest(run_key=f"landing-{newest[0]}-{newest[1]}")],
-        cursor=json.dumps(list(newest)),
-    )
+    # Ingestion takes every file not yet ingested, so one run per change of the folder is enough.
+    context.log.info(f"{landing}: {state.files} landing files, {state.waiting} still being written")
+    return SensorResult(run_requests=[RunRequest(run_key=f"landing-{state.fingerprint}")], cursor=state.fingerprint)

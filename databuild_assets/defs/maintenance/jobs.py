@@ -24,7 +24,18 @@ from databuild_assets.maintenance.erasure_report import erasure_report, format_r
 from databuild_assets.maintenance.vacuum import DEFAULT_RETENTION_HOURS, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import refresh_projection
-from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, TOMBSTONES
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, TOMBSTONES
+
+# Tables of the lake that are not assets: ingestion's bookkeeping. Maintenance reports their
+# figures in the op's output metadata only; a materialization on them would make the UI show an
+# asset no definition declares.
+NOT_ASSETS = frozenset({INGEST_LEDGER.name})
+
+
+def _markdown_table(header: tuple[str, ...], rows: list[tuple]) -> MetadataValue:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return MetadataValue.md("\n".join(lines))
 
 # Records the tombstone, then hides its events at once: the filtered log and the projections.
 erase_job = define_asset_job(
@@ -53,6 +64,8 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
         # Delta's own retries (8 per write) ran out: try the whole run again later.
         raise RetryRequested(max_retries=3, seconds_to_wait=60) from conflict
     for table in result.tables:
+        if table.table in NOT_ASSETS:
+            continue
         yield AssetMaterialization(
             asset_key=table.table,
             description="compaction",
@@ -71,6 +84,11 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
     yield Output(None, metadata={
         "tombstones_applied": MetadataValue.int(len(result.applied)),
         "rows_purged_per_tombstone": MetadataValue.json(result.rows_purged_per_tombstone),
+        "tables": _markdown_table(
+            ("table", "files before", "files after", "bytes before", "bytes after", "rows purged", "files compacted"),
+            [(t.table, t.before.num_files, t.after.num_files, t.before.size_bytes, t.after.size_bytes,
+              t.rows_purged, t.files_compacted) for t in result.tables],
+        ),
     })
 
 
@@ -106,6 +124,8 @@ def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: 
     results = vacuum_lake(lakehouse.spark_session, lakehouse.lake, config.retention_hours,
                           config.minimum_retention_hours, config.allow_short_retention)
     for table in results:
+        if table.table in NOT_ASSETS:
+            continue
         yield AssetMaterialization(
             asset_key=table.table, description="vacuum",
             metadata={"files_deleted": MetadataValue.int(table.files_deleted), "bytes_deleted": MetadataValue.int(table.bytes_deleted)},
@@ -113,6 +133,8 @@ def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: 
     yield Output(None, metadata={
         "files_deleted": MetadataValue.int(sum(t.files_deleted for t in results)),
         "bytes_deleted": MetadataValue.int(sum(t.bytes_deleted for t in results)),
+        "tables": _markdown_table(("table", "files deleted", "bytes deleted"),
+                                  [(t.table, t.files_deleted, t.bytes_deleted) for t in results]),
     })
 
 

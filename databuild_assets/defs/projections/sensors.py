@@ -25,8 +25,16 @@ def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: Lakeho
         return SkipReason(f"no event log at {lake.table_path(RAW_EVENT_LOG)} yet")
     tombstones = version(lake.table_path(TOMBSTONES))
     state = f"raw_event_log=v{raw},tombstones={'none' if tombstones is None else f'v{tombstones}'}"
-    if context.cursor == state:
+    seen, generation = _parse_cursor(context.cursor)
+    if seen == state:
         return SkipReason(f"event log still at version {raw}, tombstones at {tombstones}")
+    if seen is not None and raw < _raw_version(seen):
+        # The log went back: a new lake at the same root (`make clean-lake`). Its versions start
+        # again at 0, so its run keys get a generation, or Dagster would not run the ones the old
+        # lake already used.
+        generation += 1
+        context.log.info(f"event log went back from {seen} to {state}: a new lake, generation {generation}")
+    run_key = state if generation == 0 else f"{state},lake-generation={generation}"
     in_flight = context.instance.get_run_records(
         RunsFilter(job_name=refresh_projections_job.name, statuses=IN_FLIGHT), limit=1
     )
@@ -34,6 +42,19 @@ def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: Lakeho
         # The cursor stays: once that run ends, the next tick requests the versions it missed.
         return SkipReason(f"refresh run {in_flight[0].dagster_run.run_id} is in flight; event log at version {raw}")
     return SensorResult(
-        run_requests=[RunRequest(run_key=state, tags={"databuild/log_version": str(raw)})],
-        cursor=state,
+        run_requests=[RunRequest(run_key=run_key, tags={"databuild/log_version": str(raw)})],
+        cursor=run_key,
     )
+
+
+def _parse_cursor(cursor: str | None) -> tuple[str | None, int]:
+    """The versions a cursor saw, and the lake generation: "raw_event_log=v5,tombstones=none" is
+    generation 0; "...,lake-generation=2" after the log went back twice."""
+    if not cursor:
+        return None, 0
+    state, _, generation = cursor.partition(",lake-generation=")
+    return state, int(generation or 0)
+
+
+def _raw_version(state: str) -> int:
+    return int(state.split(",")[0].removeprefix("raw_event_log=v"))
