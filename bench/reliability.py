@@ -499,19 +499,21 @@ class ScenarioResult:
 
 def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: int, per_batch: int,
                        startup_timeout: float = 300, kill_window: float = 1.0, log=print) -> ScenarioResult:
-    """Cycle 0 runs whole (it also measures the work); cycles 1..crash_points are killed at a
-    random delay within the first `kill_window` of the work's last measured duration; a last
-    worker recovers and verifies."""
+    """Cycle 0 runs whole (it also measures the work); each later cycle is killed at a random
+    delay within the first `kill_window` of the work's last measured duration, until
+    `crash_points` kills have landed mid-work (a cycle whose work finished before its kill does
+    not count; at most 3 x crash_points cycles); a last worker recovers and verifies."""
     result = ScenarioResult(scenario)
     lake, rng = workdir / scenario / "lake", random.Random(seed)
     lake.mkdir(parents=True, exist_ok=True)
-    batches = crash_points + 2
+    max_cycles = 3 * crash_points
+    batches = max_cycles + 2
     base = ["--lake", str(lake), "--seed", str(seed), "--per-batch", str(per_batch), "--batches", str(batches)]
     work_seconds = None
     started = time.monotonic()
     cycle = 0
     while True:
-        last = cycle > crash_points
+        last = cycle > 0 and (result.runs >= crash_points or cycle > max_cycles)
         cycle_started = time.monotonic()
         worker = Worker([scenario, *base, "--cycle", str(cycle), *(["--verify-only"] if last else [])],
                         workdir / scenario / f"worker-{cycle:03d}.log")
