@@ -113,6 +113,25 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
     assert [t.tombstone_id for t in read_tombstones(spark, lake) if t.pending] == [late.tombstone_id]
 
 
+def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_purges_them(spark, two_builds):
+    # A writer retries a call whose events were erased and purged meanwhile (or a landing file
+    # comes again): the log no longer holds those event_ids, so they are appended again.
+    from databuild_assets.log.delta_backend import DeltaEventLog
+
+    lake = two_builds
+    tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 9")
+    compact(spark, lake, refresh_projections=refresh_all_projections)
+    append_events(spark, lake, build_with_partition("br-a", REF, 0))
+
+    assert DeltaEventLog(spark, lake).get_build_request_events("br-a") == []
+    again = compact(spark, lake, refresh_projections=refresh_all_projections)
+
+    assert again.rows_purged_per_tombstone == {tombstone.tombstone_id: 3} and again.applied == ()
+    assert event_ids(spark, lake.table_path(RAW_EVENT_LOG)) == ["br-b-1", "br-b-2", "br-b-3"]
+    assert live_parquet_rows_holding(spark, lake.table_path(RAW_EVENT_LOG), '"br-a"') == 0
+    assert compact(spark, lake, refresh_projections=refresh_all_projections).rows_purged_per_tombstone == {}
+
+
 def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_value(spark, two_builds):
     # Through the Dagster jobs an operator runs, so their wiring and metadata are tested too.
     lake = two_builds

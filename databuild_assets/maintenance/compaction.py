@@ -1,7 +1,9 @@
 """Compaction: physically purge what tombstones match, and bin-pack small files.
 
 Purge, table by table (raw log, filtered log, quarantine), for the tombstones pending when the
-run starts:
+run starts, and for applied tombstones that match raw log rows again (events that arrived after
+their purge: a writer's retried call, a landing file delivered again; hidden at once like any
+match, and purged now, or the raw log would keep them for good):
 
 1. pin the table's version v and compute, by the tombstone rule, which rows must go;
 2. dry-run the purge on a shallow clone of the table at v (a new table that shares v's files)
@@ -170,6 +172,26 @@ def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: da
     return int(metrics["numFilesRemoved"] or 0)
 
 
+def rearrived(spark: SparkSession, lake: Lake, applied: list[Tombstone]) -> list[Tombstone]:
+    """The applied tombstones that match rows of the raw log again: events that arrived after
+    their purge. One scan of the log with all of them in one predicate; per tombstone only over
+    the (normally no) rows found."""
+    path = lake.table_path(RAW_EVENT_LOG)
+    if not applied or not DeltaTable.isDeltaTable(spark, path):
+        return []
+    rows = spark.read.format("delta").load(path).where(event_matches(applied)).cache()
+    try:
+        if rows.isEmpty():
+            return []
+        found = {row.tombstone_id for row in matching_event_ids(rows, applied).select("tombstone_id").distinct().collect()}
+        back = [t for t in applied if t.tombstone_id in found]
+        log.warning("%d applied tombstones match events that arrived after their purge; purging those again",
+                    len(back))
+        return back
+    finally:
+        rows.unpersist()
+
+
 def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_projections=None) -> CompactionResult:
     """Purge pending tombstones everywhere, then bin-pack. See the module docstring.
 
@@ -177,18 +199,20 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
     bin-packing. `refresh_projections(spark, lake)` rebuilds the projections after the purge.
     """
     tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
-    pending = [t for t in read_tombstones(spark, lake, tombstones_version) if t.pending]
+    tombstones = read_tombstones(spark, lake, tombstones_version)
+    pending = [t for t in tombstones if t.pending]
+    to_purge = pending + rearrived(spark, lake, [t for t in tombstones if not t.pending])
     tables = [spec for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES)
               if DeltaTable.isDeltaTable(spark, lake.table_path(spec))]
     before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
     purged: dict[str, dict[str, int]] = {}
 
-    if pending:
+    if to_purge:
         refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
         for spec in EVENT_TABLES:
             if spec in tables:
-                purged[spec.name] = purge_events(spark, lake, spec, pending)
-        purged[EVENT_QUARANTINE.name] = {"lines": purge_quarantine(spark, lake, pending)}
+                purged[spec.name] = purge_events(spark, lake, spec, to_purge)
+        purged[EVENT_QUARANTINE.name] = {"lines": purge_quarantine(spark, lake, to_purge)}
         if refresh_projections is not None:
             refresh_projections(spark, lake)
 
@@ -196,7 +220,7 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
     compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
     record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
 
-    per_tombstone = {t.tombstone_id: purged.get(RAW_EVENT_LOG.name, {}).get(t.tombstone_id, 0) for t in pending}
+    per_tombstone = {t.tombstone_id: purged.get(RAW_EVENT_LOG.name, {}).get(t.tombstone_id, 0) for t in to_purge}
     results = tuple(
         TableCompaction(
             spec.name, before[spec.name], table_size(spark, lake.table_path(spec)),
