@@ -478,7 +478,7 @@ class ScenarioResult:
     kill_steps: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def absorb(self, verdict: dict) -> None:
+    def absorb(self, verdict: dict, where: str = "") -> None:
         self.sent, self.in_log = verdict["sent"], verdict["in_log"]
         self.duplicates = max(self.duplicates, verdict["duplicates"])
         self.lost = max(self.lost, verdict["lost"])
@@ -486,11 +486,11 @@ class ScenarioResult:
         for name in ("unexpected", "reappeared", "tombstones_missing", "tombstoned_visible", "filtered_mismatch",
                      "quarantine_mismatch"):
             if verdict.get(name):
-                self.problems.append(f"{name}={verdict[name]}")
+                self.problems.append(f"{where}{name}={verdict[name]}")
         if verdict.get("projection_mismatches"):
-            self.problems.append(f"projections differ from a rebuild: {verdict['projection_mismatches']}")
+            self.problems.append(f"{where}projections differ from a rebuild: {verdict['projection_mismatches']}")
         if verdict.get("unreadable"):
-            self.problems.append(f"unreadable tables: {verdict['unreadable']}")
+            self.problems.append(f"{where}unreadable tables: {verdict['unreadable']}")
 
     @property
     def ok(self) -> bool:
@@ -524,7 +524,7 @@ def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: in
                 result.problems.append(f"cycle {cycle}: recovery did not finish ({verdict['event']}); see {worker.log.name}")
                 worker.kill()
                 break
-            result.absorb(verdict)
+            result.absorb(verdict, f"cycle {cycle}: ")
         if last:
             worker.finish(60)
             break
@@ -565,7 +565,8 @@ def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: in
                 result.kill_steps[step] = result.kill_steps.get(step, 0) + 1
             log(f"  {scenario} cycle {cycle} ({time.monotonic() - cycle_started:.0f}s): "
                 f"{'finished before the kill' if finished else f'killed after {delay:.1f}s in {step!r}'}"
-                + (f"; previous crash verified: lost={verdict['lost']} dup={verdict['duplicates']}" if verdict else ""))
+                + (f"; previous crash verified: lost={verdict['lost']} dup={verdict['duplicates']}, "
+                   f"problems so far {len(result.problems)}" if verdict else ""))
         cycle += 1
     result.seconds = time.monotonic() - started
     return result
@@ -640,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_main(argv[1:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--crash-points", type=int, default=50, help="workers killed, in total over the crash scenarios")
+    parser.add_argument("--crash-points", type=int, default=50, help="kills that land mid-work, in total over the crash scenarios")
     parser.add_argument("--writers", type=int, default=4, help="concurrent writer processes")
     parser.add_argument("--events-per-batch", type=int, default=100, help="events per cycle, per writer call, per landing file")
     parser.add_argument("--writer-calls", type=int, default=4, help="append_events calls per writer")
