@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import pyarrow as pa
 from delta.tables import DeltaTable
@@ -137,19 +137,26 @@ def ends_with_newline(spark: SparkSession, path: str, size: int) -> bool:
         stream.close()
 
 
+def still_being_written(age_s: float, settle_seconds: float, ends_with_newline: Callable[[], bool]) -> bool:
+    """The rule for a landing file whose writer may not be done: it changed less than
+    `settle_seconds` ago and is empty or its last line has no newline yet. `ends_with_newline`
+    (False for an empty file) is called only for a file that has not settled: it reads a byte.
+    Ingestion leaves such a file for a later run; the landing sensor applies the same rule."""
+    return age_s < settle_seconds and not ends_with_newline()
+
+
 def split_incomplete(
     spark: SparkSession, files: list[LandingFile], settle_seconds: float, now_s: float | None = None
 ) -> tuple[list[LandingFile], list[LandingFile]]:
-    """(complete, incomplete): a file is incomplete while it is empty or its last line has no
-    newline yet, and it changed less than `settle_seconds` ago."""
-    now_ms = (time.time() if now_s is None else now_s) * 1000
+    """(complete, incomplete) by `still_being_written`."""
+    now_s = time.time() if now_s is None else now_s
     complete, incomplete = [], []
     for landing_file in files:
-        settled = now_ms - landing_file.modified_ms >= settle_seconds * 1000
-        if settled or ends_with_newline(spark, landing_file.path, landing_file.size):
-            complete.append(landing_file)
-        else:
+        age_s = now_s - landing_file.modified_ms / 1000
+        if still_being_written(age_s, settle_seconds, lambda: ends_with_newline(spark, landing_file.path, landing_file.size)):
             incomplete.append(landing_file)
+        else:
+            complete.append(landing_file)
     return complete, incomplete
 
 

@@ -484,18 +484,16 @@ def lake_of_location(uri: str, location: str) -> Lake:
         lake_of_location("delta+s3a://bucket/lake", "bucket/lake")                 # Lake("s3a://bucket/lake")
     """
     scheme = uri.partition("://")[0].lower()
+    path = location.rstrip("/")
     if scheme.startswith("delta+"):
         filesystem = scheme[len("delta+"):]
-        path = location.rstrip("/")
         if not filesystem or not path:
             raise ValueError(
                 f"{uri!r} does not name a lake on a Hadoop filesystem; write delta+ followed by the root's "
                 "URI, e.g. delta+s3a://bucket/databuild (the lake root s3a://bucket/databuild)"
             )
-        root = f"{filesystem}://{path}"
-        return Lake(root[: -len(_LOG_SUFFIX)] if root.endswith(_LOG_SUFFIX) else root)
-    path = location.rstrip("/")
-    if not location.startswith("/") or not path:
+        path = f"{filesystem}://{path}"
+    elif not location.startswith("/") or not path:
         raise ValueError(
             f"{uri!r} does not name an absolute path; write delta:// followed by the absolute path of the lake "
             f"root or of its raw log table, e.g. delta:///data/lake or delta:///data/lake{_LOG_SUFFIX}"

@@ -10,7 +10,7 @@ from dagster import RunRequest, SensorEvaluationContext, SensorResult, SkipReaso
 
 from databuild_assets.defs.event_log.jobs import ingest_job
 from databuild_assets.defs.resources import LakehouseResource
-from databuild_assets.ingest.landing import DEFAULT_SETTLE_SECONDS, LANDING_SUFFIXES
+from databuild_assets.ingest.landing import DEFAULT_SETTLE_SECONDS, LANDING_SUFFIXES, still_being_written
 from databuild_assets.runtime.lake import is_local
 
 
@@ -23,15 +23,13 @@ class LandingState:
     waiting: int  # files ingestion would leave for later: empty or no final newline, not settled
 
 
-def _waits(path: Path, size: int, age_s: float, settle_seconds: float) -> bool:
-    """Ingestion's rule for a file still being written (ingest/landing.py)."""
-    if age_s >= settle_seconds:
+def _ends_with_newline_on_disk(path: str, size: int) -> bool:
+    """`ingest.landing.ends_with_newline` for a local file, without a JVM."""
+    if size <= 0:
         return False
-    if size == 0:
-        return True
     with open(path, "rb") as handle:
         handle.seek(size - 1)
-        return handle.read(1) != b"\n"
+        return handle.read(1) == b"\n"
 
 
 def landing_state(landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, now_s: float | None = None) -> LandingState | None:
@@ -41,7 +39,7 @@ def landing_state(landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, 
     keeps its old one), and so does a file that was waiting (partial last line) once it has
     settled: then ingestion will take it, so the sensor must ask for a run.
     """
-    folder = Path(landing.removeprefix("file://").removeprefix("file:"))
+    folder = Path(landing)  # local: Lake keeps a file: root as its plain path
     if not folder.is_dir():
         return None
     now_s = time.time() if now_s is None else now_s
@@ -50,7 +48,8 @@ def landing_state(landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, 
         if not entry.is_file() or entry.name.startswith((".", "_")) or not entry.name.endswith(LANDING_SUFFIXES):
             continue
         stat = entry.stat()
-        waits = _waits(Path(entry.path), stat.st_size, now_s - stat.st_mtime_ns / 1e9, settle_seconds)
+        waits = still_being_written(now_s - stat.st_mtime_ns / 1e9, settle_seconds,
+                                    lambda: _ends_with_newline_on_disk(entry.path, stat.st_size))
         digest.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0{int(waits)}\n".encode())
         files, waiting = files + 1, waiting + waits
     return LandingState(digest.hexdigest()[:32], files, waiting) if files else None
