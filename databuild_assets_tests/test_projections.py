@@ -21,6 +21,7 @@ from databuild_assets.events.enums import BuildRequestStatus, JobStatus, Partiti
 from databuild_assets.events.schema import EVENT_SCHEMA, normalize_event
 from databuild_assets.log.sqlite_backend import SqliteEventLog, load_events
 from databuild_assets.projections import PROJECTIONS, Projection
+from databuild_assets.projections.projection import STATE
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
@@ -115,7 +116,7 @@ def test_projections_are_keyed_as_the_sqlite_tables_and_build_columns_in_schema_
         assert built == [(field.name, field.dataType) for field in projection.schema], projection.name
         assert all(field.metadata.get("comment") for field in projection.schema), projection.name
         assert projection.keys_of(events).columns == [projection.key]
-        assert projection.events_for_keys(events, projection.keys_of(events)).columns == events.columns
+        assert projection.aggregate(events).columns == [projection.key, STATE]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def test_events_with_equal_timestamps_are_ordered_by_event_id(spark: SparkSessio
     ]
 
 
-def test_late_events_take_their_place_by_timestamp_when_only_their_keys_are_rebuilt(spark: SparkSession) -> None:
+def test_late_events_folded_into_the_stored_states_take_their_place_by_timestamp(spark: SparkSession) -> None:
     on_time = [
         build_request_event("e10", 10, "br-1", BR.BUILD_REQUEST_RECEIVED, ["data/a"]),
         partition_event("e20", 20, "br-1", "data/a", P.PARTITION_REQUESTED),
@@ -339,10 +340,11 @@ def test_late_events_take_their_place_by_timestamp_when_only_their_keys_are_rebu
         invalidation_event("e35", 35, "br-9", "data/a", "stale upstream"),
         job_graph_event("e05", 5, "br-1", "{}"),
     ]
-    every_event, late_events = events_frame(spark, on_time + late), events_frame(spark, late)
+    on_time_events, late_events = events_frame(spark, on_time), events_frame(spark, late)
 
     def refreshed(projection: Projection) -> list[tuple]:
-        return table(projection, projection.events_for_keys(every_event, projection.keys_of(late_events)))
+        folded = projection.rows(projection.fold(projection.aggregate(on_time_events), late_events))
+        return [tuple(row) for row in sorted(folded.collect(), key=lambda row: row[projection.key])]
 
     # The invalidation (35) is earlier than the AVAILABLE event (40): it does not void it.
     assert refreshed(PARTITION_STATE) == [
@@ -361,6 +363,26 @@ def test_late_events_take_their_place_by_timestamp_when_only_their_keys_are_rebu
 # ---------------------------------------------------------------------------------------------
 # Parity with the SQLite reference
 # ---------------------------------------------------------------------------------------------
+
+
+def test_a_late_event_that_moves_a_job_run_to_another_request_moves_its_count(spark: SparkSession) -> None:
+    # job-x's COMPLETED event, in br-b, arrives first: br-b owns the run. Its earlier RUNNING event,
+    # in br-a, arrives late: the run's first event is now br-a's, so br-a owns it (as the SQLite
+    # reference says) and br-b, which the late event does not mention, loses it.
+    on_time = [job_event("x02", 1010, "br-b", "job-x", J.JOB_COMPLETED, ["data/q"])]
+    late = [job_event("x01", 1000, "br-a", "job-x", J.JOB_RUNNING, ["data/q"])]
+    on_time_events, late_events = events_frame(spark, on_time), events_frame(spark, late)
+    stored = BUILD_REQUESTS.aggregate(on_time_events)
+    assert table(BUILD_REQUESTS, on_time_events, ("job_run_counts",)) == [("br-b", job_run_counts(JOB_COMPLETED=1))]
+
+    folded = BUILD_REQUESTS.rows(BUILD_REQUESTS.fold(stored, late_events)).select(BUILD_REQUESTS.key, "job_run_counts")
+    assert sorted(tuple(row) for row in folded.collect()) == [
+        ("br-a", job_run_counts(JOB_COMPLETED=1)),
+        ("br-b", job_run_counts()),
+    ]
+    assert sorted(tuple(row) for row in folded.collect()) == table(
+        BUILD_REQUESTS, events_frame(spark, on_time + late), ("job_run_counts",)
+    )
 
 
 def sqlite_projections(path: str) -> dict[str, dict[str, dict[str, Any]]]:
@@ -538,11 +560,11 @@ def splits(events: list[dict[str, Any]]) -> dict[str, tuple[list[dict], list[dic
 
 
 @pytest.mark.parametrize("split", ["random 30%", "latest quarter and late arrivals"])
-def test_rebuilding_the_keys_new_events_touch_gives_the_full_rebuild_and_leaves_other_keys_alone(
+def test_folding_new_events_into_the_old_states_gives_the_full_rebuild_and_leaves_other_keys_alone(
     spark: SparkSession, workload, split: str
 ) -> None:
     generated = workload(1)
-    events, every_event, full_rows = generated.events, generated.frame, generated.spark_rows
+    events, full_rows = generated.events, generated.spark_rows
     old, new = splits(events)[split]
     old_events, new_events = raw_log_frame(spark, old), raw_log_frame(spark, new)
 
@@ -550,8 +572,9 @@ def test_rebuilding_the_keys_new_events_touch_gives_the_full_rebuild_and_leaves_
         keys = touched_keys(name, new)
         full = full_rows[name]
 
-        refreshed = rows_by_key(projection, projection.events_for_keys(every_event, projection.keys_of(new_events)))
-        assert_same_rows(refreshed, {key: full[key] for key in keys}, f"{split}: {name}, rebuilt keys")
+        folded = projection.rows(projection.fold(projection.aggregate(old_events), new_events))
+        refreshed = {row[projection.key]: row.asDict(recursive=True) for row in folded.collect()}
+        assert_same_rows(refreshed, {key: full[key] for key in keys}, f"{split}: {name}, folded keys")
 
         before = rows_by_key(projection, old_events)
         untouched = {key: row for key, row in before.items() if key not in keys}

@@ -31,9 +31,17 @@ from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.migrate import migrate_sqlite_to_delta
 from databuild_assets.log.sqlite_backend import load_events
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import processed_log_version, projection_spec, refresh_projection
+from databuild_assets.projections.refresh import (
+    ConcurrentRefresh,
+    fold_in,
+    processed_log_version,
+    projection_spec,
+    record_processed_version,
+    refresh_projection,
+)
 from databuild_assets.runtime.delta_tables import current_version
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.events.schema import SCHEMA_VERSION
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
 from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import partition_event
@@ -42,7 +50,8 @@ PARTITION_STATE = PROJECTIONS["partition_state"]
 
 
 def stored_rows(spark, lake, projection) -> list[dict]:
-    rows = spark.read.format("delta").load(lake.table_path(projection_spec(projection))).collect()
+    table = spark.read.format("delta").load(lake.table_path(projection_spec(projection)))
+    rows = table.select(*projection.schema.fieldNames()).collect()
     return sorted((row.asDict(recursive=True) for row in rows), key=lambda row: row[projection.key])
 
 
@@ -92,6 +101,50 @@ def test_full_rebuild_when_asked(spark, lake):
     result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, full=True)
 
     assert (result.mode, result.reason) == ("full", "full rebuild requested")
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
+def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refresh_rebuilds(spark, lake):
+    path = lake.table_path(projection_spec(PARTITION_STATE))
+    append_events(spark, lake, [partition_event("p1", ref="data/a")])  # log version 1
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # full
+    read_at = current_version(spark, path)
+    append_events(spark, lake, [partition_event("p2", 1, ref="data/a")])  # log version 2
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
+    changed_at = current_version(spark, path)
+
+    # A refresh that read the table before that one committed, and folds the same commit in again.
+    log = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
+    with pytest.raises(ConcurrentRefresh, match="another refresh"):
+        fold_in(spark, path, PARTITION_STATE, read_at, log.where("event_id = 'p2'"), 1, 2)
+    assert current_version(spark, path) == changed_at
+    [row] = stored_rows(spark, lake, PARTITION_STATE)
+    assert row["event_count"] == 2  # not 3
+
+    # Its rows claim log version 2 while a later refresh reads them as of version 1 (a recorded
+    # version that went back): the fold refuses them and the refresh rebuilds in full.
+    record_processed_version(spark, path, PARTITION_STATE, 1, "incremental")
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    assert result.mode == "full" and "another refresh" in result.reason
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
+def test_a_projection_table_without_fold_state_is_rebuilt_with_it(spark, lake):
+    # What an earlier release wrote: the read model only, with the processed version recorded.
+    path = lake.table_path(projection_spec(PARTITION_STATE))
+    append_events(spark, lake, [partition_event("p1", ref="data/a")])
+    log = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
+    metadata = '{"projection": "partition_state", "log_version": 1}'
+    PARTITION_STATE.build(log).write.format("delta").option("userMetadata", metadata).save(path)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{SCHEMA_VERSION_PROPERTY}' = '{SCHEMA_VERSION}')")
+    append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    assert result.mode == "full" and "no fold state" in result.reason, result
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+    append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 

@@ -250,8 +250,9 @@ class DeltaEventLog(BuildEventLog):
             else:
                 refresh(stale[0])
             self._projection_states.update(dict.fromkeys(stale, refreshed_state))
-        paths = [self.lake.table_path(projection_spec(PROJECTIONS[name])) for name in names]
-        return [spark.read.format("delta").load(path) for path in paths]
+        # The read model's columns only: the tables also keep each row's fold state.
+        specs = [projection_spec(PROJECTIONS[name]) for name in names]
+        return [spark.read.format("delta").load(self.lake.table_path(spec)).select(*spec.schema.fieldNames()) for spec in specs]
 
     def _projection(self, name: str) -> DataFrame:
         [frame] = self._projections(name)

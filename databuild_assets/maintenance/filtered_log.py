@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
-from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, rows_added
+from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, read_rows_added
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
@@ -90,7 +90,7 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
             else:
                 known = {t.tombstone_id for t in read_tombstones(session, lake, tombstones_before)}
                 new_tombstones = [t for t in tombstones if t.tombstone_id not in known]
-                inserts = (visible_events(rows_added(raw_at, changes), tombstones)
+                inserts = (visible_events(read_rows_added(session, raw_path, raw_at, changes), tombstones)
                            if changes.added_files else raw_at.limit(0)).withColumn("_action", F.lit("insert"))
                 current = session.read.format("delta").load(path)
                 deletes = (current.where(event_matches(new_tombstones)).select("event_id")

@@ -5,15 +5,16 @@ Row for row what the SQLite reference's `list_build_requests` returns (log/sqlit
 the `build_requests` table plus the counts it computes on read); the columns are the fields of
 `log.interface.BuildRequestSummary`, in its order.
 
-Its job_run_counts count the runs whose first job or task cancel event is in the request (the
-job_runs projection's build_request_id). Rebuilding a request from its own events alone
-(`events_for_keys`) is exact when a job run's job and task cancel events all belong to one build
-request, as DataBuild writes them.
+Its job_run_counts count the runs that have job or task cancel events in the request, each by
+the status those events give it. A request's row is so a function of its own events alone, which
+lets a refresh fold new events into it. DataBuild writes all of a run's events under one build
+request: then these are the runs whose job_runs build_request_id it is, with their job_runs
+status (and the SQLite reference's counts).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructType
 
@@ -25,14 +26,24 @@ from databuild_assets.events.enums import (
 )
 from databuild_assets.projections import job_runs
 from databuild_assets.projections.projection import (
+    STATE,
     STATUS_COUNTS_TYPE,
+    Merge,
     Projection,
     codes,
     column,
     event_with,
+    first,
+    fold_state,
     latest,
     later,
-    semi_join_on_keys,
+    merge_first,
+    merge_latest,
+    merge_map,
+    merge_max,
+    merge_min,
+    merge_struct,
+    merge_sum,
     status_counts,
     status_name,
 )
@@ -62,8 +73,8 @@ SCHEMA = StructType(
                "{PartitionStatus name: count} of the refs of its partition_events, each by the status of its own "
                "latest partition_event for the ref; every status present, zeros included."),
         column("job_run_counts", STATUS_COUNTS_TYPE, False,
-               "{JobStatus name: count} of the job runs whose build_request_id (job_runs) it is, by job_runs "
-               "status; every status present, zeros included."),
+               "{JobStatus name: count} of the job runs with job or task cancel events in it, by the status "
+               "those events give (job_runs status); every status present, zeros included."),
     ]
 )  # fmt: skip
 
@@ -73,87 +84,171 @@ def keys_of(events: DataFrame) -> DataFrame:
     return events.select(F.col(KEY)).distinct()
 
 
-def events_for_keys(events: DataFrame, keys: DataFrame) -> DataFrame:
-    """Every event whose build_request_id is in `keys`."""
-    return semi_join_on_keys(events, F.col(KEY), keys, KEY)
-
-
-def build(events: DataFrame) -> DataFrame:
-    """One build_requests row per build_request_id in `events`."""
+def _scalar_fields() -> dict[str, tuple[Column, Merge]]:
+    """The state fields that one aggregate over a request's events computes."""
     event_type = F.col("event_type")
-    partition = F.col("partition_event")
-    # One row per event, plus one row per job run (its status, under its build request), so that
-    # one grouping by build_request_id computes every column: a single shuffle after job_runs'.
-    event_rows = events.select(
-        F.col(KEY),
-        F.col("timestamp"),
-        F.col("event_id"),
-        event_type,
-        F.col("build_request_event.status_code").alias("request_status_code"),
-        F.col("build_request_event.requested_partitions").alias("requested_partitions"),
-        F.col("build_cancel_event.reason").alias("cancel_reason"),
-        F.when(event_type == "partition_event", partition["partition_ref"]).alias("partition_ref"),
-        F.when(event_type == "partition_event", partition["status_code"]).alias("partition_status_code"),
-    )
-    job_run_rows = job_runs.build(events).select(F.col(KEY), F.col("status_code").alias("job_run_status_code"))
-    rows = event_rows.unionByName(job_run_rows, allowMissingColumns=True).repartition(KEY)
-
-    # A request's partition counts once, by the status of the request's own latest event for it.
-    newest_first = Window.partitionBy(KEY, "partition_ref").orderBy(F.col("timestamp").desc(), F.col("event_id").desc())
-    is_latest_for_partition = F.col("partition_ref").isNotNull() & (F.row_number().over(newest_first) == 1)
-    rows = rows.withColumn("partition_status_code", F.when(is_latest_for_partition, F.col("partition_status_code")))
-
     at = F.col("timestamp")
     is_request = event_type == "build_request_event"
     is_cancel = event_type == "build_cancel_event"
-    request_status = F.col("request_status_code")
-    per_request = rows.groupBy(KEY).agg(
-        F.min(at).alias("received_at"),
-        F.min(F.when(is_request & (request_status == int(BuildRequestStatus.BUILD_REQUEST_EXECUTING)), at)).alias(
-            "started_at"
+    request_status = F.col("build_request_event.status_code")
+    requested = F.col("build_request_event.requested_partitions")
+    ends = is_cancel | (is_request & request_status.isin(codes(TERMINAL_BUILD_REQUEST_STATUSES)))
+    return {
+        "received_at": (F.min(at), merge_min),
+        "started_at": (
+            F.min(F.when(is_request & (request_status == int(BuildRequestStatus.BUILD_REQUEST_EXECUTING)), at)),
+            merge_min,
         ),
-        F.min(F.when(is_cancel | (is_request & request_status.isin(codes(TERMINAL_BUILD_REQUEST_STATUSES))), at)).alias(
-            "ended_at"
-        ),
-        F.max(at).alias("updated_at"),
-        F.count(F.col("event_id")).alias("event_count"),  # job run rows have no event_id
-        latest(event_with(status_code=request_status), is_request).alias("status"),
-        latest(F.col("requested_partitions"), is_request & F.col("requested_partitions").isNotNull()).alias(
-            "requested_partitions"
-        ),
-        latest(event_with(reason=F.col("cancel_reason")), is_cancel).alias("cancel"),
-        status_counts(PartitionStatus, F.col("partition_status_code")).alias("partition_counts"),
-        status_counts(JobStatus, F.col("job_run_status_code")).alias("job_run_counts"),
+        "ended_at": (F.min(F.when(ends, at)), merge_min),
+        "updated_at": (F.max(at), merge_max),
+        "event_count": (F.count(F.lit(1)), merge_sum),
+        "status": (latest(event_with(status_code=request_status), is_request), merge_latest),
+        "requested_partitions": (latest(event_with(value=requested), is_request & requested.isNotNull()), merge_latest),
+        "cancel": (latest(event_with(reason=F.col("build_cancel_event.reason")), is_cancel), merge_latest),
+    }
+
+
+# Per partition_ref of its partition_events: the request's latest one for the ref.
+_MERGE_PARTITIONS = merge_map(merge_latest)
+
+
+def _run_fields() -> dict[str, tuple[Column, Merge]]:
+    """What decides a job run's owner (the request of its first job or task cancel event) and its
+    status, from its events of all requests."""
+    event_type = F.col("event_type")
+    return {
+        "first": (first(event_with(build_request_id=F.col(KEY))), merge_first),
+        "status": (latest(event_with(status_code=F.col("job_event.status_code")), event_type == "job_event"), merge_latest),
+        "cancel": (latest(event_with(), event_type == "task_cancel_event"), merge_latest),
+    }
+
+
+def _run_states(events: DataFrame) -> DataFrame:
+    """(job_run_id, run): the state of each job run in `events`."""
+    run_state, _ = fold_state(_run_fields())
+    return (
+        events.select("*", job_runs.job_run_id_of_event().alias("job_run_id"))
+        .where(F.col("job_run_id").isNotNull())
+        .groupBy("job_run_id")
+        .agg(run_state.alias("run"))
     )
 
-    cancelled = later(F.col("cancel"), F.col("status"))
-    status_code = F.when(cancelled, F.lit(int(BuildRequestStatus.BUILD_REQUEST_CANCELLED))).otherwise(
-        F.coalesce(F.col("status.status_code"), F.lit(int(BuildRequestStatus.BUILD_REQUEST_UNKNOWN)))
+
+def _run_maps(runs: DataFrame) -> DataFrame:
+    """(KEY, job_runs): each owner's map of its runs, from rows (KEY, job_run_id, run)."""
+    return runs.groupBy(KEY).agg(F.map_from_entries(F.collect_list(F.struct("job_run_id", "run"))).alias("job_runs"))
+
+
+def _local_states(events: DataFrame) -> DataFrame:
+    """(KEY, STATE) of each build request in `events`, with the fields its own events decide
+    (job_runs left null)."""
+    event_type = F.col("event_type")
+    fields = _scalar_fields()
+    scalars = events.groupBy(KEY).agg(*(value.alias(name) for name, (value, _) in fields.items()))
+    partition_ref = F.col("partition_event.partition_ref")
+    partitions = (
+        events.where((event_type == "partition_event") & partition_ref.isNotNull())
+        .groupBy(KEY, partition_ref.alias("partition_ref"))
+        .agg(latest(event_with(status_code=F.col("partition_event.status_code"))).alias("latest"))
+        .groupBy(KEY)
+        .agg(F.map_from_entries(F.collect_list(F.struct("partition_ref", "latest"))).alias("partitions"))
     )
-    return per_request.select(
-        F.col(KEY),
+    return scalars.join(partitions, KEY, "left").select(F.col(KEY), F.struct(*fields, "partitions").alias(STATE))
+
+
+def _merge_local(a: Column, b: Column) -> Column:
+    merges = {name: field_merge for name, (_, field_merge) in _scalar_fields().items()}
+    return merge_struct({**merges, "partitions": _MERGE_PARTITIONS})(a, b)
+
+
+def _without_runs(state: Column) -> Column:
+    return state.dropFields("job_runs")
+
+
+def aggregate(events: DataFrame) -> DataFrame:
+    """The state of each build request in `events`: its scalar fields, the map of its partitions
+    to their latest status in it, and the map of the job runs it owns to their state."""
+    owned = _run_states(events).select(F.col("run.first.build_request_id").alias(KEY), "job_run_id", "run")
+    return (
+        _local_states(events)
+        .join(_run_maps(owned), KEY, "left")
+        .select(F.col(KEY), F.col(STATE).withField("job_runs", F.col("job_runs")).alias(STATE))
+    )
+
+
+def fold(states: DataFrame, events: DataFrame) -> DataFrame:
+    """The states of the requests that `events` change: those they belong to, and the owners,
+    before and after, of the job runs they touch (a late event can move a run to another request)."""
+    stored = states.select(KEY, STATE)
+    new_runs = _run_states(events)
+    # The touched runs' stored states, with their owners, from the owners' maps.
+    old_runs = stored.select(
+        F.col(KEY).alias("old_owner"), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "old_run")
+    ).join(new_runs.select("job_run_id"), "job_run_id", "left_semi")
+    merge_run = merge_struct({name: field_merge for name, (_, field_merge) in _run_fields().items()})
+    runs = (
+        new_runs.join(old_runs, "job_run_id", "left")
+        .select("job_run_id", "old_owner", merge_run(F.col("old_run"), F.col("run")).alias("run"))
+        .withColumn(KEY, F.col("run.first.build_request_id"))
+    )
+    local = _local_states(events)
+    affected = (
+        local.select(KEY)
+        .union(runs.select(KEY))
+        .union(runs.where(F.col("old_owner").isNotNull()).select(F.col("old_owner").alias(KEY)))
+        .distinct()
+    )
+    # Their maps: the stored entries of runs not touched, and the touched runs they now own.
+    kept = (
+        stored.join(affected, KEY, "left_semi")
+        .select(F.col(KEY), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "run"))
+        .join(runs.select("job_run_id"), "job_run_id", "left_anti")
+    )
+    run_maps = _run_maps(kept.unionByName(runs.select(KEY, "job_run_id", "run")))
+    merged = _merge_local(_without_runs(F.col(f"old.{STATE}")), F.col(f"new.{STATE}"))
+    return (
+        affected.join(stored.alias("old"), KEY, "left")
+        .join(local.alias("new"), KEY, "left")
+        .join(run_maps, KEY, "left")
+        .select(F.col(KEY), merged.withField("job_runs", F.col("job_runs")).alias(STATE))
+    )
+
+
+def finish(state: Column) -> list[Column]:
+    """A build_requests row (after its key) from its state."""
+    status, cancel = state["status"], state["cancel"]
+    cancelled = later(cancel, status)
+    status_code = F.when(cancelled, F.lit(int(BuildRequestStatus.BUILD_REQUEST_CANCELLED))).otherwise(
+        F.coalesce(status["status_code"], F.lit(int(BuildRequestStatus.BUILD_REQUEST_UNKNOWN)))
+    )
+    partition_statuses = F.transform(F.map_values(state["partitions"]), lambda latest: latest["status_code"])
+    job_run_statuses = F.transform(
+        F.map_values(state["job_runs"]), lambda run: job_runs.status_of(run["status"], run["cancel"])
+    )
+    return [
         status_code.alias("status_code"),
         status_name(BuildRequestStatus, status_code).alias("status_name"),
-        F.when(cancelled, F.col("cancel.reason")).alias("cancel_reason"),
-        F.coalesce(F.col("requested_partitions"), F.array().cast(ArrayType(StringType(), True))).alias(
+        F.when(cancelled, cancel["reason"]).alias("cancel_reason"),
+        F.coalesce(state["requested_partitions"]["value"], F.array().cast(ArrayType(StringType(), True))).alias(
             "requested_partitions"
         ),
-        F.col("received_at"),
-        F.col("started_at"),
-        F.col("ended_at"),
-        (F.col("ended_at") - F.col("received_at")).alias("duration_ns"),
-        F.col("updated_at"),
-        F.col("event_count"),
-        F.col("partition_counts"),
-        F.col("job_run_counts"),
-    )
+        state["received_at"].alias("received_at"),
+        state["started_at"].alias("started_at"),
+        state["ended_at"].alias("ended_at"),
+        (state["ended_at"] - state["received_at"]).alias("duration_ns"),
+        state["updated_at"].alias("updated_at"),
+        state["event_count"].alias("event_count"),
+        status_counts(PartitionStatus, partition_statuses).alias("partition_counts"),
+        status_counts(JobStatus, job_run_statuses).alias("job_run_counts"),
+    ]
 
 
 BUILD_REQUESTS = Projection(
     name="build_requests",
     key=KEY,
     schema=SCHEMA,
-    build=build,
+    aggregate=aggregate,
+    fold=fold,
+    finish=finish,
     keys_of=keys_of,
-    events_for_keys=events_for_keys,
 )

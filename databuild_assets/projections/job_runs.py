@@ -14,14 +14,21 @@ from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, Stru
 
 from databuild_assets.events.enums import TERMINAL_JOB_STATUSES, JobStatus
 from databuild_assets.projections.projection import (
+    Merge,
     Projection,
     codes,
     column,
     event_with,
     first,
+    fold_by_key,
+    fold_state,
     latest,
     later,
-    semi_join_on_keys,
+    merge_first,
+    merge_latest,
+    merge_max,
+    merge_min,
+    merge_sum,
     status_name,
 )
 
@@ -71,71 +78,90 @@ def keys_of(events: DataFrame) -> DataFrame:
     return events.select(job_run_id_of_event().alias(KEY)).where(F.col(KEY).isNotNull()).distinct()
 
 
-def events_for_keys(events: DataFrame, keys: DataFrame) -> DataFrame:
-    """The job_events and task_cancel_events of the job_run_ids in `keys`."""
-    return semi_join_on_keys(events, job_run_id_of_event(), keys, KEY)
-
-
-def build(events: DataFrame) -> DataFrame:
-    """One job_runs row per job_run_id in `events`."""
+def _state() -> tuple[Column, Merge]:
     event_type = F.col("event_type")
     job = F.col("job_event")
     is_job = event_type == "job_event"
     is_cancel = event_type == "task_cancel_event"
     at = F.col("timestamp")
 
-    def latest_given(field: str) -> Column:
-        return latest(job[field], is_job & job[field].isNotNull()).alias(field)
+    def latest_given(field: str) -> tuple[Column, Merge]:
+        return latest(event_with(value=job[field]), is_job & job[field].isNotNull()), merge_latest
 
-    def first_at(where: Column) -> Column:
-        return F.min(F.when(where, at))
+    def first_at(where: Column) -> tuple[Column, Merge]:
+        return F.min(F.when(where, at)), merge_min
 
-    per_run = (
+    return fold_state(
+        {
+            "first": (first(event_with(build_request_id=F.col("build_request_id"))), merge_first),
+            "status": (latest(event_with(status_code=job["status_code"]), is_job), merge_latest),
+            "cancel": (latest(event_with(reason=F.col("task_cancel_event.reason")), is_cancel), merge_latest),
+            "job_label": latest_given("job_label"),
+            "target_partitions": latest_given("target_partitions"),
+            "config": latest_given("config"),
+            "manifests": latest_given("manifests"),
+            "scheduled_at": first_at(is_job & (job["status_code"] == int(JobStatus.JOB_SCHEDULED))),
+            "started_at": first_at(is_job & (job["status_code"] == int(JobStatus.JOB_RUNNING))),
+            "ended_at": first_at(is_cancel | (is_job & job["status_code"].isin(codes(TERMINAL_JOB_STATUSES)))),
+            "updated_at": (F.max(at), merge_max),
+            "event_count": (F.count(F.lit(1)), merge_sum),
+        }
+    )
+
+
+def aggregate(events: DataFrame) -> DataFrame:
+    """The state of each job run in `events`."""
+    per_run_state, _ = _state()
+    return (
         events.select(job_run_id_of_event().alias(KEY), "*")
         .where(F.col(KEY).isNotNull())
         .groupBy(KEY)
-        .agg(
-            first(F.col("build_request_id")).alias("build_request_id"),
-            latest(event_with(status_code=job["status_code"]), is_job).alias("status"),
-            latest(event_with(reason=F.col("task_cancel_event.reason")), is_cancel).alias("cancel"),
-            latest_given("job_label"),
-            latest_given("target_partitions"),
-            latest_given("config"),
-            latest_given("manifests"),
-            first_at(is_job & (job["status_code"] == int(JobStatus.JOB_SCHEDULED))).alias("scheduled_at"),
-            first_at(is_job & (job["status_code"] == int(JobStatus.JOB_RUNNING))).alias("started_at"),
-            first_at(is_cancel | (is_job & job["status_code"].isin(codes(TERMINAL_JOB_STATUSES)))).alias("ended_at"),
-            F.max(at).alias("updated_at"),
-            F.count(F.lit(1)).alias("event_count"),
-        )
+        .agg(per_run_state)
     )
 
-    cancelled = later(F.col("cancel"), F.col("status"))
-    status_code = F.when(cancelled, F.lit(int(JobStatus.JOB_CANCELLED))).otherwise(F.col("status.status_code"))
-    return per_run.select(
-        F.col(KEY),
-        F.col("build_request_id"),
+
+def merge(a: Column, b: Column) -> Column:
+    _, merge_states = _state()
+    return merge_states(a, b)
+
+
+fold = fold_by_key(KEY, aggregate, merge)
+
+
+def status_of(status: Column, cancel: Column) -> Column:
+    """A run's JobStatus code from its latest job_event (`event_with(status_code)`) and latest
+    task_cancel_event: JOB_CANCELLED when the cancel is later (or there is no job_event)."""
+    return F.when(later(cancel, status), F.lit(int(JobStatus.JOB_CANCELLED))).otherwise(status["status_code"])
+
+
+def finish(state: Column) -> list[Column]:
+    """A job_runs row (after its key) from its state."""
+    cancelled = later(state["cancel"], state["status"])
+    status_code = status_of(state["status"], state["cancel"])
+    return [
+        state["first"]["build_request_id"].alias("build_request_id"),
         status_code.alias("status_code"),
         status_name(JobStatus, status_code).alias("status_name"),
-        F.when(cancelled, F.col("cancel.reason")).alias("cancel_reason"),
-        F.col("job_label"),
-        F.col("target_partitions"),
-        F.col("config"),
-        F.col("manifests"),
-        F.col("scheduled_at"),
-        F.col("started_at"),
-        F.col("ended_at"),
-        (F.col("ended_at") - F.col("started_at")).alias("duration_ns"),
-        F.col("updated_at"),
-        F.col("event_count"),
-    )
+        F.when(cancelled, state["cancel"]["reason"]).alias("cancel_reason"),
+        state["job_label"]["value"].alias("job_label"),
+        state["target_partitions"]["value"].alias("target_partitions"),
+        state["config"]["value"].alias("config"),
+        state["manifests"]["value"].alias("manifests"),
+        state["scheduled_at"].alias("scheduled_at"),
+        state["started_at"].alias("started_at"),
+        state["ended_at"].alias("ended_at"),
+        (state["ended_at"] - state["started_at"]).alias("duration_ns"),
+        state["updated_at"].alias("updated_at"),
+        state["event_count"].alias("event_count"),
+    ]
 
 
 JOB_RUNS = Projection(
     name="job_runs",
     key=KEY,
     schema=SCHEMA,
-    build=build,
+    aggregate=aggregate,
+    fold=fold,
+    finish=finish,
     keys_of=keys_of,
-    events_for_keys=events_for_keys,
 )

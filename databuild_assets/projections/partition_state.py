@@ -14,12 +14,16 @@ from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, St
 
 from databuild_assets.events.enums import PartitionStatus
 from databuild_assets.projections.projection import (
+    Merge,
     Projection,
     column,
     event_with,
+    fold_by_key,
+    fold_state,
     latest,
     later,
-    semi_join_on_keys,
+    merge_latest,
+    merge_sum,
     status_name,
 )
 
@@ -71,77 +75,101 @@ def keys_of(events: DataFrame) -> DataFrame:
     return events.select(partition_ref_of_event().alias(KEY)).where(F.col(KEY).isNotNull()).distinct()
 
 
-def events_for_keys(events: DataFrame, keys: DataFrame) -> DataFrame:
-    """The partition, delegation and invalidation events of the partition_refs in `keys`."""
-    return semi_join_on_keys(events, partition_ref_of_event(), keys, KEY)
-
-
-def build(events: DataFrame) -> DataFrame:
-    """One partition_state row per partition_ref in `events`."""
+def _state() -> tuple[Column, Merge]:
     event_type = F.col("event_type")
     partition = F.col("partition_event")
     is_partition = event_type == "partition_event"
     is_available = is_partition & (partition["status_code"] == int(PartitionStatus.PARTITION_AVAILABLE))
-    has_job_run = is_partition & partition["job_run_id"].isNotNull()
     from_request = event_with(build_request_id=F.col("build_request_id"))
+    return fold_state(
+        {
+            "event_count": (F.count(F.lit(1)), merge_sum),
+            "last": (latest(from_request), merge_latest),
+            "status": (
+                latest(
+                    event_with(
+                        build_request_id=F.col("build_request_id"),
+                        status_code=partition["status_code"],
+                        job_run_id=partition["job_run_id"],
+                    ),
+                    is_partition,
+                ),
+                merge_latest,
+            ),
+            "job_run": (
+                latest(event_with(job_run_id=partition["job_run_id"]), is_partition & partition["job_run_id"].isNotNull()),
+                merge_latest,
+            ),
+            "available": (latest(from_request, is_available), merge_latest),
+            "delegation": (
+                latest(
+                    event_with(delegated_to=F.col("delegation_event.delegated_to_build_request_id")),
+                    event_type == "delegation_event",
+                ),
+                merge_latest,
+            ),
+            "invalidation": (
+                latest(
+                    event_with(reason=F.col("partition_invalidation_event.reason")),
+                    event_type == "partition_invalidation_event",
+                ),
+                merge_latest,
+            ),
+        }
+    )
 
-    per_ref = (
+
+def aggregate(events: DataFrame) -> DataFrame:
+    """The state of each partition_ref in `events`."""
+    per_ref_state, _ = _state()
+    return (
         events.select(partition_ref_of_event().alias(KEY), "*")
         .where(F.col(KEY).isNotNull())
         .groupBy(KEY)
-        .agg(
-            F.count(F.lit(1)).alias("event_count"),
-            latest(from_request).alias("last"),
-            latest(
-                event_with(
-                    build_request_id=F.col("build_request_id"),
-                    status_code=partition["status_code"],
-                    job_run_id=partition["job_run_id"],
-                ),
-                is_partition,
-            ).alias("status"),
-            latest(partition["job_run_id"], has_job_run).alias("last_job_run_id"),
-            latest(from_request, is_available).alias("available"),
-            latest(F.col("delegation_event.delegated_to_build_request_id"), event_type == "delegation_event").alias(
-                "delegated_to_build_request_id"
-            ),
-            latest(
-                event_with(reason=F.col("partition_invalidation_event.reason")),
-                event_type == "partition_invalidation_event",
-            ).alias("invalidation"),
-        )
+        .agg(per_ref_state)
     )
 
-    status, invalidation = F.col("status"), F.col("invalidation")
+
+def merge(a: Column, b: Column) -> Column:
+    _, merge_states = _state()
+    return merge_states(a, b)
+
+
+fold = fold_by_key(KEY, aggregate, merge)
+
+
+def finish(state: Column) -> list[Column]:
+    """A partition_state row (after its key) from its state."""
+    status, invalidation = state["status"], state["invalidation"]
     status_code = F.coalesce(status["status_code"], F.lit(int(PartitionStatus.PARTITION_UNKNOWN)))
     invalidated = later(invalidation, status)
-    return per_ref.select(
-        F.col(KEY),
+    return [
         status_code.alias("status_code"),
         status_name(PartitionStatus, status_code).alias("status_name"),
         ((status_code == int(PartitionStatus.PARTITION_AVAILABLE)) & ~invalidated).alias("is_available"),
         invalidated.alias("invalidated"),
-        F.col("last.timestamp").alias("updated_at"),
-        F.col("last.event_id").alias("last_event_id"),
-        F.col("last.build_request_id").alias("last_build_request_id"),
-        F.col("last_job_run_id"),
-        F.col("available.timestamp").alias("last_available_at"),
-        F.col("available.build_request_id").alias("last_available_build_request_id"),
-        F.col("delegated_to_build_request_id"),
+        state["last"]["timestamp"].alias("updated_at"),
+        state["last"]["event_id"].alias("last_event_id"),
+        state["last"]["build_request_id"].alias("last_build_request_id"),
+        state["job_run"]["job_run_id"].alias("last_job_run_id"),
+        state["available"]["timestamp"].alias("last_available_at"),
+        state["available"]["build_request_id"].alias("last_available_build_request_id"),
+        state["delegation"]["delegated_to"].alias("delegated_to_build_request_id"),
         F.when(invalidated, invalidation["reason"]).alias("invalidation_reason"),
-        F.col("event_count"),
+        state["event_count"].alias("event_count"),
         status["timestamp"].alias("status_timestamp"),
         status["event_id"].alias("status_event_id"),
         status["build_request_id"].alias("status_build_request_id"),
         status["job_run_id"].alias("status_job_run_id"),
-    )
+    ]
 
 
 PARTITION_STATE = Projection(
     name="partition_state",
     key=KEY,
     schema=SCHEMA,
-    build=build,
+    aggregate=aggregate,
+    fold=fold,
+    finish=finish,
     keys_of=keys_of,
-    events_for_keys=events_for_keys,
 )

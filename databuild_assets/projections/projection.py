@@ -7,52 +7,84 @@ events gives exactly the rows a full recomputation would (EVENTS.md, Projections
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, LongType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, IntegerType, LongType, MapType, StringType, StructField, StructType
 
 # Status counts, one entry per status name of the enum (zeros included, in code order).
 STATUS_COUNTS_TYPE = MapType(StringType(), LongType(), valueContainsNull=False)
 
 
+# The columns every projection table carries besides its read model: the state that incremental
+# refreshes fold new events into, and the log version the row was last computed at.
+STATE = "_fold_state"
+STATE_LOG_VERSION = "_fold_log_version"
+
+
 @dataclass(frozen=True)
 class Projection:
-    """One read model of the log: how to build it, and how to rebuild only some of its rows.
+    """One read model of the log: how to build it, and how to fold new events into it.
 
-    - `build(events)`: one row per `key` value found in `events`, computed from all of them,
-      with the columns of `schema` in its order. Pure: no I/O, no actions.
+    Every projection is a fold. Its rows come from a per-key *state* of mergeable aggregates
+    (counts, minima, maxima, and "latest"/"first" by canonical position, each kept with the
+    position that decides it):
+
+    - `aggregate(events)`: one row per `key` value found in `events`, columns `key` and
+      `STATE` (a struct). Pure: no I/O, no actions.
+    - `fold(states, events)`: the states (`key`, `STATE`) of the keys whose rows `events` change,
+      given the stored `states` (rows with `key` and `STATE`, such as the projection table's)
+      and new `events` that are not in them. Mostly `fold_by_key`: merge each key's stored
+      state with the state of its new events (merges are associative and commutative).
+    - `finish(state)`: the read model's columns (those of `schema` after the key, in its order)
+      from a state.
     - `keys_of(events)`: the distinct, non-null `key` values that `events` touch, as a
       one-column DataFrame whose column is named after `key` (e.g. "partition_ref").
-    - `events_for_keys(events, keys)`: the subset of `events` (same columns) that `build` needs
-      to compute the rows of `keys` (a DataFrame with that column, as from `keys_of`).
 
-    For any split of the log into `old` and `new` events, with `all = old ∪ new`:
+    So for any split of the log into `old` and `new` events:
 
-        build(events_for_keys(all, keys_of(new))) == build(all) restricted to keys_of(new)
-        build(old) restricted to keys not in keys_of(new) == build(all) restricted to the same
+        build(old ∪ new) == rows(fold(aggregate(old), new)) for the keys fold returns,
+                            and build(old) for every other key
 
-    so a refresh merges the first into the table and leaves every other row alone:
-
-        keys = projection.keys_of(new_events)
-        rows = projection.build(projection.events_for_keys(all_events, keys))
-
-    The same holds when `new` are events that disappear (erased): a key of `keys` with no
-    events left has no row in `rows`, and its row must be deleted.
+    which is what an incremental refresh relies on: it reads the new events and the stored
+    states of their keys, never the rest of the log. A late event (an older timestamp in a newer
+    commit) needs nothing special: "latest" and "first" compare positions, not arrival.
 
     `events` may carry more columns than `EVENT_SCHEMA` (the raw log's event_date, source_*):
-    `build` ignores them and `events_for_keys` keeps them.
+    they are ignored.
     """
 
     name: str
     key: str
     schema: StructType
-    build: Callable[[DataFrame], DataFrame]
+    aggregate: Callable[[DataFrame], DataFrame]
+    fold: Callable[[DataFrame, DataFrame], DataFrame]
+    finish: Callable[[Column], list[Column]]
     keys_of: Callable[[DataFrame], DataFrame]
-    events_for_keys: Callable[[DataFrame, DataFrame], DataFrame]
+
+    def rows(self, states: DataFrame) -> DataFrame:
+        """The read model's rows (the columns of `schema`) of `states` (`key`, `STATE`)."""
+        return states.select(F.col(self.key), *self.finish(F.col(STATE)))
+
+    def build(self, events: DataFrame) -> DataFrame:
+        """One row per `key` value found in `events`, computed from all of them."""
+        return self.rows(self.aggregate(events))
+
+
+def fold_by_key(key: str, aggregate: Callable[[DataFrame], DataFrame], merge: Merge) -> Callable[[DataFrame, DataFrame], DataFrame]:
+    """The `fold` of a projection whose rows depend on their own key's events only: the states
+    of the keys `events` touch, each `merge`d with its stored state (if any)."""
+
+    def fold(states: DataFrame, events: DataFrame) -> DataFrame:
+        new = aggregate(events).alias("new")
+        old = states.select(key, STATE).alias("old")
+        merged = merge(F.col(f"old.{STATE}"), F.col(f"new.{STATE}"))
+        return new.join(old, key, "left").select(F.col(key), merged.alias(STATE))
+
+    return fold
 
 
 def column(name: str, data_type: DataType, nullable: bool, comment: str) -> StructField:
@@ -97,6 +129,63 @@ def later(this: Column, other: Column) -> Column:
 
 
 # ---------------------------------------------------------------------------------------------
+# Folding: a state is a struct of fields, each an aggregate with the way to merge two of its
+# values. `None` stands for "no events": every merge returns the other side then.
+# ---------------------------------------------------------------------------------------------
+
+Merge = Callable[[Column, Column], Column]
+
+
+def merge_latest(a: Column, b: Column) -> Column:
+    """Of two `event_with` structs (or nulls), the later one."""
+    return F.when(later(b, a), b).otherwise(a)
+
+
+def merge_first(a: Column, b: Column) -> Column:
+    """Of two `event_with` structs (or nulls), the earlier one."""
+    return F.when(b.isNotNull() & (a.isNull() | later(a, b)), b).otherwise(a)
+
+
+def merge_sum(a: Column, b: Column) -> Column:
+    return F.coalesce(a, F.lit(0)) + F.coalesce(b, F.lit(0))
+
+
+def merge_min(a: Column, b: Column) -> Column:
+    return F.least(a, b)  # nulls ignored
+
+
+def merge_max(a: Column, b: Column) -> Column:
+    return F.greatest(a, b)
+
+
+def merge_struct(fields: Mapping[str, Merge]) -> Merge:
+    """Merge two structs (or nulls) field by field, each with its own merge."""
+
+    def merge(a: Column, b: Column) -> Column:
+        merged = F.struct(*(field_merge(a[name], b[name]).alias(name) for name, field_merge in fields.items()))
+        return F.when(a.isNull(), b).when(b.isNull(), a).otherwise(merged)
+
+    return merge
+
+
+def merge_map(merge_values: Merge) -> Merge:
+    """Merge two maps (or nulls) key by key: a key's values merged with `merge_values`."""
+
+    def merge(a: Column, b: Column) -> Column:
+        merged = F.map_zip_with(a, b, lambda _key, x, y: merge_values(x, y))
+        return F.when(a.isNull(), b).when(b.isNull(), a).otherwise(merged)
+
+    return merge
+
+
+def fold_state(fields: Mapping[str, tuple[Column, Merge]]) -> tuple[Column, Merge]:
+    """The aggregate that makes a state of `fields` ({name: (aggregate, merge)}), as `STATE`,
+    and the merge of two such states."""
+    aggregate = F.struct(*(value.alias(name) for name, (value, _) in fields.items())).alias(STATE)
+    return aggregate, merge_struct({name: field_merge for name, (_, field_merge) in fields.items()})
+
+
+# ---------------------------------------------------------------------------------------------
 # Status codes and names: derived from the enums, the one place they are defined.
 # ---------------------------------------------------------------------------------------------
 
@@ -116,16 +205,16 @@ def codes(statuses: Iterable[IntEnum]) -> list[int]:
     return sorted(int(status) for status in statuses)
 
 
-def status_counts(enum: type[IntEnum], code: Column) -> Column:
-    """Aggregate: {status name: number of rows whose `code` is that status} for every member
-    of `enum`, zeros included, in code order: the dicts of `log.interface.status_counts`."""
+def status_counts(enum: type[IntEnum], codes: Column) -> Column:
+    """{status name: how many of `codes` (an array of status codes; null for none) are that
+    status} for every member of `enum`, zeros included, in code order: the dicts of
+    `log.interface.status_counts`."""
+    codes = F.coalesce(codes, F.array().cast(ArrayType(IntegerType())))
+
+    def how_many(value: int) -> Column:
+        return F.size(F.filter(codes, lambda code: code == value)).cast("long")
+
     entries = []
     for member in enum:
-        entries += [F.lit(member.name), F.count_if(code == member.value)]
+        entries += [F.lit(member.name), how_many(member.value)]
     return F.create_map(*entries)
-
-
-def semi_join_on_keys(events: DataFrame, event_key: Column, keys: DataFrame, key: str) -> DataFrame:
-    """The rows of `events` whose `event_key` is one of `keys[key]`, with the columns of `events`."""
-    wanted = keys.select(F.col(key).alias("_projection_key"))
-    return events.join(wanted, event_key == wanted["_projection_key"], "left_semi")

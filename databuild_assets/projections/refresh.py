@@ -1,32 +1,50 @@
-"""Keeping a projection up to date with the event log: incrementally when it can, in full when it must.
+"""Keeping a projection up to date with the event log: by folding the new commits in when it
+can, by rebuilding it when it must.
 
-A refresh reads the log at one pinned version. Incrementally, it takes only the rows that the
-log's commits since the last processed version added (their add actions), finds the keys
-those rows touch, recomputes those keys' rows from *all* their events and MERGEs them in. So
-a late event (an older timestamp in a newer commit) gives the same rows as a full rebuild,
-and applying the same range twice changes nothing. The processed log version is written in
-the projection commit's own userMetadata: atomic with the rows it describes. A refresh that
-changes no rows gets no data commit (Delta skips empty ones), so it records the version in a
-metadata-only commit instead (a table property); otherwise every later refresh would redo it.
+Beside each row of its read model, a projection table keeps the row's fold state (`STATE`: the
+mergeable aggregates the row is finished from, see `Projection`) and the log version the row was
+last computed at (`STATE_LOG_VERSION`). Incrementally, a refresh reads the rows that the log's
+commits since the last processed version added (their add actions), aggregates them per key,
+merges those states into the stored states of the same keys and MERGEs the finished rows in.
+It never reads the rest of the log, so its cost follows the new commits, not the log's size. A
+late event (an older timestamp in a newer commit) gives the same rows as a full rebuild: "latest"
+and "first" compare canonical positions, not arrival.
+
+Each commit range is folded in exactly once. The processed log version is written in the MERGE
+commit's own userMetadata (atomic with the rows it describes). The stored states are read at the
+table version that recorded it, and the MERGE replaces a row only if that row is still the one
+read (same `STATE_LOG_VERSION`, no newer than the processed version); if another refresh changed
+it meanwhile, the MERGE fails before it commits and this refresh rebuilds in full instead. A
+refresh that changes no rows gets no data commit (Delta skips empty ones), so it records the
+version in a metadata-only commit (a table property); otherwise every later refresh would redo it.
 
 A full rebuild happens when asked, when the projection is missing or records no version, when
-the commits since then are no longer readable (log cleanup), or when they removed data
-(erasure or a rewrite): those are not appends, and a rebuild is the simple correct answer.
+its table predates the fold state, when the commits since then are no longer readable (log
+cleanup), when they removed data (erasure or a rewrite: not appends, and a rebuild is the simple
+correct answer), or when a concurrent refresh got in the way (above).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
-from databuild_assets.projections.projection import Projection
-from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, rows_added
+from databuild_assets.events.schema import EVENT_SCHEMA
+from databuild_assets.projections.projection import STATE, STATE_LOG_VERSION, Projection, column
+from databuild_assets.runtime.commits import (
+    LogVersionsUnavailable,
+    latest_commit_metadata,
+    latest_commit_metadata_at,
+    log_changes,
+    read_rows_added,
+)
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
@@ -37,6 +55,13 @@ from databuild_assets.runtime.delta_tables import (
 from databuild_assets.runtime.lake import Lake, TableSpec
 
 log = logging.getLogger(__name__)
+
+# What the MERGE raises (and fails with, uncommitted) when a row it would replace is not the one read.
+ROW_CHANGED = "databuild: a projection row changed since this refresh read it"
+
+
+class ConcurrentRefresh(RuntimeError):
+    """Another refresh changed rows this one was folding into; nothing was committed."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +76,34 @@ class RefreshResult:
 
 
 def projection_spec(projection: Projection) -> TableSpec:
+    """The projection's table: its name, read-model columns and description (`table_spec` has
+    the columns it is written with)."""
     return TableSpec(projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}.")
+
+
+def table_spec(spark: SparkSession, projection: Projection) -> TableSpec:
+    """`projection_spec` with every column of the table: the read model, then the fold state and
+    the log version each row was computed at."""
+    state_type = nullable(projection.aggregate(spark.createDataFrame([], EVENT_SCHEMA)).schema[STATE].dataType)
+    internal = [
+        column(STATE, state_type, True,
+               "Internal: the mergeable aggregates this row is computed from, which refreshes fold new events "
+               "into. Not part of the read model; its layout may change between releases."),
+        column(STATE_LOG_VERSION, LongType(), True, "Internal: the log version this row was last computed at."),
+    ]  # fmt: skip
+    return replace(projection_spec(projection), schema=StructType([*projection.schema.fields, *internal]))
+
+
+def nullable(data_type: DataType) -> DataType:
+    """`data_type` with every nested field, element and value nullable. A state's "latest" struct
+    is null when no event qualifies, and Delta would check NOT NULL on its fields even then."""
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, nullable(f.dataType), True, f.metadata) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(data_type.keyType, nullable(data_type.valueType), True)
+    return data_type
 
 
 def processed_log_version(spark: SparkSession, path: str, projection: str) -> int | None:
@@ -76,40 +128,84 @@ def record_processed_version(session: SparkSession, path: str, projection: Proje
         )
 
 
+def table_rows(projection: Projection, states: DataFrame, log_version: int) -> DataFrame:
+    """The table's rows of `states` (`key`, `STATE`): the read model, the state, `log_version`."""
+    return states.select(
+        F.col(projection.key),
+        *projection.finish(F.col(STATE)),
+        F.col(STATE),
+        F.lit(log_version).cast(LongType()).alias(STATE_LOG_VERSION),
+    )
+
+
 def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
-    """Replace the projection (an existing table) with `build` of the whole log, in one commit."""
-    rows = projection.build(log_at_version).select(*projection.schema.fieldNames())
+    """Replace the projection (an existing table) with its build from the whole log, in one commit."""
+    if STATE not in spark.read.format("delta").load(path).columns:  # written before the fold state
+        internal = [field for field in table_spec(spark, projection).schema if field.name in (STATE, STATE_LOG_VERSION)]
+        columns = ", ".join(f"`{field.name}` {field.dataType.simpleString()}" for field in internal)
+        retry_on_conflict(
+            lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
+            what=f"add the fold state columns to {projection.name} at {path}",
+        )
+    rows = table_rows(projection, projection.aggregate(log_at_version), log_version)
     (rows.write.format("delta").mode("overwrite")
         .option("userMetadata", _commit_metadata(projection, log_version, "full"))
         .save(path))
 
 
-def merge_keys(
-    session: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, new_rows: DataFrame, log_version: int
+def fold_in(
+    session: SparkSession,
+    path: str,
+    projection: Projection,
+    table_version: int,
+    new_events: DataFrame,
+    processed: int,
+    log_version: int,
 ) -> int:
-    """Recompute the keys `new_rows` touch from all their events and MERGE them in; returns the key count."""
-    keys = projection.keys_of(new_rows).cache()
-    # Kept once computed: MERGE reads its source twice (the files to rewrite, then the rewrite),
-    # and Delta does not materialize a deterministic source of Delta scans itself; unkept, the
-    # whole log would be scanned and aggregated twice.
-    rows = projection.build(projection.events_for_keys(log_at_version, keys)).select(*projection.schema.fieldNames())
+    """Fold `new_events` (the log's rows added after version `processed`, up to `log_version`)
+    into the projection's rows as of `table_version` (the version that recorded `processed`),
+    MERGE the changed rows in and return how many keys they are. Raises ConcurrentRefresh,
+    having committed nothing, when a row to replace is no longer the one read."""
+    key = projection.key
+    # Kept while folding: build_requests' fold reads the stored rows several times.
+    stored = session.read.format("delta").option("versionAsOf", table_version).load(path)
+    stored = stored.select(key, STATE, STATE_LOG_VERSION).persist(StorageLevel.MEMORY_AND_DISK)
+    read = stored.select(F.col(key), F.col(STATE_LOG_VERSION).alias("_read_log_version"))
+    rows = table_rows(projection, projection.fold(stored, new_events), log_version).join(read, key, "left")
+    # Kept once computed: MERGE reads its source twice (the files to rewrite, then the rewrite).
     rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        key_count = keys.count()
-        key = projection.key
+        key_count = rows.count()
+        if key_count == 0:
+            return 0
+        read_version = F.col("fresh._read_log_version")
+        unchanged = F.col(f"current.`{STATE_LOG_VERSION}`").eqNullSafe(read_version) & (read_version <= processed)
+        guarded_version = F.when(unchanged, F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(F.raise_error(F.lit(ROW_CHANGED)))
+        inserted_version = F.when(read_version.isNull(), F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
+            F.raise_error(F.lit(ROW_CHANGED))  # the row was there when read, and is gone
+        )
+        columns = [name for name in rows.columns if name not in ("_read_log_version", STATE_LOG_VERSION)]
+        values = {f"`{name}`": F.col(f"fresh.`{name}`") for name in columns}
         with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, "incremental")}):
-            retry_on_conflict(
-                lambda: DeltaTable.forPath(session, path).alias("current")
-                .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
-                .whenMatchedUpdateAll()
-                .whenNotMatchedInsertAll()
-                .execute(),
-                what=f"refresh {projection.name} at {path}",
-            )
+            try:
+                retry_on_conflict(
+                    lambda: DeltaTable.forPath(session, path).alias("current")
+                    .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
+                    .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": guarded_version})
+                    .whenNotMatchedInsert(values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
+                    .execute(),
+                    what=f"refresh {projection.name} at {path}",
+                )
+            except Exception as error:
+                if ROW_CHANGED in str(error):
+                    raise ConcurrentRefresh(
+                        f"rows of {projection.name} changed after version {table_version} (another refresh)"
+                    ) from error
+                raise
         return key_count
     finally:
         rows.unpersist()
-        keys.unpersist()
+        stored.unpersist()
 
 
 def refresh_projection(
@@ -124,8 +220,9 @@ def refresh_projection(
     source_path, path = lake.table_path(source), lake.table_path(projection_spec(projection))
     log_version = current_version(session, source_path)
     log_at_version = session.read.format("delta").option("versionAsOf", log_version).load(source_path)
-    processed = processed_log_version(session, path, projection.name)
-    ensure_table(session, path, projection_spec(projection))
+    table_version, metadata = latest_commit_metadata_at(session, path, lambda m: m.get("projection") == projection.name)
+    processed = None if metadata is None else int(metadata["log_version"])
+    ensure_table(session, path, table_spec(session, projection))
     version_before = current_version(session, path)
 
     def done(mode: str, reason: str, keys: int | None) -> RefreshResult:
@@ -143,6 +240,8 @@ def refresh_projection(
         reason = f"recorded log version {processed} is newer than the log's {log_version} (log replaced?)"
     elif processed == log_version:
         return done("up-to-date", "no new log commits", 0)
+    elif STATE not in session.read.format("delta").load(path).columns:
+        reason = "the table has no fold state yet (written by an earlier release)"
     else:
         try:
             changes = log_changes(session, source_path, processed, log_version)
@@ -154,7 +253,15 @@ def refresh_projection(
             elif not changes.added_files:  # e.g. only compaction commits (dataChange=false)
                 return done("up-to-date", f"log commits {processed + 1}..{log_version} added no data", 0)
             else:
-                keys = merge_keys(session, path, projection, log_at_version, rows_added(log_at_version, changes), log_version)
-                return done("incremental", f"{len(changes.added_files)} files added", keys)
+                # Kept: a fold reads the new events more than once (build_requests: three times).
+                new_events = read_rows_added(session, source_path, log_at_version, changes).persist()
+                try:
+                    keys = fold_in(session, path, projection, table_version, new_events, processed, log_version)
+                except ConcurrentRefresh as error:
+                    reason = str(error)
+                else:
+                    return done("incremental", f"{len(changes.added_files)} files added", keys)
+                finally:
+                    new_events.unpersist()
     rebuild(session, path, projection, log_at_version, log_version)
     return done("full", reason, session.read.format("delta").load(path).count())

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import reduce
 from typing import Callable
 from urllib.parse import unquote
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,9 @@ class LogChanges:
     added_files: tuple[str, ...]  # file names (unique: Delta names data files by UUID)
     partition_values: tuple[dict, ...]
     removed_data: bool  # a commit removed rows (delete, erasure, overwrite), not just appended
+    added_paths: tuple[str, ...] = ()  # the same files, relative to the table's root
+    deletion_vectors: bool = False  # an added file has a deletion vector (some rows deleted)
+    metadata_changed: bool = False  # a commit changed the table's metadata (schema, properties)
 
 
 class LogVersionsUnavailable(RuntimeError):
@@ -43,15 +48,20 @@ def log_changes(spark: SparkSession, log_path: str, from_version: int, to_versio
                 f"{log_path}: commits {from_version + 1}..{to_version} are not all readable ({error})"
             ) from error
         raise
-    added, partition_values, removed_data = [], [], False
+    added, partition_values, removed_data, paths, deletion_vectors, metadata_changed = [], [], False, [], False, False
     for line in lines:
         action = json.loads(line)
         if "add" in action and action["add"].get("dataChange", True):
-            added.append(unquote(action["add"]["path"]).rsplit("/", 1)[-1])
+            paths.append(unquote(action["add"]["path"]))
+            added.append(paths[-1].rsplit("/", 1)[-1])
             partition_values.append(action["add"].get("partitionValues") or {})
+            deletion_vectors |= bool(action["add"].get("deletionVector"))
         elif "remove" in action and action["remove"].get("dataChange", True):
             removed_data = True
-    return LogChanges(tuple(added), tuple(partition_values), removed_data)
+        metadata_changed |= "metaData" in action
+    return LogChanges(
+        tuple(added), tuple(partition_values), removed_data, tuple(paths), deletion_vectors, metadata_changed
+    )
 
 
 def rows_added(log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
@@ -63,18 +73,66 @@ def rows_added(log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
     return frame.where(F.col("_metadata.file_name").isin(list(changes.added_files)))
 
 
+def read_rows_added(spark: SparkSession, log_path: str, log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
+    """`rows_added`, read straight from the added Parquet files: a scan of those files only,
+    where `rows_added` lists every file of the snapshot's partitions and filters their rows.
+
+    Exact when Delta's reader would add nothing to a plain Parquet read of those files: no
+    deletion vector on them and no column mapping (physical column names); our tables use
+    neither (runtime/lake.py). Otherwise it is `rows_added`. Partition columns, which Delta
+    keeps in the add actions and not in the files, are added from them."""
+    if (not changes.added_paths or changes.deletion_vectors or changes.metadata_changed
+            or _column_mapping(spark, log_path)):
+        return rows_added(log_at_version, changes)
+    partition_columns = sorted({column for values in changes.partition_values for column in values})
+    data_schema = StructType([field for field in log_at_version.schema if field.name not in partition_columns])
+    files_by_partition: dict[tuple, list[str]] = {}
+    for path, values in zip(changes.added_paths, changes.partition_values):
+        files_by_partition.setdefault(tuple(values.get(column) for column in partition_columns), []).append(
+            f"{log_path.rstrip('/')}/{path}"
+        )
+    frames = []
+    for values, files in sorted(files_by_partition.items(), key=lambda item: str(item[0])):
+        frame = spark.read.schema(data_schema).parquet(*files)
+        for column, value in zip(partition_columns, values):
+            frame = frame.withColumn(column, F.lit(value).cast(log_at_version.schema[column].dataType))
+        frames.append(frame.select(*log_at_version.columns))
+    return reduce(DataFrame.unionByName, frames)
+
+
+def _column_mapping(spark: SparkSession, path: str) -> bool:
+    """Whether the table stores columns under physical names (Delta column mapping)."""
+    properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    return properties.get("delta.columnMapping.mode", "none") != "none"
+
+
 def latest_commit_metadata(spark: SparkSession, path: str, wanted: Callable[[dict], bool]) -> dict | None:
     """The userMetadata (a JSON object) of the newest commit of `path` for which `wanted` is
     true, or None (no table, or no such commit)."""
+    return latest_commit_metadata_at(spark, path, wanted)[1]
+
+
+def latest_commit_metadata_at(
+    spark: SparkSession, path: str, wanted: Callable[[dict], bool]
+) -> tuple[int | None, dict | None]:
+    """The table's latest version and, as of it, `latest_commit_metadata`: read together from
+    one listing of the history, so that the table read at that version is the one the metadata
+    describes (later commits had not happened). (None, None) when there is no table."""
     if not DeltaTable.isDeltaTable(spark, path):
-        return None
+        return None, None
     table = DeltaTable.forPath(spark, path)
+    latest_version = None
     for history in (table.history(20), table.history()):  # our commits are usually the latest
-        for row in history.orderBy(F.col("version").desc()).select("userMetadata").collect():
+        rows = history.orderBy(F.col("version").desc()).select("version", "userMetadata").collect()
+        if latest_version is None and rows:
+            latest_version = rows[0]["version"]
+        for row in rows:
+            if row["version"] > latest_version:  # committed after the first listing
+                continue
             metadata = _parse_metadata(row["userMetadata"])
             if metadata and wanted(metadata):
-                return metadata
-    return None
+                return latest_version, metadata
+    return latest_version, None
 
 
 def _parse_metadata(text: str | None) -> dict:
