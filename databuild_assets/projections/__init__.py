@@ -1,7 +1,7 @@
 """The read models of the Build Event Log (EVENTS.md, Projections) as pure Spark functions.
 
 `PROJECTIONS` maps each table name to its `Projection`: how to build it from events, and how
-to rebuild only the rows that some new events touch.
+to fold new events into the per-key state its rows are stored with.
 
     rows = PROJECTIONS["partition_state"].build(visible_events)
 """

@@ -5,11 +5,10 @@ Row for row what the SQLite reference's `list_build_requests` returns (log/sqlit
 the `build_requests` table plus the counts it computes on read); the columns are the fields of
 `log.interface.BuildRequestSummary`, in its order.
 
-Its job_run_counts count the runs that have job or task cancel events in the request, each by
-the status those events give it. A request's row is so a function of its own events alone, which
-lets a refresh fold new events into it. DataBuild writes all of a run's events under one build
-request: then these are the runs whose job_runs build_request_id it is, with their job_runs
-status (and the SQLite reference's counts).
+Its job_run_counts count the job runs it owns: those whose first job or task cancel event is in
+the request (the job_runs projection's build_request_id), by their job_runs status. Its state
+keeps the whole state of those runs, so that a late event of a run, even one carrying another
+build_request_id, is folded in exactly (`fold`).
 """
 
 from __future__ import annotations
@@ -73,8 +72,8 @@ SCHEMA = StructType(
                "{PartitionStatus name: count} of the refs of its partition_events, each by the status of its own "
                "latest partition_event for the ref; every status present, zeros included."),
         column("job_run_counts", STATUS_COUNTS_TYPE, False,
-               "{JobStatus name: count} of the job runs with job or task cancel events in it, by the status "
-               "those events give (job_runs status); every status present, zeros included."),
+               "{JobStatus name: count} of the job runs whose build_request_id (job_runs) it is, by job_runs "
+               "status; every status present, zeros included."),
     ]
 )  # fmt: skip
 
