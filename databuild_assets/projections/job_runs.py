@@ -16,11 +16,11 @@ from databuild_assets.events.enums import TERMINAL_JOB_STATUSES, JobStatus
 from databuild_assets.projections.projection import (
     Merge,
     Projection,
+    by_key,
     codes,
     column,
     event_with,
     first,
-    fold_by_key,
     fold_state,
     latest,
     later,
@@ -109,23 +109,8 @@ def _state() -> tuple[Column, Merge]:
     )
 
 
-def aggregate(events: DataFrame) -> DataFrame:
-    """The state of each job run in `events`."""
-    per_run_state, _ = _state()
-    return (
-        events.select(job_run_id_of_event().alias(KEY), "*")
-        .where(F.col(KEY).isNotNull())
-        .groupBy(KEY)
-        .agg(per_run_state)
-    )
-
-
-def merge(a: Column, b: Column) -> Column:
-    _, merge_states = _state()
-    return merge_states(a, b)
-
-
-fold = fold_by_key(KEY, aggregate, merge)
+# The state of each job run in some events, and the fold of new events into stored states.
+aggregate, fold = by_key(KEY, job_run_id_of_event, _state)
 
 
 def status_of(status: Column, cancel: Column) -> Column:

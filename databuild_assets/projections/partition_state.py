@@ -16,9 +16,9 @@ from databuild_assets.events.enums import PartitionStatus
 from databuild_assets.projections.projection import (
     Merge,
     Projection,
+    by_key,
     column,
     event_with,
-    fold_by_key,
     fold_state,
     latest,
     later,
@@ -119,23 +119,8 @@ def _state() -> tuple[Column, Merge]:
     )
 
 
-def aggregate(events: DataFrame) -> DataFrame:
-    """The state of each partition_ref in `events`."""
-    per_ref_state, _ = _state()
-    return (
-        events.select(partition_ref_of_event().alias(KEY), "*")
-        .where(F.col(KEY).isNotNull())
-        .groupBy(KEY)
-        .agg(per_ref_state)
-    )
-
-
-def merge(a: Column, b: Column) -> Column:
-    _, merge_states = _state()
-    return merge_states(a, b)
-
-
-fold = fold_by_key(KEY, aggregate, merge)
+# The state of each partition_ref in some events, and the fold of new events into stored states.
+aggregate, fold = by_key(KEY, partition_ref_of_event, _state)
 
 
 def finish(state: Column) -> list[Column]:

@@ -37,7 +37,7 @@ class Projection:
       `STATE` (a struct). Pure: no I/O, no actions.
     - `fold(states, events)`: the states (`key`, `STATE`) of the keys whose rows `events` change,
       given the stored `states` (rows with `key` and `STATE`, such as the projection table's)
-      and new `events` that are not in them. Mostly `fold_by_key`: merge each key's stored
+      and new `events` that are not in them. Mostly from `by_key`: merge each key's stored
       state with the state of its new events (merges are associative and commutative).
     - `finish(state)`: the read model's columns (those of `schema` after the key, in its order)
       from a state.
@@ -74,17 +74,33 @@ class Projection:
         return self.rows(self.aggregate(events))
 
 
-def fold_by_key(key: str, aggregate: Callable[[DataFrame], DataFrame], merge: Merge) -> Callable[[DataFrame, DataFrame], DataFrame]:
-    """The `fold` of a projection whose rows depend on their own key's events only: the states
-    of the keys `events` touch, each `merge`d with its stored state (if any)."""
+def by_key(
+    key: str, key_of_event: Callable[[], Column], state: Callable[[], tuple[Column, Merge]]
+) -> tuple[Callable[[DataFrame], DataFrame], Callable[[DataFrame, DataFrame], DataFrame]]:
+    """`aggregate` and `fold` of a projection whose rows depend on their own key's events only:
+    the `state()` (a `fold_state`) of each `key_of_event()` value, and the states of the keys
+    new events touch, each merged with its stored state (if any). A fold builds `state()` once."""
+
+    def aggregate_with(events: DataFrame, state_aggregate: Column) -> DataFrame:
+        return (
+            events.select(key_of_event().alias(key), "*")
+            .where(F.col(key).isNotNull())
+            .groupBy(key)
+            .agg(state_aggregate)
+        )
+
+    def aggregate(events: DataFrame) -> DataFrame:
+        state_aggregate, _ = state()
+        return aggregate_with(events, state_aggregate)
 
     def fold(states: DataFrame, events: DataFrame) -> DataFrame:
-        new = aggregate(events).alias("new")
+        state_aggregate, merge = state()
+        new = aggregate_with(events, state_aggregate).alias("new")
         old = states.select(key, STATE).alias("old")
         merged = merge(F.col(f"old.{STATE}"), F.col(f"new.{STATE}"))
         return new.join(old, key, "left").select(F.col(key), merged.alias(STATE))
 
-    return fold
+    return aggregate, fold
 
 
 def column(name: str, data_type: DataType, nullable: bool, comment: str) -> StructField:
