@@ -53,6 +53,7 @@ from databuild_assets.runtime.delta_tables import (
     session_settings,
 )
 from databuild_assets.runtime.lake import Lake, TableSpec
+from databuild_assets.runtime.schema_upgrade import schema_additions
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +82,16 @@ def projection_spec(projection: Projection) -> TableSpec:
     return TableSpec(projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}.")
 
 
+_STATE_TYPES: dict[str, DataType] = {}
+
+
 def table_spec(spark: SparkSession, projection: Projection) -> TableSpec:
     """`projection_spec` with every column of the table: the read model, then the fold state and
     the log version each row was computed at."""
-    state_type = nullable(projection.aggregate(spark.createDataFrame([], EVENT_SCHEMA)).schema[STATE].dataType)
+    if projection.name not in _STATE_TYPES:  # planned once per process: it depends on the code only
+        empty = spark.createDataFrame([], EVENT_SCHEMA)
+        _STATE_TYPES[projection.name] = nullable(projection.aggregate(empty).schema[STATE].dataType)
+    state_type = _STATE_TYPES[projection.name]
     internal = [
         column(STATE, state_type, True,
                "Internal: the mergeable aggregates this row is computed from, which refreshes fold new events "
@@ -140,9 +147,9 @@ def table_rows(projection: Projection, states: DataFrame, log_version: int) -> D
 
 def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
     """Replace the projection (an existing table) with its build from the whole log, in one commit."""
-    if STATE not in spark.read.format("delta").load(path).columns:  # written before the fold state
-        internal = [field for field in table_spec(spark, projection).schema if field.name in (STATE, STATE_LOG_VERSION)]
-        columns = ", ".join(f"`{field.name}` {field.dataType.simpleString()}" for field in internal)
+    current = spark.read.format("delta").load(path).schema
+    if STATE not in current.fieldNames():  # written before the fold state
+        columns = ", ".join(addition.sql() for addition in schema_additions(current, table_spec(spark, projection).schema))
         retry_on_conflict(
             lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
             what=f"add the fold state columns to {projection.name} at {path}",
