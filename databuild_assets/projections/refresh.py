@@ -34,7 +34,6 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StructField, StructType
-from pyspark.storagelevel import StorageLevel
 
 from databuild_assets.events.schema import EVENT_SCHEMA
 from databuild_assets.projections.projection import STATE, STATE_LOG_VERSION, Projection, column
@@ -174,45 +173,40 @@ def fold_in(
     MERGE the changed rows in and return how many keys they are. Raises ConcurrentRefresh,
     having committed nothing, when a row to replace is no longer the one read."""
     key = projection.key
-    # Kept while folding: build_requests' fold reads the stored rows several times.
+    # Not kept: a by-key fold reads it once; build_requests' fold keeps what it reads more than once.
     stored = session.read.format("delta").option("versionAsOf", table_version).load(path)
-    stored = stored.select(key, STATE, STATE_LOG_VERSION).persist(StorageLevel.MEMORY_AND_DISK)
+    stored = stored.select(key, STATE, STATE_LOG_VERSION)
     read = stored.select(F.col(key), F.col(STATE_LOG_VERSION).alias("_read_log_version"))
+    # Not kept either: MERGE materializes its source once itself (it is not a plain Delta read),
+    # and reports the rows it wrote.
     rows = table_rows(projection, projection.fold(stored, new_events), log_version).join(read, key, "left")
-    # Kept once computed: MERGE reads its source twice (the files to rewrite, then the rewrite).
-    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        key_count = rows.count()
-        if key_count == 0:
-            return 0
-        read_version = F.col("fresh._read_log_version")
-        unchanged = F.col(f"current.`{STATE_LOG_VERSION}`").eqNullSafe(read_version) & (read_version <= processed)
-        guarded_version = F.when(unchanged, F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(F.raise_error(F.lit(ROW_CHANGED)))
-        inserted_version = F.when(read_version.isNull(), F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
-            F.raise_error(F.lit(ROW_CHANGED))  # the row was there when read, and is gone
-        )
-        columns = [name for name in rows.columns if name not in ("_read_log_version", STATE_LOG_VERSION)]
-        values = {f"`{name}`": F.col(f"fresh.`{name}`") for name in columns}
-        with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, "incremental")}):
-            try:
-                retry_on_conflict(
-                    lambda: DeltaTable.forPath(session, path).alias("current")
-                    .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
-                    .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": guarded_version})
-                    .whenNotMatchedInsert(values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
-                    .execute(),
-                    what=f"refresh {projection.name} at {path}",
-                )
-            except Exception as error:
-                if ROW_CHANGED in str(error):
-                    raise ConcurrentRefresh(
-                        f"rows of {projection.name} changed after version {table_version} (another refresh)"
-                    ) from error
-                raise
-        return key_count
-    finally:
-        rows.unpersist()
-        stored.unpersist()
+    read_version = F.col("fresh._read_log_version")
+    unchanged = F.col(f"current.`{STATE_LOG_VERSION}`").eqNullSafe(read_version) & (read_version <= processed)
+    guarded_version = F.when(unchanged, F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(F.raise_error(F.lit(ROW_CHANGED)))
+    inserted_version = F.when(read_version.isNull(), F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
+        F.raise_error(F.lit(ROW_CHANGED))  # the row was there when read, and is gone
+    )
+    columns = [name for name in rows.columns if name not in ("_read_log_version", STATE_LOG_VERSION)]
+    values = {f"`{name}`": F.col(f"fresh.`{name}`") for name in columns}
+    with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, "incremental")}):
+        try:
+            metrics = retry_on_conflict(
+                lambda: DeltaTable.forPath(session, path).alias("current")
+                .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
+                .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": guarded_version})
+                .whenNotMatchedInsert(values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
+                .execute()
+                .first(),
+                what=f"refresh {projection.name} at {path}",
+            )
+        except Exception as error:
+            if ROW_CHANGED in str(error):
+                raise ConcurrentRefresh(
+                    f"rows of {projection.name} changed after version {table_version} (another refresh)"
+                ) from error
+            raise
+    # Every source row is updated or inserted (the clauses have no conditions).
+    return int(metrics["num_affected_rows"])
 
 
 def refresh_projection(
@@ -230,12 +224,17 @@ def refresh_projection(
     table_version, metadata = latest_commit_metadata_at(session, path, lambda m: m.get("projection") == projection.name)
     processed = None if metadata is None else int(metadata["log_version"])
     ensure_table(session, path, table_spec(session, projection))
-    version_before = current_version(session, path)
+    version_before = current_version(session, path) if table_version is None else table_version
 
     def done(mode: str, reason: str, keys: int | None) -> RefreshResult:
-        if processed != log_version and current_version(session, path) == version_before:
+        # A fold that changed keys committed its MERGE. Otherwise there may be no commit recording
+        # `log_version` yet: Delta skips empty ones (a rebuild of an empty table, an empty MERGE).
+        committed = mode == "incremental" and keys
+        version = current_version(session, path) if processed != log_version else version_before
+        if processed != log_version and not committed and version == version_before:
             record_processed_version(session, path, projection, log_version, mode)  # no rows changed
-        result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, current_version(session, path))
+            version = current_version(session, path)
+        result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, version)
         log.info("%s: %s refresh (%s), log version %s -> %d, %s keys", projection.name, mode, reason, processed, log_version, keys)
         return result
 
