@@ -185,12 +185,16 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
         F.col(KEY).alias("old_owner"), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "old_run")
     ).join(new_runs.select("job_run_id"), "job_run_id", "left_semi")
     merge_run = merge_struct({name: field_merge for name, (_, field_merge) in _run_fields().items()})
+    # `runs` and `local` are read three and two times below; computed once here instead (a local
+    # checkpoint: two small jobs, the blocks dropped with the DataFrames), which took the fold of
+    # 10,000 events into 1M events' states from 4.3 s to 1.4 s. Eager: a lazy checkpoint computes
+    # them after Spark has cleaned up the original plans' metrics, and logs an ERROR per task.
     runs = (
         new_runs.join(old_runs, "job_run_id", "left")
         .select("job_run_id", "old_owner", merge_run(F.col("old_run"), F.col("run")).alias("run"))
         .withColumn(KEY, F.col("run.first.build_request_id"))
-    )
-    local = _local_states(events)
+    ).localCheckpoint()
+    local = _local_states(events).localCheckpoint()
     affected = (
         local.select(KEY)
         .union(runs.select(KEY))
