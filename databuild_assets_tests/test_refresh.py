@@ -97,10 +97,13 @@ def test_a_refresh_with_no_new_log_commits_writes_nothing(spark, lake):
 def test_full_rebuild_when_asked(spark, lake):
     append_events(spark, lake, [partition_event("p1")])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    path = lake.table_path(projection_spec(PARTITION_STATE))
+    version_before = current_version(spark, path)
 
-    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, full=True)
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, full=True)  # nothing new in the log
 
     assert (result.mode, result.reason) == ("full", "full rebuild requested")
+    assert result.projection_version == current_version(spark, path) == version_before + 1  # the rebuild's commit
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 

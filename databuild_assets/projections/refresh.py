@@ -227,13 +227,16 @@ def refresh_projection(
     version_before = current_version(session, path) if table_version is None else table_version
 
     def done(mode: str, reason: str, keys: int | None) -> RefreshResult:
-        # A fold that changed keys committed its MERGE. Otherwise there may be no commit recording
-        # `log_version` yet: Delta skips empty ones (a rebuild of an empty table, an empty MERGE).
-        committed = mode == "incremental" and keys
-        version = current_version(session, path) if processed != log_version else version_before
-        if processed != log_version and not committed and version == version_before:
-            record_processed_version(session, path, projection, log_version, mode)  # no rows changed
+        if mode == "up-to-date" and processed == log_version:
+            version = version_before  # nothing to do, nothing done
+        else:
             version = current_version(session, path)
+            # A fold that changed keys committed its MERGE. Otherwise there may be no commit recording
+            # `log_version` yet: Delta skips empty ones (a rebuild of an empty table, an empty MERGE).
+            committed = mode == "incremental" and keys
+            if processed != log_version and not committed and version == version_before:
+                record_processed_version(session, path, projection, log_version, mode)  # no rows changed
+                version = current_version(session, path)
         result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, version)
         log.info("%s: %s refresh (%s), log version %s -> %d, %s keys", projection.name, mode, reason, processed, log_version, keys)
         return result
