@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pyspark.sql.types import LongType, StructField, StructType
 from dagster import (
     DagsterInstance,
     DagsterRun,
@@ -38,8 +40,10 @@ from databuild_assets.projections.refresh import (
     projection_spec,
     record_processed_version,
     refresh_projection,
+    table_spec,
 )
-from databuild_assets.runtime.delta_tables import current_version
+from databuild_assets.projections.projection import STATE
+from databuild_assets.runtime.delta_tables import USER_METADATA, current_version, ensure_table, reset_table, session_settings
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
@@ -149,6 +153,46 @@ def test_a_projection_table_without_fold_state_is_rebuilt_with_it(spark, lake):
     append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
     assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
+def test_a_projection_whose_fold_state_has_another_layout_is_reset_and_rebuilt(spark, lake):
+    # What another release wrote: the same read model, a fold state of other fields (which Delta
+    # cannot alter in place), and a recorded log version to fold from.
+    path = lake.table_path(projection_spec(PARTITION_STATE))
+    append_events(spark, lake, [partition_event("p1", ref="data/a")])
+    spec = table_spec(spark, PARTITION_STATE)
+    other_state = StructType([StructField("a_field_of_another_release", LongType(), True)])
+    other = StructType([StructField(f.name, other_state, True, f.metadata) if f.name == STATE else f for f in spec.schema])
+    ensure_table(spark, path, replace(spec, schema=other))
+    record_processed_version(spark, path, PARTITION_STATE, 1, "full")
+    append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    assert result.mode == "full" and "another layout" in result.reason, result
+    table = spark.read.format("delta").load(path)
+    assert table.schema[STATE].dataType.simpleString() == spec.schema[STATE].dataType.simpleString()
+    assert [f.metadata for f in table.schema] == [f.metadata for f in spec.schema]  # column comments kept
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+    append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
+def test_a_refresh_after_a_reset_that_wrote_no_rows_rebuilds_in_full(spark, lake):
+    # A process that stopped between `rebuild`'s two commits: the table reset, no rows written.
+    path = lake.table_path(projection_spec(PARTITION_STATE))
+    append_events(spark, lake, [partition_event("p1", ref="data/a")])
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    with session_settings(spark, {USER_METADATA: '{"projection": "partition_state", "mode": "reset"}'}):
+        reset_table(spark, path, table_spec(spark, PARTITION_STATE))
+    assert spark.read.format("delta").load(path).count() == 0
+    append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
+
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+
+    assert (result.mode, result.reason) == ("full", "projection has no recorded log version")
+    assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/a", "data/b"]
 
 
 def test_log_commits_that_remove_events_force_a_full_rebuild_without_the_removed_keys(spark, lake):

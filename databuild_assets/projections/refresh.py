@@ -19,7 +19,7 @@ refresh that changes no rows gets no data commit (Delta skips empty ones), so it
 version in a metadata-only commit (a table property); otherwise every later refresh would redo it.
 
 A full rebuild happens when asked, when the projection is missing or records no version, when
-its table predates the fold state, when the commits since then are no longer readable (log
+its table predates the fold state or holds one of another layout (another release's), when the commits since then are no longer readable (log
 cleanup), when they removed data (erasure or a rewrite: not appends, and a rebuild is the simple
 correct answer), or when a concurrent refresh got in the way (above).
 """
@@ -48,6 +48,7 @@ from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
     ensure_table,
+    reset_table,
     retry_on_conflict,
     session_settings,
 )
@@ -114,8 +115,13 @@ def nullable(data_type: DataType) -> DataType:
 
 def processed_log_version(spark: SparkSession, path: str, projection: str) -> int | None:
     """The log version the projection's latest refresh commit recorded, or None."""
-    metadata = latest_commit_metadata(spark, path, lambda m: m.get("projection") == projection)
-    return None if metadata is None else int(metadata["log_version"])
+    return recorded_log_version(latest_commit_metadata(spark, path, lambda m: m.get("projection") == projection))
+
+
+def recorded_log_version(metadata: dict | None) -> int | None:
+    """The log version a projection commit's metadata records; None for none (no commit, or a
+    reset: `rebuild`)."""
+    return None if metadata is None or metadata.get("log_version") is None else int(metadata["log_version"])
 
 
 def _commit_metadata(projection: Projection, log_version: int, mode: str) -> str:
@@ -144,8 +150,16 @@ def table_rows(projection: Projection, states: DataFrame, log_version: int) -> D
     )
 
 
+def state_layout_changed(spark: SparkSession, projection: Projection, table_schema: StructType) -> bool:
+    """Whether the table's fold state column has another layout than this code's (another
+    release wrote it): its states cannot be folded into, nor its column altered in place."""
+    expected = table_spec(spark, projection).schema[STATE].dataType
+    return STATE in table_schema.fieldNames() and table_schema[STATE].dataType.simpleString() != expected.simpleString()
+
+
 def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
-    """Replace the projection (an existing table) with its build from the whole log, in one commit."""
+    """Replace the projection (an existing table) with its build from the whole log, in one
+    commit; two when the table's fold state has another layout (`state_layout_changed`)."""
     current = spark.read.format("delta").load(path).schema
     if STATE not in current.fieldNames():  # written before the fold state
         columns = ", ".join(addition.sql() for addition in schema_additions(current, table_spec(spark, projection).schema))
@@ -153,6 +167,12 @@ def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_versi
             lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
             what=f"add the fold state columns to {projection.name} at {path}",
         )
+    elif state_layout_changed(spark, projection, current):
+        # Delta can add a struct's fields in place, not drop or retype them: the table is reset
+        # first. That commit records no log version, so if the process stops before the rows
+        # are written, the next refresh rebuilds again instead of folding into an empty table.
+        with session_settings(spark, {USER_METADATA: json.dumps({"projection": projection.name, "mode": "reset"})}):
+            reset_table(spark, path, table_spec(spark, projection))
     rows = table_rows(projection, projection.aggregate(log_at_version), log_version)
     (rows.write.format("delta").mode("overwrite")
         .option("userMetadata", _commit_metadata(projection, log_version, "full"))
@@ -222,7 +242,7 @@ def refresh_projection(
     log_version = current_version(session, source_path)
     log_at_version = session.read.format("delta").option("versionAsOf", log_version).load(source_path)
     table_version, metadata = latest_commit_metadata_at(session, path, lambda m: m.get("projection") == projection.name)
-    processed = None if metadata is None else int(metadata["log_version"])
+    processed = recorded_log_version(metadata)
     ensure_table(session, path, table_spec(session, projection))
     version_before = current_version(session, path) if table_version is None else table_version
 
@@ -249,8 +269,10 @@ def refresh_projection(
         reason = f"recorded log version {processed} is newer than the log's {log_version} (log replaced?)"
     elif processed == log_version:
         return done("up-to-date", "no new log commits", 0)
-    elif STATE not in session.read.format("delta").load(path).columns:
+    elif STATE not in (table_schema := session.read.format("delta").load(path).schema).fieldNames():
         reason = "the table has no fold state yet (written by an earlier release)"
+    elif state_layout_changed(session, projection, table_schema):
+        reason = "the table's fold state has another layout (written by another release)"
     else:
         try:
             changes = log_changes(session, source_path, processed, log_version)

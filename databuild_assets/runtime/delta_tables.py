@@ -58,14 +58,27 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
         check_schema_version(spark, path)
         return DeltaTable.forPath(spark, path)
     _refuse_foreign_files(spark, path, spec)
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema)
+    builder = _with_spec(DeltaTable.createIfNotExists(spark).location(path), spec)
+    return retry_on_conflict(builder.execute, what=f"create {spec.name} at {path}")
+
+
+def reset_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
+    """Replace the Delta table at `path` with an empty one of `spec` (schema, properties,
+    description), in one commit that keeps its history: for a table whose schema changed in a
+    way Delta cannot alter in place (a struct column's fields removed or retyped)."""
+    builder = _with_spec(DeltaTable.replace(spark).location(path), spec)
+    return retry_on_conflict(builder.execute, what=f"reset {spec.name} at {path}")
+
+
+def _with_spec(builder, spec: TableSpec):
+    builder = builder.addColumns(spec.schema)
     if spec.partition_by:
         builder = builder.partitionedBy(*spec.partition_by)
     for key, value in table_properties(spec).items():
         builder = builder.property(key, value)
     if spec.description:
         builder = builder.comment(spec.description)
-    return retry_on_conflict(builder.execute, what=f"create {spec.name} at {path}")
+    return builder
 
 
 def _refuse_foreign_files(spark: SparkSession, path: str, spec: TableSpec) -> None:
