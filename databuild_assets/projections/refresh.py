@@ -19,9 +19,10 @@ refresh that changes no rows gets no data commit (Delta skips empty ones), so it
 version in a metadata-only commit (a table property); otherwise every later refresh would redo it.
 
 A full rebuild happens when asked, when the projection is missing or records no version, when
-its table predates the fold state or holds one of another layout (another release's), when the commits since then are no longer readable (log
-cleanup), when they removed data (erasure or a rewrite: not appends, and a rebuild is the simple
-correct answer), or when a concurrent refresh got in the way (above).
+its table predates the fold state or holds one of another layout (another release's), when the
+commits since then are no longer readable (log cleanup), when they removed data (erasure or a
+rewrite: not appends, and a rebuild is the simple correct answer), or when a concurrent refresh
+got in the way (above).
 """
 
 from __future__ import annotations
