@@ -122,9 +122,9 @@ def _run_fields() -> dict[str, tuple[Column, Merge]]:
     }
 
 
-def _run_states(events: DataFrame) -> DataFrame:
-    """(job_run_id, run): the state of each job run in `events`."""
-    run_state, _ = fold_state(_run_fields())
+def _run_states(events: DataFrame, run_state: Column) -> DataFrame:
+    """(job_run_id, run): the state (`run_state`, from `fold_state(_run_fields())`) of each job
+    run in `events`."""
     return (
         events.select("*", job_runs.job_run_id_of_event().alias("job_run_id"))
         .where(F.col("job_run_id").isNotNull())
@@ -138,11 +138,10 @@ def _run_maps(runs: DataFrame) -> DataFrame:
     return runs.groupBy(KEY).agg(F.map_from_entries(F.collect_list(F.struct("job_run_id", "run"))).alias("job_runs"))
 
 
-def _local_states(events: DataFrame) -> DataFrame:
+def _local_states(events: DataFrame, fields: dict[str, tuple[Column, Merge]]) -> DataFrame:
     """(KEY, STATE) of each build request in `events`, with the fields its own events decide
-    (job_runs left null)."""
+    (`fields`, from `_scalar_fields()`, and partitions; job_runs left null)."""
     event_type = F.col("event_type")
-    fields = _scalar_fields()
     scalars = events.groupBy(KEY).agg(*(value.alias(name) for name, (value, _) in fields.items()))
     partition_ref = F.col("partition_event.partition_ref")
     partitions = (
@@ -155,9 +154,10 @@ def _local_states(events: DataFrame) -> DataFrame:
     return scalars.join(partitions, KEY, "left").select(F.col(KEY), F.struct(*fields, "partitions").alias(STATE))
 
 
-def _merge_local(a: Column, b: Column) -> Column:
-    merges = {name: field_merge for name, (_, field_merge) in _scalar_fields().items()}
-    return merge_struct({**merges, "partitions": _MERGE_PARTITIONS})(a, b)
+def _merge_local(fields: dict[str, tuple[Column, Merge]]) -> Merge:
+    """The merge of two `_local_states` states of `fields`."""
+    merges = {name: field_merge for name, (_, field_merge) in fields.items()}
+    return merge_struct({**merges, "partitions": _MERGE_PARTITIONS})
 
 
 def _without_runs(state: Column) -> Column:
@@ -167,9 +167,10 @@ def _without_runs(state: Column) -> Column:
 def aggregate(events: DataFrame) -> DataFrame:
     """The state of each build request in `events`: its scalar fields, the map of its partitions
     to their latest status in it, and the map of the job runs it owns to their state."""
-    owned = _run_states(events).select(F.col("run.first.build_request_id").alias(KEY), "job_run_id", "run")
+    run_state, _ = fold_state(_run_fields())
+    owned = _run_states(events, run_state).select(F.col("run.first.build_request_id").alias(KEY), "job_run_id", "run")
     return (
-        _local_states(events)
+        _local_states(events, _scalar_fields())
         .join(_run_maps(owned), KEY, "left")
         .select(F.col(KEY), F.col(STATE).withField("job_runs", F.col("job_runs")).alias(STATE))
     )
@@ -179,12 +180,13 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
     """The states of the requests that `events` change: those they belong to, and the owners,
     before and after, of the job runs they touch (a late event can move a run to another request)."""
     stored = states.select(KEY, STATE)
-    new_runs = _run_states(events)
+    run_state, merge_run = fold_state(_run_fields())
+    fields = _scalar_fields()
+    new_runs = _run_states(events, run_state)
     # The touched runs' stored states, with their owners, from the owners' maps.
     old_runs = stored.select(
         F.col(KEY).alias("old_owner"), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "old_run")
     ).join(new_runs.select("job_run_id"), "job_run_id", "left_semi")
-    merge_run = merge_struct({name: field_merge for name, (_, field_merge) in _run_fields().items()})
     # `runs` and `local` are read three and two times below; computed once here instead (a local
     # checkpoint: two small jobs, the blocks dropped with the DataFrames), which took the fold of
     # 10,000 events into 1M events' states from 4.3 s to 1.4 s. Eager: a lazy checkpoint computes
@@ -194,7 +196,7 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
         .select("job_run_id", "old_owner", merge_run(F.col("old_run"), F.col("run")).alias("run"))
         .withColumn(KEY, F.col("run.first.build_request_id"))
     ).localCheckpoint()
-    local = _local_states(events).localCheckpoint()
+    local = _local_states(events, fields).localCheckpoint()
     affected = (
         local.select(KEY)
         .union(runs.select(KEY))
@@ -208,7 +210,7 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
         .join(runs.select("job_run_id"), "job_run_id", "left_anti")
     )
     run_maps = _run_maps(kept.unionByName(runs.select(KEY, "job_run_id", "run")))
-    merged = _merge_local(_without_runs(F.col(f"old.{STATE}")), F.col(f"new.{STATE}"))
+    merged = _merge_local(fields)(_without_runs(F.col(f"old.{STATE}")), F.col(f"new.{STATE}"))
     return (
         affected.join(stored.alias("old"), KEY, "left")
         .join(local.alias("new"), KEY, "left")
