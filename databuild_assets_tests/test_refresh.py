@@ -40,10 +40,11 @@ from databuild_assets.projections.refresh import (
     projection_spec,
     record_processed_version,
     refresh_projection,
+    reset,
     table_spec,
 )
 from databuild_assets.projections.projection import STATE
-from databuild_assets.runtime.delta_tables import USER_METADATA, current_version, ensure_table, reset_table, session_settings
+from databuild_assets.runtime.delta_tables import current_version, ensure_table
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
@@ -136,6 +137,15 @@ def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refres
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 
+def assert_rebuilt_then_folded_into(spark, lake) -> None:
+    """partition_state, just rebuilt over an upgraded table, equals a rebuild from the log (p1,
+    p2), and the next refresh (of p3) folds into it."""
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+    append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
 def test_a_projection_table_without_fold_state_is_rebuilt_with_it(spark, lake):
     # What an earlier release wrote: the read model only, with the processed version recorded.
     path = lake.table_path(projection_spec(PARTITION_STATE))
@@ -149,10 +159,7 @@ def test_a_projection_table_without_fold_state_is_rebuilt_with_it(spark, lake):
     result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
 
     assert result.mode == "full" and "no fold state" in result.reason, result
-    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
-    append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
-    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
-    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+    assert_rebuilt_then_folded_into(spark, lake)
 
 
 def test_a_projection_whose_fold_state_has_another_layout_is_reset_and_rebuilt(spark, lake):
@@ -173,10 +180,7 @@ def test_a_projection_whose_fold_state_has_another_layout_is_reset_and_rebuilt(s
     table = spark.read.format("delta").load(path)
     assert table.schema[STATE].dataType.simpleString() == spec.schema[STATE].dataType.simpleString()
     assert [f.metadata for f in table.schema] == [f.metadata for f in spec.schema]  # column comments kept
-    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
-    append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
-    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
-    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+    assert_rebuilt_then_folded_into(spark, lake)
 
 
 def test_a_refresh_after_a_reset_that_wrote_no_rows_rebuilds_in_full(spark, lake):
@@ -184,8 +188,7 @@ def test_a_refresh_after_a_reset_that_wrote_no_rows_rebuilds_in_full(spark, lake
     path = lake.table_path(projection_spec(PARTITION_STATE))
     append_events(spark, lake, [partition_event("p1", ref="data/a")])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
-    with session_settings(spark, {USER_METADATA: '{"projection": "partition_state", "mode": "reset"}'}):
-        reset_table(spark, path, table_spec(spark, PARTITION_STATE))
+    reset(spark, path, PARTITION_STATE)
     assert spark.read.format("delta").load(path).count() == 0
     append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
 

@@ -121,7 +121,7 @@ def processed_log_version(spark: SparkSession, path: str, projection: str) -> in
 
 def recorded_log_version(metadata: dict | None) -> int | None:
     """The log version a projection commit's metadata records; None for none (no commit, or a
-    reset: `rebuild`)."""
+    `reset`)."""
     return None if metadata is None or metadata.get("log_version") is None else int(metadata["log_version"])
 
 
@@ -158,6 +158,14 @@ def state_layout_changed(spark: SparkSession, projection: Projection, table_sche
     return STATE in table_schema.fieldNames() and table_schema[STATE].dataType.simpleString() != expected.simpleString()
 
 
+def reset(spark: SparkSession, path: str, projection: Projection) -> None:
+    """Empty the projection's table and give it this code's schema, in a commit that records no
+    log version: if the process stops before a rebuild writes the rows, the next refresh
+    rebuilds again instead of folding into an empty table."""
+    with session_settings(spark, {USER_METADATA: json.dumps({"projection": projection.name, "mode": "reset"})}):
+        reset_table(spark, path, table_spec(spark, projection))
+
+
 def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
     """Replace the projection (an existing table) with its build from the whole log, in one
     commit; two when the table's fold state has another layout (`state_layout_changed`)."""
@@ -169,11 +177,7 @@ def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_versi
             what=f"add the fold state columns to {projection.name} at {path}",
         )
     elif state_layout_changed(spark, projection, current):
-        # Delta can add a struct's fields in place, not drop or retype them: the table is reset
-        # first. That commit records no log version, so if the process stops before the rows
-        # are written, the next refresh rebuilds again instead of folding into an empty table.
-        with session_settings(spark, {USER_METADATA: json.dumps({"projection": projection.name, "mode": "reset"})}):
-            reset_table(spark, path, table_spec(spark, projection))
+        reset(spark, path, projection)  # Delta can add a struct's fields in place, not drop or retype them
     rows = table_rows(projection, projection.aggregate(log_at_version), log_version)
     (rows.write.format("delta").mode("overwrite")
         .option("userMetadata", _commit_metadata(projection, log_version, "full"))
