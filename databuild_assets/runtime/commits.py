@@ -18,6 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from databuild_assets.runtime.delta_tables import read_table_properties
+
 
 @dataclass(frozen=True)
 class LogChanges:
@@ -102,8 +104,7 @@ def read_rows_added(spark: SparkSession, log_path: str, log_at_version: DataFram
 
 def _column_mapping(spark: SparkSession, path: str) -> bool:
     """Whether the table stores columns under physical names (Delta column mapping)."""
-    properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
-    return properties.get("delta.columnMapping.mode", "none") != "none"
+    return read_table_properties(spark, path).get("delta.columnMapping.mode", "none") != "none"
 
 
 def latest_commit_metadata(spark: SparkSession, path: str, wanted: Callable[[dict], bool]) -> dict | None:

@@ -117,12 +117,16 @@ def table_properties(spec: TableSpec) -> dict[str, str]:
     return properties
 
 
+def read_table_properties(spark: SparkSession, path: str) -> dict[str, str]:
+    """The Delta table's properties. SHOW TBLPROPERTIES reads its metadata only (DESCRIBE DETAIL
+    would also add up file sizes)."""
+    return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+
+
 def check_schema_version(spark: SparkSession, path: str, known_version: int = SCHEMA_VERSION) -> int:
     """The table's schema version (its databuild.schemaVersion property); raises
     SchemaVersionError when it is missing or newer than `known_version` (this code's)."""
-    # SHOW TBLPROPERTIES reads the table's metadata only; DESCRIBE DETAIL would also add up file sizes.
-    properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
-    found = properties.get(SCHEMA_VERSION_PROPERTY)
+    found = read_table_properties(spark, path).get(SCHEMA_VERSION_PROPERTY)
     if found is None or not found.isdigit():
         raise SchemaVersionError(
             f"{path} has no valid {SCHEMA_VERSION_PROPERTY} property (found {found!r}); "
