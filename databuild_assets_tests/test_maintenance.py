@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from dagster import Definitions, validate_run_config
+from delta.tables import DeltaTable
 
 from databuild_assets.definitions import defs as project_defs
 from databuild_assets.ingest.writer import append_events
@@ -23,7 +24,7 @@ from databuild_assets.defs.maintenance.jobs import (
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
-from databuild_assets.runtime.delta_tables import current_version
+from databuild_assets.runtime.delta_tables import current_version, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
 from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import T0
@@ -80,18 +81,26 @@ def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and
     lake = two_builds
     refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
+    # A second build of REF, folded in: partition_state's old REF row is only marked deleted
+    # (a deletion vector), its Parquet file still holds it.
+    append_events(spark, lake, build_with_partition("br-c", REF, 20))
+    refresh_filtered_log(spark, lake)
+    refresh_all_projections(spark, lake)
+    partition_state = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
+    assert DeltaTable.forPath(spark, partition_state).history(1).first()["operation"] == "MERGE"
+    assert live_parquet_rows_holding(spark, partition_state, REF) == 2  # the live row and the marked one
 
     request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 1")
     result = refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
 
-    assert (result.mode, result.deleted) == ("incremental", 3)
+    assert (result.mode, result.deleted) == ("incremental", 6)
     assert event_ids(spark, lake.table_path(FILTERED_EVENT_LOG)) == ["br-b-1", "br-b-2", "br-b-3"]
     partitions = spark.read.format("delta").load(lake.table_path(projection_spec(PROJECTIONS["partition_state"])))
     assert [row.partition_ref for row in partitions.collect()] == [OTHER]
     for projection in PROJECTIONS.values():
         assert live_parquet_rows_holding(spark, lake.table_path(projection_spec(projection)), REF) == 0
-    assert len(event_ids(spark, lake.table_path(RAW_EVENT_LOG))) == 6  # soft delete: the raw log keeps them
+    assert len(event_ids(spark, lake.table_path(RAW_EVENT_LOG))) == 9  # soft delete: the raw log keeps them
 
 
 def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_tombstones_applied(spark, two_builds):
@@ -111,6 +120,27 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
 
     late = request_erasure(spark, lake, "event_id", "br-b-3", actor="bob", reason="ticket 3")
     assert [t.tombstone_id for t in read_tombstones(spark, lake) if t.pending] == [late.tombstone_id]
+
+
+def test_compaction_packs_the_small_files_and_marked_rows_that_refreshes_leave_in_the_projections(spark, two_builds):
+    lake = two_builds
+    path = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
+    for n in range(3):  # a full rebuild, then two folds that each replace REF's row
+        append_events(spark, lake, build_with_partition(f"br-{n}", REF, 20 + 10 * n))
+        refresh_filtered_log(spark, lake)
+        refresh_all_projections(spark, lake)
+    rows = sorted(map(str, spark.read.format("delta").load(path).collect()))
+    files = table_size(spark, path).num_files
+    # The second fold deleted the first one's file whole (its only row); a deletion vector marks
+    # the rebuild's REF row in the file it shares with OTHER.
+    assert (files, live_parquet_rows_holding(spark, path, REF)) == (2, 2)
+
+    result = compact(spark, lake)
+
+    [packed] = [table for table in result.tables if table.table == "partition_state"]
+    assert (packed.files_compacted, packed.after.num_files) == (files, 1)
+    assert sorted(map(str, spark.read.format("delta").load(path).collect())) == rows
+    assert live_parquet_rows_holding(spark, path, REF) == 1  # the marked rows went with the rewrite
 
 
 def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_purges_them(spark, two_builds):

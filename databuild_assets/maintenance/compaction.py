@@ -17,8 +17,9 @@ match, and purged now, or the raw log would keep them for good):
 
 The projections are then refreshed (their source, the filtered log, removed data, so they
 rebuild in full and their live files no longer hold the values). Then OPTIMIZE bin-packs
-closed date partitions of the logs (dataChange=false: it does not conflict with appends) and
-the small tables. Last, exactly the tombstones this run purged are recorded as applied; one
+closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
+small tables and the projections (whose refreshes leave a few small files and deletion vectors
+each; the rows those mark deleted go with the rewrite). Last, exactly the tombstones this run purged are recorded as applied; one
 recorded while it ran stays pending for the next run.
 """
 
@@ -41,6 +42,8 @@ from databuild_assets.maintenance.tombstones import (
     read_tombstones,
     record_applied,
 )
+from databuild_assets.projections import PROJECTIONS
+from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.runtime.delta_tables import TableSize, current_version, retry_on_conflict, table_size
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
@@ -55,6 +58,7 @@ from databuild_assets.runtime.lake import (
 log = logging.getLogger(__name__)
 
 EVENT_TABLES = (RAW_EVENT_LOG, FILTERED_EVENT_LOG)
+PROJECTION_TABLES = tuple(projection_spec(projection) for projection in PROJECTIONS.values())
 
 
 class PurgeVerificationError(RuntimeError):
@@ -164,12 +168,18 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
 
 
 def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: date) -> int:
-    """OPTIMIZE the table's closed date partitions (or the whole table when unpartitioned)."""
-    builder = DeltaTable.forPath(spark, lake.table_path(spec)).optimize()
-    if "event_date" in spec.partition_by:
-        builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
-    metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
-    return int(metrics["numFilesRemoved"] or 0)
+    """OPTIMIZE the table's closed date partitions (or the whole table when unpartitioned).
+    Redone on a conflict: a projection's refresh may replace rows of the files it packs."""
+    path = lake.table_path(spec)
+
+    def optimize() -> int:
+        builder = DeltaTable.forPath(spark, path).optimize()
+        if "event_date" in spec.partition_by:
+            builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
+        metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
+        return int(metrics["numFilesRemoved"] or 0)
+
+    return retry_on_conflict(optimize, what=f"bin-pack {spec.name} at {path}")
 
 
 def rearrived(spark: SparkSession, lake: Lake, applied: list[Tombstone]) -> list[Tombstone]:
@@ -202,7 +212,7 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
     tombstones = read_tombstones(spark, lake, tombstones_version)
     pending = [t for t in tombstones if t.pending]
     to_purge = pending + rearrived(spark, lake, [t for t in tombstones if not t.pending])
-    tables = [spec for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES)
+    tables = [spec for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES, *PROJECTION_TABLES)
               if DeltaTable.isDeltaTable(spark, lake.table_path(spec))]
     before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
     purged: dict[str, dict[str, int]] = {}

@@ -30,7 +30,9 @@ OUTSIDE_DATA_FILES = (
     ("commit history until log retention",
      "delta.logRetentionDuration = 7 days; older commits and checkpoints are cleaned up at checkpoints"),
     ("change data files (_change_data)", "delta.enableChangeDataFeed = false on every table"),
-    ("deletion vectors (rows only marked deleted)", "delta.enableDeletionVectors = false: deletes rewrite files"),
+    ("deletion vectors (rows only marked deleted)",
+     "delta.enableDeletionVectors = false on the logs, quarantine and ledger: deletes rewrite files; the "
+     "projections have them, and erasure rebuilds a projection whole (an overwrite drops every old file)"),
     ("the tombstones table", "holds each value on purpose: it is what keeps the value hidden"),
     ("Dagster's run storage (materialization previews)",
      "previews show the newest rows; delete old runs in the UI or wipe DAGSTER_HOME's storage"),

@@ -79,8 +79,13 @@ class RefreshResult:
 
 def projection_spec(projection: Projection) -> TableSpec:
     """The projection's table: its name, read-model columns and description (`table_spec` has
-    the columns it is written with)."""
-    return TableSpec(projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}.")
+    the columns it is written with). Deletion vectors are on: a refresh's MERGE then marks the
+    rows it replaces instead of rewriting every file holding one (a few hundred keys touch
+    every file). Erasure keeps no copy: it makes the next refresh rebuild, an overwrite."""
+    return TableSpec(
+        projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}.",
+        deletion_vectors=True,
+    )
 
 
 _STATE_TYPES: dict[str, DataType] = {}

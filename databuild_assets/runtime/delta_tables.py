@@ -39,6 +39,8 @@ RETRYABLE_CONFLICTS = (
     ProtocolChangedException,
 )
 
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
 
 class SchemaVersionError(RuntimeError):
     """A table was written by a newer (or unknown) schema version than this code knows."""
@@ -52,10 +54,17 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
     """The Delta table at `path`, created empty with `spec`'s schema and properties if missing.
 
     Refuses a table whose schema version is newer than this code's, so old code never writes
-    rows a newer reader would misread.
+    rows a newer reader would misread. Turns on deletion vectors when `spec` has them and the
+    table (created by an earlier release) does not.
     """
     if DeltaTable.isDeltaTable(spark, path):
-        check_schema_version(spark, path)
+        properties = read_table_properties(spark, path)
+        schema_version_of(path, properties)
+        if spec.deletion_vectors and properties.get(DELETION_VECTORS) != "true":
+            retry_on_conflict(
+                lambda: spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')"),
+                what=f"turn on deletion vectors of {spec.name} at {path}",
+            )
         return DeltaTable.forPath(spark, path)
     _refuse_foreign_files(spark, path, spec)
     builder = _with_spec(DeltaTable.createIfNotExists(spark).location(path), spec)
@@ -114,6 +123,8 @@ def table_properties(spec: TableSpec) -> dict[str, str]:
         properties["delta.dataSkippingNumIndexedCols"] = "0"
     if spec.append_only:
         properties["delta.appendOnly"] = "true"
+    if spec.deletion_vectors:
+        properties[DELETION_VECTORS] = "true"
     return properties
 
 
@@ -126,7 +137,12 @@ def read_table_properties(spark: SparkSession, path: str) -> dict[str, str]:
 def check_schema_version(spark: SparkSession, path: str, known_version: int = SCHEMA_VERSION) -> int:
     """The table's schema version (its databuild.schemaVersion property); raises
     SchemaVersionError when it is missing or newer than `known_version` (this code's)."""
-    found = read_table_properties(spark, path).get(SCHEMA_VERSION_PROPERTY)
+    return schema_version_of(path, read_table_properties(spark, path), known_version)
+
+
+def schema_version_of(path: str, properties: Mapping[str, str], known_version: int = SCHEMA_VERSION) -> int:
+    """`check_schema_version` of the table at `path` whose properties are `properties`."""
+    found = properties.get(SCHEMA_VERSION_PROPERTY)
     if found is None or not found.isdigit():
         raise SchemaVersionError(
             f"{path} has no valid {SCHEMA_VERSION_PROPERTY} property (found {found!r}); "
