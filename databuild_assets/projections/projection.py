@@ -96,11 +96,19 @@ def by_key(
     def fold(states: DataFrame, events: DataFrame) -> DataFrame:
         state_aggregate, merge = state()
         new = aggregate_with(events, state_aggregate).alias("new")
-        old = states.select(key, STATE).alias("old")
+        old = stored_states_of(states.select(key, STATE), new.select(key)).alias("old")
         merged = merge(F.col(f"old.{STATE}"), F.col(f"new.{STATE}"))
         return new.join(old, key, "left").select(F.col(key), merged.alias(STATE))
 
     return aggregate, fold
+
+
+def stored_states_of(states: DataFrame, keys: DataFrame) -> DataFrame:
+    """The rows of `states` whose key is one of `keys` (a one-column DataFrame named like the
+    key column), filtered where the states are read: the keys a refresh touches are few, so
+    they are broadcast, and the whole stored table is not shuffled to join them (which cost
+    1.5 s of a job_runs refresh at 1M events)."""
+    return states.join(F.broadcast(keys), keys.columns[0], "left_semi")
 
 
 def column(name: str, data_type: DataType, nullable: bool, comment: str) -> StructField:
