@@ -106,10 +106,11 @@ def table_rows(frame, key: str) -> list[dict[str, Any]]:
     return sorted((row.asDict(recursive=True) for row in frame.collect()), key=lambda row: row[key])
 
 
-# Each example costs about a minute of Spark (a refresh and some 25 queries per batch), so the
-# suite draws 2 (new ones on every run); PARITY_EXAMPLES=20 digs deeper.
+# Each example costs over a minute of Spark (a refresh and some 25 queries per batch), so the
+# suite draws 1 (a new one on every run: the suite must stay well under 20 minutes on CI's 2
+# cores); PARITY_EXAMPLES=20 digs deeper.
 @settings(
-    max_examples=int(os.environ.get("PARITY_EXAMPLES", 2)),
+    max_examples=int(os.environ.get("PARITY_EXAMPLES", 1)),
     deadline=None,
     # A failing example is printed whole (it is small); shrinking it would take hours of commits.
     phases=[Phase.explicit, Phase.generate],

@@ -23,7 +23,7 @@ from databuild_assets.defs.maintenance.jobs import (
 )
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec
+from databuild_assets.projections.refresh import projection_spec, refresh_projection
 from databuild_assets.runtime.delta_tables import current_version, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
 from databuild_assets_tests.test_definitions import lakehouse_for
@@ -85,7 +85,7 @@ def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and
     # (a deletion vector), its Parquet file still holds it.
     append_events(spark, lake, build_with_partition("br-c", REF, 20))
     refresh_filtered_log(spark, lake)
-    refresh_all_projections(spark, lake)
+    refresh_projection(spark, lake, PROJECTIONS["partition_state"], FILTERED_EVENT_LOG)
     partition_state = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
     assert DeltaTable.forPath(spark, partition_state).history(1).first()["operation"] == "MERGE"
     assert live_parquet_rows_holding(spark, partition_state, REF) == 2  # the live row and the marked one
@@ -124,17 +124,18 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
 
 def test_compaction_packs_the_small_files_and_marked_rows_that_refreshes_leave_in_the_projections(spark, two_builds):
     lake = two_builds
-    path = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
+    partition_state = PROJECTIONS["partition_state"]
+    path = lake.table_path(projection_spec(partition_state))
     for n in range(3):  # a full rebuild, then two folds that each replace REF's row
         append_events(spark, lake, build_with_partition(f"br-{n}", REF, 20 + 10 * n))
-        refresh_filtered_log(spark, lake)
-        refresh_all_projections(spark, lake)
+        refresh_projection(spark, lake, partition_state, RAW_EVENT_LOG)
     rows = sorted(map(str, spark.read.format("delta").load(path).collect()))
     files = table_size(spark, path).num_files
     # The second fold deleted the first one's file whole (its only row); a deletion vector marks
     # the rebuild's REF row in the file it shares with OTHER.
     assert (files, live_parquet_rows_holding(spark, path, REF)) == (2, 2)
 
+    refresh_filtered_log(spark, lake)  # creates the tombstones table, which compaction reads
     result = compact(spark, lake)
 
     [packed] = [table for table in result.tables if table.table == "partition_state"]
