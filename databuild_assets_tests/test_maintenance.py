@@ -24,7 +24,7 @@ from databuild_assets.defs.maintenance.jobs import (
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
-from databuild_assets.runtime.delta_tables import current_version, table_size
+from databuild_assets.runtime.delta_tables import current_version, ensure_table, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
 from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import T0
@@ -135,7 +135,7 @@ def test_compaction_packs_the_small_files_and_marked_rows_that_refreshes_leave_i
     # the rebuild's REF row in the file it shares with OTHER.
     assert (files, live_parquet_rows_holding(spark, path, REF)) == (2, 2)
 
-    refresh_filtered_log(spark, lake)  # creates the tombstones table, which compaction reads
+    ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)  # compaction reads it
     result = compact(spark, lake)
 
     [packed] = [table for table in result.tables if table.table == "partition_state"]

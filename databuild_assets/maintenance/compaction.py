@@ -19,8 +19,8 @@ The projections are then refreshed (their source, the filtered log, removed data
 rebuild in full and their live files no longer hold the values). Then OPTIMIZE bin-packs
 closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
 small tables and the projections (whose refreshes leave a few small files and deletion vectors
-each; the rows those mark deleted go with the rewrite). Last, exactly the tombstones this run purged are recorded as applied; one
-recorded while it ran stays pending for the next run.
+each; the rows those mark deleted go with the rewrite). Last, exactly the tombstones this run
+purged are recorded as applied; one recorded while it ran stays pending for the next run.
 """
 
 from __future__ import annotations
