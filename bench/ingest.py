@@ -60,7 +60,6 @@ LONGEST_JOBS = 10
 
 _MERGE_REPARTITION = "spark.databricks.delta.merge.repartitionBeforeWrite.enabled"
 _DELTA_COLLECT_STATS = "spark.databricks.delta.stats.collect"
-_LINES_SCHEMA = "source_file string, line_number long, line string, raw_line binary, reason string"
 
 T = TypeVar("T")
 
@@ -353,7 +352,7 @@ class PhaseProfile:
     """What the ingest pipeline costs when cut after each phase, on the same files (cumulative)."""
 
     read_tasks: int
-    read_validate: Usage  # read_landing_lines(...).count(): binaryFile + mapInArrow in Python workers
+    read_validate: Usage  # read_landing_lines(...).count(): text source + mapInArrow in Python workers
     read_validate_persist: Usage  # the same, persisted as write_batch does
     scan_cached: Usage  # the good lines, from the cache
     parse: Usage  # + events_from_lines (from_json, event_date)
@@ -405,35 +404,20 @@ def profile_phases(spark: SparkSession, scratch: Path, landing_files: list[Landi
 
 
 def split_without_validation(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """`read_landing_lines` with the same output but no `parse_line`: validation's cost by difference."""
-
-    def split(batches):  # nested, so that Spark ships it by value to its Python workers
-        schema = pa.schema([("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
-                            ("raw_line", pa.binary()), ("reason", pa.string())])
-        for batch in batches:
-            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
-                pieces = content.split(b"\n")
-                if pieces and pieces[-1] == b"":
-                    pieces.pop()
-                yield pa.RecordBatch.from_pydict(
-                    {"source_file": [path] * len(pieces), "line_number": list(range(1, len(pieces) + 1)),
-                     "line": [piece.decode("utf-8") for piece in pieces], "raw_line": [None] * len(pieces),
-                     "reason": [None] * len(pieces)},
-                    schema=schema,
-                )
-
-    files = spark.read.format("binaryFile").load(paths).select("path", "content")
-    return files.mapInArrow(split, _LINES_SCHEMA)
+    """`read_landing_lines` with every line taken as good: validation's cost by difference."""
+    return read_landing_lines(spark, paths, validate=lambda raw: (None, None))
 
 
-def files_through_python(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """The landing files' bytes to the Python workers and a length back: the floor of the read phase."""
+def lines_through_python(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """The landing files' lines (split by Spark's text source) to the Python workers and a length
+    back: the floor of the read phase."""
 
     def lengths(batches):
         for batch in batches:
-            yield pa.RecordBatch.from_pydict({"length": [len(content) for content in batch.column("content").to_pylist()]})
+            yield pa.RecordBatch.from_pydict({"length": [len(raw) for raw in batch.column("raw").to_pylist()]})
 
-    return spark.read.format("binaryFile").load(paths).select("path", "content").mapInArrow(lengths, "length long")
+    return (spark.read.option("lineSep", "\n").text(paths).select(F.col("value").cast("binary").alias("raw"))
+            .mapInArrow(lengths, "length long"))
 
 
 def with_conf(spark: SparkSession, key: str, value: str, action: Callable[[], T]) -> T:
@@ -448,9 +432,9 @@ def read_alternatives(spark: SparkSession, landing_files: list[LandingFile], n_e
                       read_validate: Usage) -> tuple[Row, ...]:
     """What the read phase costs without validation, without splitting, and with another task size."""
     paths = [landing_file.path for landing_file in landing_files]
-    _, bytes_only = measure(lambda: spark.read.format("binaryFile").load(paths)
-                            .selectExpr("sum(length(content))").first())
-    _, through_python = measure(files_through_python(spark, paths).count)
+    _, bytes_only = measure(lambda: spark.read.option("lineSep", "\n").text(paths)
+                            .selectExpr("sum(octet_length(value))").first())
+    _, through_python = measure(lines_through_python(spark, paths).count)
     _, split_only = measure(split_without_validation(spark, paths).count)
     # Spark packs files into one read task up to maxPartitionBytes (128 MB); at the largest
     # file's size, each task reads one file.
@@ -459,9 +443,9 @@ def read_alternatives(spark: SparkSession, landing_files: list[LandingFile], n_e
         spark, "spark.sql.files.maxPartitionBytes", str(largest_file),
         lambda: read_landing_lines(spark, paths).count()))
     return (
-        Row.of("read the files' bytes in the JVM only (binaryFile)", bytes_only, n_events),
-        Row.of("+ bytes to Python workers and back, no split", through_python, n_events),
-        Row.of("+ split lines, no validation", split_only, n_events,
+        Row.of("read and split the lines in the JVM only (text source)", bytes_only, n_events),
+        Row.of("+ lines to Python workers and back", through_python, n_events),
+        Row.of("+ number the lines, no validation", split_only, n_events,
                f"validation = {read_validate.wall - split_only.wall:.2f} s, "
                f"{(read_validate.cpu - split_only.cpu) / n_events * 1e6:.1f} CPU µs/line"),
         Row.of("read + split + validate, one file per task", one_file_per_task, n_events,

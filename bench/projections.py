@@ -109,8 +109,9 @@ def main() -> None:
     spark = build_spark_session(SparkSettings(shuffle_partitions=4, extra_config={"spark.ui.enabled": "false"}))
     spark.sparkContext.setLogLevel("ERROR")
     lake = Lake(str(workdir / "lake"))
-    # Files of 100,000 events (~60 MB): ingestion reads a landing file as one value, and one file
-    # of 1M events (617 MB) ran the 4g driver out of heap once (2026-11-22; earlier runs passed).
+    # Files of 100,000 events (~60 MB each), as a producer would land them in batches. (Until
+    # 2026-11-22 ingestion held a whole file as one value, and one file of 1M events, 617 MB,
+    # ran the 4g driver out of heap once; it now reads large files in byte ranges.)
     for number, start in enumerate(range(0, len(base), 100_000)):
         write_events_file(Path(lake.landing) / f"base-{number:03d}.jsonl", base[start : start + 100_000])
     seconds, result = timed(lambda: ingest_landing_files(spark, lake))

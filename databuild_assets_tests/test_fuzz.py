@@ -11,12 +11,21 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from databuild_assets.events.schema import EVENT_TYPES, event_from_row, normalize_event
 from databuild_assets.events.validation import MAX_LINE_BYTES, event_error, parse_line
-from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files, list_landing_files
+from databuild_assets.ingest.landing import (
+    _Ledger,
+    ensure_ingest_tables,
+    ingest_landing_files,
+    _number_and_validate,
+    list_landing_files,
+    read_landing_lines,
+)
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.test_ingest import ONE_EVENT_OF_EACH_TYPE, partition_event, write_landing
@@ -285,3 +294,42 @@ def test_files_that_are_not_json_lines_at_all_are_quarantined_line_by_line(spark
         ("mixed.jsonl", 2): "missing required field 'event_id'",
     }
     assert (result.lines_read, result.accepted, result.duplicates, result.quarantined) == (10, 2, 0, 8)
+
+
+def test_a_file_read_in_many_byte_ranges_gives_the_lines_one_read_of_it_gives(spark, tmp_path):
+    """Spark reads a large landing file in byte ranges, one task each. Here the ranges are
+    tiny, so lines straddle them and one line spans several, and the file is cut at a planned
+    size inside a line: the numbers, bytes and reasons must be those of one read of the
+    file's first `planned` bytes."""
+    lines = [json.dumps(event).encode() for event in BASE_EVENTS[:30]]
+    lines[3] = b""  # a blank line
+    lines[7] = lines[7][:-1] + b"\r"  # a CRLF ending: the "\r" is part of the line
+    lines[11] = b"\xff" + lines[11]  # not UTF-8
+    lines[15] = json.dumps({"event_id": "x" * 2_000}).encode()  # longer than a range
+    whole = b"\n".join(lines)
+    planned = len(whole) - len(lines[-1]) // 2  # the plan ends inside the last line
+    content = whole + b"\n" + b'{"event_id": "late", "timest'  # then a writer went on
+    path = tmp_path / "big file %41.jsonl"  # Spark names it file:/...big%20file%20%2541.jsonl
+    path.write_bytes(content)
+
+    session = spark.newSession()
+    session.conf.set("spark.sql.files.maxPartitionBytes", "700")
+    session.conf.set("spark.sql.files.openCostInBytes", "700")
+    read = read_landing_lines(session, [f"file:{path}"], {f"file:{path}": planned})
+    rows = read.collect()
+
+    pieces = content[:planned].split(b"\n")
+    expected = [(number, piece, parse_line(piece)[1]) for number, piece in enumerate(pieces, start=1)]
+    assert read.rdd.getNumPartitions() >= len(content) // 700
+    assert {row.source_file for row in rows} == {f"file:{path}"}
+    assert expected[-1][1] == lines[-1][: len(lines[-1]) - len(lines[-1]) // 2]  # the cut line, cut
+    assert sorted((row.line_number, row.raw_line or row.line.encode(), row.reason) for row in rows) == expected
+
+
+def test_a_byte_range_without_a_line_count_stops_the_read_and_names_the_file():
+    """A file that grew after its lines were counted is split into ranges the count did not see:
+    numbering those lines from 0 would be wrong, so the read stops."""
+    batch = pa.RecordBatch.from_pydict({"path": ["file:/landing/a%20b.jsonl"], "range_start": [4096], "raw": [b"{}"]})
+    lines = _number_and_validate(iter([batch]), range_starts={}, sources={"file:/landing/a%20b.jsonl": "file:/landing/a b.jsonl"}, sizes={})
+    with pytest.raises(RuntimeError, match="^file:/landing/a b.jsonl: Spark read a byte range at 4096 that the line count did not see"):
+        list(lines)

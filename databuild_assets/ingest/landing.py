@@ -59,6 +59,10 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 # What the Python workers hand back for each line of a landing file.
 _LINES_SCHEMA = "source_file string, line_number long, line string, raw_line binary, reason string"
+_LINES_ARROW = pa.schema(
+    [("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
+     ("raw_line", pa.binary()), ("reason", pa.string())]
+)
 
 
 @dataclass(frozen=True)
@@ -160,50 +164,111 @@ def split_incomplete(
     return complete, incomplete
 
 
-def _split_and_validate(
-    batches: Iterator[pa.RecordBatch], sizes: Mapping[str, int] | None = None
+def _number_and_validate(
+    batches: Iterator[pa.RecordBatch],
+    range_starts: Mapping[tuple[str, int], tuple[int, int]],
+    sources: Mapping[str, str],
+    sizes: Mapping[str, int],
+    validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
 ) -> Iterator[pa.RecordBatch]:
-    """Runs in Spark's Python workers: one landing file in, one row per line out, with the
-    reason when the line is bad. Good lines keep only their text; bad ones their exact bytes.
-    A file in `sizes` is read only up to that many bytes (what its batch planned)."""
+    """Runs in Spark's Python workers over one task's lines, which come range by range and, in a
+    range, in file order. Numbers each line from its range's start (`range_starts`: lines and
+    bytes before the range; a file's first range starts at (0, 0)), cuts a file in `sizes` at
+    that many bytes, and validates. Good lines keep only their text; bad ones their exact bytes.
+    `sources` maps Spark's name of each file to the name the caller gave."""
+    at: dict[tuple[str, int], list[int]] = {}  # range -> [lines, bytes] read so far
     for batch in batches:
-        for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
-            planned_size = (sizes or {}).get(path)
+        columns: dict[str, list] = {name: [] for name in _LINES_ARROW.names}
+        for path, range_start, raw in zip(
+            batch.column("path").to_pylist(), batch.column("range_start").to_pylist(), batch.column("raw").to_pylist()
+        ):
+            position = at.get((path, range_start))
+            if position is None:
+                start = (0, 0) if range_start == 0 else range_starts.get((path, range_start))
+                if start is None:  # the file grew past what the count saw, so Spark split it anew
+                    raise RuntimeError(
+                        f"{sources[path]}: Spark read a byte range at {range_start} that the line count did not see, "
+                        "so its lines cannot be numbered: the file grew while this batch read it. Landed files must "
+                        "not change; run the ingestion again (it reads the bytes the batch planned)."
+                    )
+                position = at[(path, range_start)] = list(start)
+            line_index, offset = position
+            position[0], position[1] = line_index + 1, offset + len(raw) + 1  # + the newline
+            source = sources[path]
+            planned_size = sizes.get(source)
             if planned_size is not None:
-                content = content[:planned_size]
-            pieces = content.split(b"\n")
-            if pieces and pieces[-1] == b"":
-                pieces.pop()  # the newline that ends the last line does not start another
-            lines, raw_lines, reasons = [], [], []
-            for piece in pieces:
-                _event, reason = parse_line(piece)
-                if reason is None:
-                    lines.append(piece.decode("utf-8"))
-                    raw_lines.append(None)
-                else:
-                    lines.append(piece.decode("utf-8", errors="replace"))
-                    raw_lines.append(piece)
-                reasons.append(reason)
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "source_file": [path] * len(pieces),
-                    "line_number": list(range(1, len(pieces) + 1)),
-                    "line": lines,
-                    "raw_line": raw_lines,
-                    "reason": reasons,
-                },
-                schema=pa.schema(
-                    [("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
-                     ("raw_line", pa.binary()), ("reason", pa.string())]
-                ),
-            )
+                if offset >= planned_size:
+                    continue
+                raw = raw[: planned_size - offset]
+            _event, reason = validate(raw)
+            columns["source_file"].append(source)
+            columns["line_number"].append(line_index + 1)
+            columns["line"].append(raw.decode("utf-8", errors="replace"))
+            columns["raw_line"].append(None if reason is None else raw)
+            columns["reason"].append(reason)
+        yield pa.RecordBatch.from_pydict(columns, schema=_LINES_ARROW)
 
 
-def read_landing_lines(spark: SparkSession, paths: list[str], sizes: Mapping[str, int] | None = None) -> DataFrame:
+def read_landing_lines(
+    spark: SparkSession,
+    paths: list[str],
+    sizes: Mapping[str, int] | None = None,
+    validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
+) -> DataFrame:
     """Every line of `paths` with its file, 1-based line number and, when bad, the reason;
-    files named in `sizes` only up to that size."""
-    files = spark.read.format("binaryFile").load(paths).select("path", "content")
-    return files.mapInArrow(functools.partial(_split_and_validate, sizes=dict(sizes or {})), _LINES_SCHEMA)
+    files named in `sizes` only up to that size.
+
+    Spark's text source splits the files into lines, a large file in byte ranges read by
+    separate tasks (`spark.sql.files.maxPartitionBytes`, 128 MB by default), so no task holds a
+    whole file. A line is numbered by its place in its range plus the lines before the range,
+    which one count per range gives; files too small to be split need no count.
+    """
+    hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path
+    sources = {hadoop_path(path).toUri().toString(): path for path in paths}  # how _metadata names a file
+    lines = (
+        spark.read.option("lineSep", "\n").text(paths)  # "\n" only, as the JSON Lines format says: a "\r" stays
+        .select(
+            F.col("_metadata.file_path").alias("path"),
+            F.col("_metadata.file_block_start").alias("range_start"),
+            F.col("value").cast("binary").alias("raw"),  # the exact bytes, valid UTF-8 or not
+        )
+    )
+    range_starts = _range_starts(lines) if _may_be_split(spark, paths) else {}
+    worker = functools.partial(
+        _number_and_validate, range_starts=range_starts, sources=sources, sizes=dict(sizes or {}), validate=validate
+    )
+    return lines.mapInArrow(worker, _LINES_SCHEMA)
+
+
+def _may_be_split(spark: SparkSession, paths: list[str]) -> bool:
+    """Whether Spark may read some file of `paths` in more than one range. It never splits a
+    file no larger than spark.sql.files.openCostInBytes (FilePartition.maxSplitBytes). The sizes
+    come from one listing per folder, not one request per file (on object storage, a request
+    per file would add up)."""
+    never_split = spark._jsparkSession.sessionState().conf().filesOpenCostInBytes()
+    jvm, hadoop_conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    sizes: dict[str, int] = {}
+    for folder in {str(jvm.org.apache.hadoop.fs.Path(path).getParent().toString()) for path in paths}:
+        folder_path = jvm.org.apache.hadoop.fs.Path(folder)
+        for status in folder_path.getFileSystem(hadoop_conf).listStatus(folder_path):
+            sizes[status.getPath().toString()] = status.getLen()
+    # A path the listing names otherwise counts as large: counting lines is only slower.
+    return any(sizes.get(path, never_split + 1) > never_split for path in paths)
+
+
+def _range_starts(lines: DataFrame) -> dict[tuple[str, int], tuple[int, int]]:
+    """(file, range start) -> (lines, bytes) before that range, from a count of each range's lines."""
+    counts = (
+        lines.groupBy("path", "range_start")
+        .agg(F.count(F.lit(1)).alias("lines"), F.sum(F.length("raw") + 1).alias("bytes"))
+        .collect()
+    )
+    starts, before = {}, {}
+    for row in sorted(counts, key=lambda row: (row["path"], row["range_start"])):
+        line_count, byte_count = before.get(row["path"], (0, 0))
+        starts[(row["path"], row["range_start"])] = (line_count, byte_count)
+        before[row["path"]] = (line_count + row["lines"], byte_count + row["bytes"])
+    return starts
 
 
 def events_from_lines(good_lines: DataFrame, source_line: str = "line_number") -> DataFrame:
