@@ -113,6 +113,23 @@ def test_full_rebuild_when_asked(spark, lake):
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 
+def test_a_backfill_of_a_quarter_of_the_log_or_more_is_rebuilt_not_folded(spark, lake):
+    events = list(generate_events(60, seed=8))
+    append_events(spark, lake, events[:20])
+    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # full: the first
+    append_events(spark, lake, events[20:40])  # half the log, but far below REBUILD_MIN_BYTES
+    under_the_floor = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    append_events(spark, lake, events[40:])  # a third of the log, and the floor lowered to 0
+    backfill = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rebuild_min_bytes=0)
+
+    assert under_the_floor.mode == "incremental"
+    assert backfill.mode == "full"
+    assert backfill.reason.startswith("log commits 3..3 added ") and backfill.reason.endswith(
+        " bytes, at least 25%: a rebuild is cheaper than a fold"
+    )
+    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
+
+
 def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refresh_rebuilds(spark, lake):
     path = lake.table_path(projection_spec(PARTITION_STATE))
     append_events(spark, lake, [partition_event("p1", ref="data/a")])  # log version 1

@@ -21,8 +21,9 @@ version in a metadata-only commit (a table property); otherwise every later refr
 A full rebuild happens when asked, when the projection is missing or records no version, when
 its table predates the fold state or holds one of another layout (another release's), when the
 commits since then are no longer readable (log cleanup), when they removed data (erasure or a
-rewrite: not appends, and a rebuild is the simple correct answer), or when a concurrent refresh
-got in the way (above).
+rewrite: not appends, and a rebuild is the simple correct answer), when they added at least
+`REBUILD_SHARE` of the log's bytes and at least `REBUILD_MIN_BYTES` (a backfill: a rebuild is then
+the cheaper way to the same rows), or when a concurrent refresh got in the way (above).
 """
 
 from __future__ import annotations
@@ -52,11 +53,21 @@ from databuild_assets.runtime.delta_tables import (
     reset_table,
     retry_on_conflict,
     session_settings,
+    table_size,
 )
 from databuild_assets.runtime.lake import Lake, TableSpec
 from databuild_assets.runtime.schema_upgrade import schema_additions
 
 log = logging.getLogger(__name__)
+
+# A refresh whose new commits hold at least this share of the log's bytes, and at least this many
+# bytes, rebuilds in full: a fold reads every stored state and MERGEs every touched key, a rebuild
+# only reads the log. Measured (2 cores): 200,000 events (125 MB) onto a 2,000-event log folded in
+# 27-33 s and rebuilt in 13-15 s for the three projections; at 1M events, folding 1% took 78-84%
+# of a rebuild's time. The crossover in between is not measured; the floor keeps small batches
+# onto small logs (seconds either way) on the fold.
+REBUILD_SHARE = 0.25
+REBUILD_MIN_BYTES = 64 * 1024 * 1024
 
 # What the MERGE raises (and fails with, uncommitted) when a row it would replace is not the one read.
 ROW_CHANGED = "databuild: a projection row changed since this refresh read it"
@@ -240,9 +251,15 @@ def fold_in(
 
 
 def refresh_projection(
-    spark: SparkSession, lake: Lake, projection: Projection, source: TableSpec, full: bool = False
+    spark: SparkSession,
+    lake: Lake,
+    projection: Projection,
+    source: TableSpec,
+    full: bool = False,
+    rebuild_min_bytes: int = REBUILD_MIN_BYTES,
 ) -> RefreshResult:
-    """Bring `projection` up to the current version of the `source` log table.
+    """Bring `projection` up to the current version of the `source` log table. New commits of
+    at least `rebuild_min_bytes` and `REBUILD_SHARE` of the log are rebuilt, not folded.
 
         result = refresh_projection(spark, lake, PROJECTIONS["partition_state"], RAW_EVENT_LOG)
     """
@@ -293,6 +310,13 @@ def refresh_projection(
                 reason = f"log commits {processed + 1}..{log_version} removed data"
             elif not changes.added_files:  # e.g. only compaction commits (dataChange=false)
                 return done("up-to-date", f"log commits {processed + 1}..{log_version} added no data", 0)
+            elif changes.added_bytes >= rebuild_min_bytes and changes.added_bytes >= REBUILD_SHARE * (
+                log_bytes := table_size(session, source_path).size_bytes
+            ):
+                reason = (
+                    f"log commits {processed + 1}..{log_version} added {changes.added_bytes:,} of the log's "
+                    f"{log_bytes:,} bytes, at least {REBUILD_SHARE:.0%}: a rebuild is cheaper than a fold"
+                )
             else:
                 # Kept: a fold reads the new events more than once (build_requests: three times).
                 new_events = read_rows_added(session, source_path, log_at_version, changes).persist()

@@ -31,6 +31,7 @@ class LogChanges:
     added_paths: tuple[str, ...] = ()  # the same files, relative to the table's root
     deletion_vectors: bool = False  # an added file has a deletion vector (some rows deleted)
     metadata_changed: bool = False  # a commit changed the table's metadata (schema, properties)
+    added_bytes: int = 0  # the added files' size
 
 
 class LogVersionsUnavailable(RuntimeError):
@@ -51,6 +52,7 @@ def log_changes(spark: SparkSession, log_path: str, from_version: int, to_versio
             ) from error
         raise
     added, partition_values, removed_data, paths, deletion_vectors, metadata_changed = [], [], False, [], False, False
+    added_bytes = 0
     for line in lines:
         action = json.loads(line)
         if "add" in action and action["add"].get("dataChange", True):
@@ -58,11 +60,13 @@ def log_changes(spark: SparkSession, log_path: str, from_version: int, to_versio
             added.append(paths[-1].rsplit("/", 1)[-1])
             partition_values.append(action["add"].get("partitionValues") or {})
             deletion_vectors |= bool(action["add"].get("deletionVector"))
+            added_bytes += int(action["add"].get("size") or 0)
         elif "remove" in action and action["remove"].get("dataChange", True):
             removed_data = True
         metadata_changed |= "metaData" in action
     return LogChanges(
-        tuple(added), tuple(partition_values), removed_data, tuple(paths), deletion_vectors, metadata_changed
+        tuple(added), tuple(partition_values), removed_data, tuple(paths), deletion_vectors, metadata_changed,
+        added_bytes,
     )
 
 
