@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 # A refresh whose new commits hold at least this share of the log's bytes, and at least this many
 # bytes, rebuilds in full: a fold reads every stored state and MERGEs every touched key, a rebuild
 # only reads the log. Measured (2 cores): 200,000 events (125 MB) onto a 2,000-event log folded in
-# 27-33 s and rebuilt in 13-15 s for the three projections; at 1M events, folding 1% took 78-84%
+# 27-33 s and rebuilt in 13-15 s for the three projections; at 1M events, folding 1% took 78-88%
 # of a rebuild's time. The crossover in between is not measured; the floor keeps small batches
 # onto small logs (seconds either way) on the fold.
 REBUILD_SHARE = 0.25
