@@ -113,7 +113,7 @@ def test_full_rebuild_when_asked(spark, lake):
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 
-def test_a_backfill_of_a_quarter_of_the_log_or_more_is_rebuilt_not_folded(spark, lake):
+def test_a_backfill_of_a_tenth_of_the_log_or_more_is_rebuilt_not_folded(spark, lake):
     events = list(generate_events(60, seed=8))
     append_events(spark, lake, events[:20])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # full: the first
@@ -125,7 +125,7 @@ def test_a_backfill_of_a_quarter_of_the_log_or_more_is_rebuilt_not_folded(spark,
     assert under_the_floor.mode == "incremental"
     assert backfill.mode == "full"
     assert backfill.reason.startswith("log commits 3..3 added ") and backfill.reason.endswith(
-        " bytes, at least 25%: a rebuild is cheaper than a fold"
+        " bytes, at least 10%: a rebuild is cheaper than a fold"
     )
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 

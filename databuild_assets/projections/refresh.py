@@ -62,12 +62,14 @@ log = logging.getLogger(__name__)
 
 # A refresh whose new commits hold at least this share of the log's bytes, and at least this many
 # bytes, rebuilds in full: a fold reads every stored state and MERGEs every touched key, a rebuild
-# only reads the log. Measured (2 cores): 200,000 events (125 MB) onto a 2,000-event log folded in
-# 27-33 s and rebuilt in 13-15 s for the three projections; at 1M events, folding 1% took 78-88%
-# of a rebuild's time. The crossover in between is not measured; the floor keeps small batches
-# onto small logs (seconds either way) on the fold.
-REBUILD_SHARE = 0.25
-REBUILD_MIN_BYTES = 64 * 1024 * 1024
+# only reads the log. Measured (2 cores, three projections, bench/README.md): onto a 400,000-event
+# log, a batch of 10% folded in 24.0-25.5 s and rebuilt in 17.7-22.7 s, 25% in 21.3 s against
+# 21.5 s, 50% in 32.1 s against 21.9 s; onto a 1M-event log a 1% fold took 78-88% of a rebuild.
+# The crossover lies between 1% and 10%; 10% keeps the fold wherever it was measured faster. The
+# floor keeps small batches onto small logs (seconds either way) on the fold, and avoids writing
+# a whole new copy of a small table for each of them.
+REBUILD_SHARE = 0.10
+REBUILD_MIN_BYTES = 16 * 1024 * 1024
 
 # What the MERGE raises (and fails with, uncommitted) when a row it would replace is not the one read.
 ROW_CHANGED = "databuild: a projection row changed since this refresh read it"
