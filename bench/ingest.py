@@ -42,6 +42,7 @@ from databuild_assets.ingest.landing import (
     list_landing_files,
     merge_new_events,
     read_landing_lines,
+    read_raw_lines,
 )
 from databuild_assets.log.sqlite_backend import load_events
 from databuild_assets.runtime.delta_tables import ensure_table
@@ -416,8 +417,7 @@ def lines_through_python(spark: SparkSession, paths: list[str]) -> DataFrame:
         for batch in batches:
             yield pa.RecordBatch.from_pydict({"length": [len(raw) for raw in batch.column("raw").to_pylist()]})
 
-    return (spark.read.option("lineSep", "\n").text(paths).select(F.col("value").cast("binary").alias("raw"))
-            .mapInArrow(lengths, "length long"))
+    return read_raw_lines(spark, paths).select("raw").mapInArrow(lengths, "length long")
 
 
 def with_conf(spark: SparkSession, key: str, value: str, action: Callable[[], T]) -> T:
@@ -432,8 +432,7 @@ def read_alternatives(spark: SparkSession, landing_files: list[LandingFile], n_e
                       read_validate: Usage) -> tuple[Row, ...]:
     """What the read phase costs without validation, without splitting, and with another task size."""
     paths = [landing_file.path for landing_file in landing_files]
-    _, bytes_only = measure(lambda: spark.read.option("lineSep", "\n").text(paths)
-                            .selectExpr("sum(octet_length(value))").first())
+    _, bytes_only = measure(lambda: read_raw_lines(spark, paths).selectExpr("sum(length(raw))").first())
     _, through_python = measure(lines_through_python(spark, paths).count)
     _, split_only = measure(split_without_validation(spark, paths).count)
     # Spark packs files into one read task up to maxPartitionBytes (128 MB); at the largest

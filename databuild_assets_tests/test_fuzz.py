@@ -20,9 +20,9 @@ from databuild_assets.events.schema import EVENT_TYPES, event_from_row, normaliz
 from databuild_assets.events.validation import MAX_LINE_BYTES, event_error, parse_line
 from databuild_assets.ingest.landing import (
     _Ledger,
+    _number_and_validate,
     ensure_ingest_tables,
     ingest_landing_files,
-    _number_and_validate,
     list_landing_files,
     read_landing_lines,
 )

@@ -32,6 +32,7 @@ from delta.tables import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from databuild_assets.events.schema import EVENT_SCHEMA
 from databuild_assets.events.validation import parse_line
@@ -57,12 +58,12 @@ DEFAULT_SETTLE_SECONDS = 600.0
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
-# What the Python workers hand back for each line of a landing file.
-_LINES_SCHEMA = "source_file string, line_number long, line string, raw_line binary, reason string"
+# What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it.
 _LINES_ARROW = pa.schema(
     [("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
      ("raw_line", pa.binary()), ("reason", pa.string())]
 )
+_LINES_SCHEMA = from_arrow_schema(_LINES_ARROW)
 
 
 @dataclass(frozen=True)
@@ -225,19 +226,24 @@ def read_landing_lines(
     """
     hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path
     sources = {hadoop_path(path).toUri().toString(): path for path in paths}  # how _metadata names a file
-    lines = (
-        spark.read.option("lineSep", "\n").text(paths)  # "\n" only, as the JSON Lines format says: a "\r" stays
-        .select(
-            F.col("_metadata.file_path").alias("path"),
-            F.col("_metadata.file_block_start").alias("range_start"),
-            F.col("value").cast("binary").alias("raw"),  # the exact bytes, valid UTF-8 or not
-        )
-    )
+    lines = read_raw_lines(spark, paths)
     range_starts = _range_starts(lines) if _may_be_split(spark, paths) else {}
     worker = functools.partial(
         _number_and_validate, range_starts=range_starts, sources=sources, sizes=dict(sizes or {}), validate=validate
     )
     return lines.mapInArrow(worker, _LINES_SCHEMA)
+
+
+def read_raw_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """The lines of `paths` as Spark's text source splits them, unnumbered and unchecked: the file
+    (`path`, as Spark names it), the start of the byte range read (`range_start`) and the line's
+    exact bytes (`raw`, valid UTF-8 or not). Lines end at a newline only, as JSON Lines says: a
+    carriage return stays in its line."""
+    return spark.read.option("lineSep", "\n").text(paths).select(
+        F.col("_metadata.file_path").alias("path"),
+        F.col("_metadata.file_block_start").alias("range_start"),
+        F.col("value").cast("binary").alias("raw"),
+    )
 
 
 def _may_be_split(spark: SparkSession, paths: list[str]) -> bool:
