@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -45,7 +44,7 @@ from databuild_assets.log.interface import (
     status_counts,
 )
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec, refresh_projection
+from databuild_assets.projections.refresh import projection_spec, refresh_projections
 from databuild_assets.runtime.delta_tables import check_schema_version, current_version, latest_version_on_disk
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones, visible_events
@@ -224,9 +223,7 @@ class DeltaEventLog(BuildEventLog):
         """The projection tables `names`, each first brought up to the current log and tombstones.
 
         Projections are refreshed from the filtered log (raw log minus tombstones), which is
-        refreshed first. Stale projections are refreshed concurrently: each refresh runs in a
-        Spark session of its own and writes only its own table, and most of its time is spent
-        waiting on small jobs.
+        refreshed first; the stale ones together (`refresh_projections`).
         """
         spark = self._spark()
         log_version = self._log_version()
@@ -240,15 +237,7 @@ class DeltaEventLog(BuildEventLog):
                 filtered = refresh_filtered_log(spark, self.lake)
                 self._filtered_log_state = (filtered.raw_log_version, filtered.tombstones_version)
             refreshed_state = self._filtered_log_state
-
-            def refresh(name: str) -> None:
-                refresh_projection(spark, self.lake, PROJECTIONS[name], FILTERED_EVENT_LOG)
-
-            if len(stale) > 1:
-                with ThreadPoolExecutor(max_workers=len(stale), thread_name_prefix="refresh-projection") as pool:
-                    list(pool.map(refresh, stale))
-            else:
-                refresh(stale[0])
+            refresh_projections(spark, self.lake, [PROJECTIONS[name] for name in stale], FILTERED_EVENT_LOG)
             self._projection_states.update(dict.fromkeys(stale, refreshed_state))
         # The read model's columns only: the tables also keep each row's fold state.
         specs = [projection_spec(PROJECTIONS[name]) for name in names]

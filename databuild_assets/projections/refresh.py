@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from delta.tables import DeltaTable
@@ -77,6 +79,20 @@ ROW_CHANGED = "databuild: a projection row changed since this refresh read it"
 
 class ConcurrentRefresh(RuntimeError):
     """Another refresh changed rows this one was folding into; nothing was committed."""
+
+
+class ProjectionRefreshError(RuntimeError):
+    """Some of the projections `refresh_projections` was given failed to refresh; the others
+    did. `results` has the refreshes that succeeded, `failures` each error by projection."""
+
+    def __init__(self, results: dict[str, "RefreshResult"], failures: dict[str, BaseException]) -> None:
+        self.results, self.failures = results, failures
+        errors = "; ".join(f"{name}: {type(error).__name__}: {error}" for name, error in failures.items())
+        super().__init__(
+            f"{len(failures)} of {len(results) + len(failures)} projection refreshes failed ({errors}). "
+            f"The others ({', '.join(results) or 'none'}) are up to date; a failed one commits nothing "
+            "and its next refresh starts again from the log version it last recorded."
+        )
 
 
 @dataclass(frozen=True)
@@ -250,6 +266,41 @@ def fold_in(
             raise
     # Every source row is updated or inserted (the clauses have no conditions).
     return int(metrics["num_affected_rows"])
+
+
+def refresh_projections(
+    spark: SparkSession, lake: Lake, projections: Iterable[Projection], source: TableSpec, full: bool = False
+) -> dict[str, RefreshResult]:
+    """`refresh_projection` for each of `projections`, all at once, one thread each; their
+    results by name. Raises ProjectionRefreshError once all have finished if any failed (the
+    others' refreshes stand).
+
+    They can run side by side: each refresh pins the source version it reads, works in a Spark
+    session of its own and writes only its own table. It is worth it because a refresh of a small
+    batch spends most of its time in the driver (planning, reading and writing the Delta log)
+    and in jobs too small to use every core. Measured on 2 cores, folding a 1% batch into a
+    1M-event log's three projections took a median 16.7 s at once against 21.4 s one after
+    another; a batch of 30 events into 5,000 took 15.9 s against 23.8 s (docs/decisions.md).
+
+        results = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
+    """
+    projections = list(projections)
+    if not projections:
+        return {}
+
+    def attempt(projection: Projection) -> RefreshResult | BaseException:
+        try:
+            return refresh_projection(spark, lake, projection, source, full=full)
+        except Exception as error:  # reported with the others' results below
+            return error
+
+    with ThreadPoolExecutor(max_workers=len(projections), thread_name_prefix="refresh-projection") as pool:
+        outcomes = dict(zip((p.name for p in projections), pool.map(attempt, projections)))
+    results = {name: outcome for name, outcome in outcomes.items() if isinstance(outcome, RefreshResult)}
+    failures = {name: outcome for name, outcome in outcomes.items() if not isinstance(outcome, RefreshResult)}
+    if failures:
+        raise ProjectionRefreshError(results, failures) from next(iter(failures.values()))
+    return results
 
 
 def refresh_projection(

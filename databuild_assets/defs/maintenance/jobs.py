@@ -23,7 +23,7 @@ from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report, format_report
 from databuild_assets.maintenance.vacuum import DEFAULT_RETENTION_HOURS, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import refresh_projection
+from databuild_assets.projections.refresh import refresh_projections
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, TOMBSTONES
 
 # Tables of the lake that are not assets: ingestion's bookkeeping. Maintenance reports their
@@ -46,8 +46,7 @@ erase_job = define_asset_job(
 
 
 def refresh_all_projections(spark, lake) -> None:
-    for projection in PROJECTIONS.values():
-        refresh_projection(spark, lake, projection, FILTERED_EVENT_LOG)
+    refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
 
 
 class CompactionConfig(Config):
