@@ -21,6 +21,7 @@ from dagster import (
     SkipReason,
     build_sensor_context,
     define_asset_job,
+    materialize,
 )
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
@@ -29,6 +30,7 @@ from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.migrate import migrate_sqlite_to_delta
@@ -373,6 +375,29 @@ def test_projection_checks_pass_after_a_run_and_fail_on_a_duplicated_key(spark, 
     failed = {e.check_name for e in second.get_asset_check_evaluations()
               if not e.passed and e.asset_key.to_user_string() == "partition_state"}
     assert failed == {"one_row_per_key", "row_count_matches_log"}
+
+
+def test_a_projection_that_cannot_refresh_fails_the_step_and_the_others_are_refreshed_and_reported(spark, lake):
+    # The step refreshes the three at once; one failing must not keep the others stale. Here a
+    # newer release has upgraded build_requests (its schema version is ahead of this code's).
+    append_events(spark, lake, list(generate_events(300, seed=3)))
+    refresh_filtered_log(spark, lake)
+    build_requests = PROJECTIONS["build_requests"]
+    path = lake.table_path(projection_spec(build_requests))
+    ensure_table(spark, path, table_spec(spark, build_requests))
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{SCHEMA_VERSION_PROPERTY}' = '{SCHEMA_VERSION + 1}')")
+
+    result = materialize(projection_assets, resources={"lakehouse": lakehouse_for(lake)}, raise_on_error=False)
+
+    assert not result.success
+    modes = {e.asset_key.to_user_string(): e.materialization.metadata["refresh_mode"].value
+             for e in result.get_asset_materialization_events()}
+    assert modes == {"partition_state": "full", "job_runs": "full"}
+    [failure] = result.get_step_failure_events()
+    message = failure.step_failure_data.error.to_string()
+    assert "1 of 3 projection refreshes failed" in message and "build_requests: SchemaVersionError" in message, message
+    for name in modes:
+        assert stored_rows(spark, lake, PROJECTIONS[name]) == rebuilt_rows(spark, lake, PROJECTIONS[name])
 
 
 def test_migrating_a_sqlite_log_copies_every_event_once_and_again_adds_nothing(spark, lake, tmp_path, workload):

@@ -1,14 +1,20 @@
-"""One asset per projection; each refresh is incremental unless a full rebuild is needed or asked."""
+"""The projections: one asset each, refreshed together by one step (a multi-asset) so that the
+refreshes of the selected ones run side by side (`refresh_projections`). Each refresh is
+incremental unless a full rebuild is needed or asked."""
 
-from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult, MetadataValue, multi_asset
 from pydantic import Field
 from pyspark.sql import functions as F
 
 from databuild_assets.defs.metadata import delta_table_metadata, preview
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.projection import Projection
-from databuild_assets.projections.refresh import projection_spec, refresh_projection
+from databuild_assets.projections.refresh import (
+    ProjectionRefreshError,
+    RefreshResult,
+    projection_spec,
+    refresh_projections,
+)
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG
 
 # The table the projections read: the visible (tombstone-filtered) log.
@@ -16,41 +22,65 @@ PROJECTION_SOURCE = FILTERED_EVENT_LOG
 
 
 class RefreshConfig(Config):
-    full_rebuild: bool = Field(default=False, description="Rebuild from the whole log instead of folding in new commits.")
-
-
-def projection_asset(projection: Projection) -> AssetsDefinition:
-    @asset(
-        name=projection.name,
-        deps=[PROJECTION_SOURCE.name],
-        group_name="projections",
-        description=f"{projection_spec(projection).description} A pure function of the visible event log.",
-        # A projection's refreshes never overlap: each MERGE builds on the version the last one recorded.
-        pool=f"projection_{projection.name}",
+    full_rebuild: bool = Field(
+        default=False,
+        description="Rebuild the selected projections from the whole log instead of folding in new commits.",
     )
-    def refresh(context: AssetExecutionContext, config: RefreshConfig, lakehouse: LakehouseResource) -> MaterializeResult:
-        spark, lake = lakehouse.spark_session, lakehouse.lake
-        result = refresh_projection(spark, lake, projection, PROJECTION_SOURCE, full=config.full_rebuild)
-        context.log.info(
-            f"{projection.name}: {result.mode} refresh ({result.reason}); "
-            f"log version {result.from_version} -> {result.to_version}"
+
+
+@multi_asset(
+    name="projections",
+    specs=[
+        AssetSpec(
+            name,
+            deps=[PROJECTION_SOURCE.name],
+            group_name="projections",
+            description=f"{projection_spec(projection).description} A pure function of the visible event log.",
         )
-        path = lake.table_path(projection_spec(projection))
-        table = spark.read.format("delta").load(path)
-        return MaterializeResult(
-            metadata={
-                "refresh_mode": MetadataValue.text(result.mode),
-                "refresh_reason": MetadataValue.text(result.reason),
-                "log_version_processed": MetadataValue.int(result.to_version),
-                "log_version_before": MetadataValue.int(-1 if result.from_version is None else result.from_version),
-                "keys_refreshed": MetadataValue.int(result.keys_refreshed or 0),
-                **delta_table_metadata(spark, path),
-                "dagster/row_count": MetadataValue.int(table.count()),
-                "preview": preview(table.orderBy(F.col(projection.key))),
-            }
-        )
+        for name, projection in PROJECTIONS.items()
+    ],
+    # Any subset: materializing one projection refreshes that one only.
+    can_subset=True,
+    # Refreshes of the projections never overlap: each MERGE builds on the version the last one recorded.
+    pool="projections",
+)
+def projections(context: AssetExecutionContext, config: RefreshConfig, lakehouse: LakehouseResource):
+    """Refresh the selected projections from the filtered log, all at once."""
+    spark, lake = lakehouse.spark_session, lakehouse.lake
+    selected = [PROJECTIONS[key.path[-1]] for key in sorted(context.selected_asset_keys)]
+    context.log.info(f"refreshing {', '.join(p.name for p in selected)} side by side")
+    failure = None
+    try:
+        results = refresh_projections(spark, lake, selected, PROJECTION_SOURCE, full=config.full_rebuild)
+    except ProjectionRefreshError as error:  # the others' refreshes stand: report them, then fail
+        results, failure = error.results, error
+    for result in results.values():
+        yield _materialization(context, spark, lake, result)
+    if failure is not None:
+        raise failure
 
-    return refresh
+
+def _materialization(context: AssetExecutionContext, spark, lake, result: RefreshResult) -> MaterializeResult:
+    projection = PROJECTIONS[result.projection]
+    context.log.info(
+        f"{projection.name}: {result.mode} refresh ({result.reason}); "
+        f"log version {result.from_version} -> {result.to_version}"
+    )
+    path = lake.table_path(projection_spec(projection))
+    table = spark.read.format("delta").load(path)
+    return MaterializeResult(
+        asset_key=projection.name,
+        metadata={
+            "refresh_mode": MetadataValue.text(result.mode),
+            "refresh_reason": MetadataValue.text(result.reason),
+            "log_version_processed": MetadataValue.int(result.to_version),
+            "log_version_before": MetadataValue.int(-1 if result.from_version is None else result.from_version),
+            "keys_refreshed": MetadataValue.int(result.keys_refreshed or 0),
+            **delta_table_metadata(spark, path),
+            "dagster/row_count": MetadataValue.int(table.count()),
+            "preview": preview(table.orderBy(F.col(projection.key))),
+        },
+    )
 
 
-projection_assets = [projection_asset(projection) for projection in PROJECTIONS.values()]
+projection_assets = [projections]
