@@ -31,7 +31,7 @@ from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec, refresh_projection
+from databuild_assets.projections.refresh import projection_spec, refresh_projections
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
@@ -42,8 +42,7 @@ _CLOCK_COLUMNS = {"ingested_at", "quarantined_at"}
 
 
 def refresh_all_projections(spark: SparkSession, lake: Lake) -> None:
-    for projection in PROJECTIONS.values():
-        refresh_projection(spark, lake, projection, FILTERED_EVENT_LOG)
+    refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
 
 
 def table_digest(frame: DataFrame) -> dict:
