@@ -6,8 +6,9 @@ Prints: the full rebuild time of each projection; the incremental refresh after 
 and 0.1% more events (timed warm, after an untimed fold of 0.01%), with its ratio to the full
 rebuild (target: at most 10% for 1%); each of those also for the three at once, as the refresh
 job and the query API run them (`refresh_projections`, on a copy of the lake that got the same
-appends); a refresh with nothing new (the fixed cost every refresh pays); and p50/p95 latency of each query method on a warm session, Delta against SQLite, with the ratio
-(the original plan's bar: Delta within 2x of SQLite at p95).
+appends); a refresh with nothing new (the fixed cost every refresh pays); and p50/p95 latency
+of each query method on a warm session, Delta against SQLite, with the ratio (the original
+plan's bar: Delta within 2x of SQLite at p95).
 """
 
 from __future__ import annotations

@@ -25,13 +25,14 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from databuild_assets.defs.maintenance.jobs import refresh_all_projections
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import ingest_landing_files
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec, refresh_projections
+from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
@@ -39,10 +40,6 @@ from databuild_assets.workload import write_landing_files
 SUMMARY_PREFIX = "CLUSTER-SCENARIO-SUMMARY "
 # The wall clock (when a row was written) differs between any two runs; nothing else may.
 _CLOCK_COLUMNS = {"ingested_at", "quarantined_at"}
-
-
-def refresh_all_projections(spark: SparkSession, lake: Lake) -> None:
-    refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
 
 
 def table_digest(frame: DataFrame) -> dict:
