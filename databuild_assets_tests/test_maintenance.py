@@ -23,13 +23,15 @@ from databuild_assets.defs.maintenance.jobs import (
 )
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec, refresh_projection
+from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projection
 from databuild_assets.runtime.delta_tables import current_version, ensure_table, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
 from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import T0
 
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
+# Folds, which leave marked rows behind, as into a large log (a log this small is rebuilt by default).
+FOLD = RebuildRule(small_log_bytes=0)
 
 
 def build_with_partition(br: str, ref: str, offset: int) -> list[dict]:
@@ -85,7 +87,7 @@ def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and
     # (a deletion vector), its Parquet file still holds it.
     append_events(spark, lake, build_with_partition("br-c", REF, 20))
     refresh_filtered_log(spark, lake)
-    refresh_projection(spark, lake, PROJECTIONS["partition_state"], FILTERED_EVENT_LOG)
+    refresh_projection(spark, lake, PROJECTIONS["partition_state"], FILTERED_EVENT_LOG, rule=FOLD)
     partition_state = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
     assert DeltaTable.forPath(spark, partition_state).history(1).first()["operation"] == "MERGE"
     assert live_parquet_rows_holding(spark, partition_state, REF) == 2  # the live row and the marked one
@@ -128,7 +130,7 @@ def test_compaction_packs_the_small_files_and_marked_rows_that_refreshes_leave_i
     path = lake.table_path(projection_spec(partition_state))
     for n in range(3):  # a full rebuild, then two folds that each replace REF's row
         append_events(spark, lake, build_with_partition(f"br-{n}", REF, 20 + 10 * n))
-        refresh_projection(spark, lake, partition_state, RAW_EVENT_LOG)
+        refresh_projection(spark, lake, partition_state, RAW_EVENT_LOG, rule=FOLD)
     rows = sorted(map(str, spark.read.format("delta").load(path).collect()))
     files = table_size(spark, path).num_files
     # The second fold deleted the first one's file whole (its only row); a deletion vector marks

@@ -4,6 +4,7 @@ checks and the migration command behave as an operator expects."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from databuild_assets.log.sqlite_backend import load_events
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import (
     ConcurrentRefresh,
+    RebuildRule,
     fold_in,
     processed_log_version,
     projection_spec,
@@ -56,6 +58,9 @@ from databuild_assets_tests.test_definitions import lakehouse_for
 from databuild_assets_tests.test_ingest import partition_event
 
 PARTITION_STATE = PROJECTIONS["partition_state"]
+# The tests' logs are tiny, and by default a refresh rebuilds a small log (`RebuildRule`). The tests
+# of the fold fold as they would into a large log.
+FOLD = RebuildRule(small_log_bytes=0)
 
 
 def stored_rows(spark, lake, projection) -> list[dict]:
@@ -72,7 +77,7 @@ def rebuilt_rows(spark, lake, projection) -> list[dict]:
 
 def refresh_all(spark, lake, full: bool = False) -> dict[str, str]:
     """The three side by side, as the refresh job does."""
-    results = refresh_projections(spark, lake, PROJECTIONS.values(), RAW_EVENT_LOG, full=full)
+    results = refresh_projections(spark, lake, PROJECTIONS.values(), RAW_EVENT_LOG, full=full, rule=FOLD)
     return {name: result.mode for name, result in results.items()}
 
 
@@ -118,18 +123,24 @@ def test_full_rebuild_when_asked(spark, lake):
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 
-def test_a_backfill_of_a_tenth_of_the_log_or_more_is_rebuilt_not_folded(spark, lake):
-    events = list(generate_events(60, seed=8))
+def test_a_small_log_or_a_backfill_of_a_tenth_of_the_log_or_more_is_rebuilt_not_folded(spark, lake):
+    events = list(generate_events(80, seed=8))
     append_events(spark, lake, events[:20])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # full: the first
-    append_events(spark, lake, events[20:40])  # half the log, but far below REBUILD_MIN_BYTES
-    under_the_floor = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
-    append_events(spark, lake, events[40:])  # a third of the log, and the floor lowered to 0
-    backfill = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rebuild_min_bytes=0)
+    append_events(spark, lake, events[20:40])
+    small_log = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # the default rule
+    append_events(spark, lake, events[40:60])  # a third of the log, but far below the backfill floor
+    under_the_floor = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD)
+    append_events(spark, lake, events[60:])  # a quarter of the log, and the floor lowered to 0
+    backfill = refresh_projection(
+        spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=RebuildRule(small_log_bytes=0, backfill_min_bytes=0)
+    )
 
+    assert small_log.mode == "full"
+    assert re.fullmatch(r"the log holds [\d,]+ bytes, under 1 MiB: a rebuild is cheaper than a fold", small_log.reason)
     assert under_the_floor.mode == "incremental"
     assert backfill.mode == "full"
-    assert backfill.reason.startswith("log commits 3..3 added ") and backfill.reason.endswith(
+    assert backfill.reason.startswith("log commits 4..4 added ") and backfill.reason.endswith(
         " bytes, at least 10%: a rebuild is cheaper than a fold"
     )
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
@@ -141,7 +152,7 @@ def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refres
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # full
     read_at = current_version(spark, path)
     append_events(spark, lake, [partition_event("p2", 1, ref="data/a")])  # log version 2
-    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
     changed_at = current_version(spark, path)
 
     # A refresh that read the table before that one committed, and folds the same commit in again.
@@ -155,7 +166,7 @@ def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refres
     # Its rows claim log version 2 while a later refresh reads them as of version 1 (a recorded
     # version that went back): the fold refuses them and the refresh rebuilds in full.
     record_processed_version(spark, path, PARTITION_STATE, 1, "incremental")
-    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD)
     assert result.mode == "full" and "another refresh" in result.reason
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
@@ -165,7 +176,7 @@ def assert_rebuilt_then_folded_into(spark, lake) -> None:
     p2), and the next refresh (of p3) folds into it."""
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
     append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
-    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 
@@ -227,7 +238,7 @@ def test_a_fold_marks_the_rows_it_replaces_with_deletion_vectors_instead_of_rewr
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
     append_events(spark, lake, [partition_event("again", 40, ref="data/7")])
 
-    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG).mode == "incremental"
+    assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
 
     metrics = DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]
     assert (metrics["numTargetDeletionVectorsAdded"], metrics["numTargetFilesRemoved"]) == ("1", "0"), metrics

@@ -44,7 +44,7 @@ from databuild_assets.log.interface import (
     status_counts,
 )
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec, refresh_projections
+from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projections
 from databuild_assets.runtime.delta_tables import check_schema_version, current_version, latest_version_on_disk
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones, visible_events
@@ -152,18 +152,22 @@ class DeltaEventLog(BuildEventLog):
     and summary reads use the projection tables: a read first brings the filtered log and the
     projections it needs up to the current raw log and tombstones (incrementally), so it sees
     every append and erasure before it, as SQLite does. The instance remembers the versions it
-    refreshed to, so reads refresh nothing while neither table moves. A lake with no log yet
-    answers as an empty log; the first append creates it. Use one instance per thread.
+    refreshed to, so reads refresh nothing while neither table moves. `rebuild_rule` says when a
+    refresh rebuilds a projection that it could fold into (a small log, a backfill). A lake with
+    no log yet answers as an empty log; the first append creates it. Use one instance per thread.
 
         log = DeltaEventLog(spark, Lake("/data/lake"))
         log.append_events(events)
         log.get_latest_partition_status("data/date=2024-01-01")
     """
 
-    def __init__(self, spark: SparkSession, lake: Lake, writer: str = "event-log") -> None:
+    def __init__(
+        self, spark: SparkSession, lake: Lake, writer: str = "event-log", rebuild_rule: RebuildRule = RebuildRule()
+    ) -> None:
         self.spark: SparkSession | None = spark
         self.lake = lake
         self.writer = writer
+        self.rebuild_rule = rebuild_rule
         self._log_path = lake.table_path(_LOG)
         self._log_checked = False  # its schema version, once per instance
         # The (raw log version, tombstones version) that the filtered log and each projection are
@@ -237,7 +241,9 @@ class DeltaEventLog(BuildEventLog):
                 filtered = refresh_filtered_log(spark, self.lake)
                 self._filtered_log_state = (filtered.raw_log_version, filtered.tombstones_version)
             refreshed_state = self._filtered_log_state
-            refresh_projections(spark, self.lake, [PROJECTIONS[name] for name in stale], FILTERED_EVENT_LOG)
+            refresh_projections(
+                spark, self.lake, [PROJECTIONS[name] for name in stale], FILTERED_EVENT_LOG, rule=self.rebuild_rule
+            )
             self._projection_states.update(dict.fromkeys(stale, refreshed_state))
         # The read model's columns only: the tables also keep each row's fold state.
         specs = [projection_spec(PROJECTIONS[name]) for name in names]

@@ -21,9 +21,9 @@ version in a metadata-only commit (a table property); otherwise every later refr
 A full rebuild happens when asked, when the projection is missing or records no version, when
 its table predates the fold state or holds one of another layout (another release's), when the
 commits since then are no longer readable (log cleanup), when they removed data (erasure or a
-rewrite: not appends, and a rebuild is the simple correct answer), when they added at least
-`REBUILD_SHARE` of the log's bytes and at least `REBUILD_MIN_BYTES` (a backfill: a rebuild is then
-the cheaper way to the same rows), or when a concurrent refresh got in the way (above).
+rewrite: not appends, and a rebuild is the simple correct answer), when a rebuild is the cheaper
+way to the same rows (`RebuildRule`: a small log, or a backfill), or when a concurrent refresh got
+in the way (above).
 """
 
 from __future__ import annotations
@@ -55,23 +55,60 @@ from databuild_assets.runtime.delta_tables import (
     reset_table,
     retry_on_conflict,
     session_settings,
-    table_size,
+    table_bytes,
 )
 from databuild_assets.runtime.lake import Lake, TableSpec
 from databuild_assets.runtime.schema_upgrade import schema_additions
 
 log = logging.getLogger(__name__)
 
-# A refresh whose new commits hold at least this share of the log's bytes, and at least this many
-# bytes, rebuilds in full: a fold reads every stored state and MERGEs every touched key, a rebuild
-# only reads the log. Measured (2 cores, three projections, bench/README.md): onto a 400,000-event
-# log, a batch of 10% folded in 24.0-25.5 s and rebuilt in 17.7-22.7 s, 25% in 21.3 s against
-# 21.5 s, 50% in 32.1 s against 21.9 s; onto a 1M-event log a 1% fold took 78-88% of a rebuild.
-# The crossover lies between 1% and 10%; 10% keeps the fold wherever it was measured faster. The
-# floor keeps small batches onto small logs (seconds either way) on the fold, and avoids writing
-# a whole new copy of a small table for each of them.
-REBUILD_SHARE = 0.10
-REBUILD_MIN_BYTES = 16 * 1024 * 1024
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RebuildRule:
+    """When a refresh that could fold the new commits in rebuilds instead, because a rebuild is
+    then the cheaper way to the same rows. A fold has a fixed cost, a MERGE per projection (40-65
+    Spark jobs and a commit), and reads every stored state; a rebuild reads the whole log.
+    Measured on 2 cores, the three projections at once (bench/README.md, "Fold or rebuild"):
+
+    - A log under `small_log_bytes`. Folding 0.1% more events into a log of 2,000, 10,000 and
+      50,000 events (0.3, 1.0, 4.3 MB) took a median 13.9, 12.4 and 12.8 s, rebuilding it 9.1,
+      8.7 and 10.8 s; at 150,000 events (12.8 MB) both took about 11 s, at 400,000 (33.6 MB)
+      the fold 11.1 s and the rebuild 16.9 s. The floor is set well under that crossover, at
+      1 MiB (about 10,000 events), because a rebuild writes a whole new copy of each table
+      (kept until vacuum; job_runs alone was 51 MB at 1M events) where a fold writes the
+      changed rows: a copy per refresh must stay small. On more cores a rebuild gains and a
+      fold's driver-bound fixed cost does not, so the crossover only moves up.
+    - A backfill: new commits of at least `backfill_share` of the log's bytes and at least
+      `backfill_min_bytes`. Onto a 400,000-event log, a batch of 10% folded in 24.0-25.5 s and
+      rebuilt in 17.7-22.7 s, 25% in 21.3 s against 21.5 s, 50% in 32.1 s against 21.9 s; onto
+      1M events a 1% fold took 78-88% of a rebuild. The crossover lies between 1% and 10%, and
+      10% keeps the fold wherever it was measured faster. The floor keeps small batches on the
+      fold, which does not write a whole new copy of the table for each.
+
+    `RebuildRule(small_log_bytes=0)` folds into a log of any size (tests of the fold use it).
+    """
+
+    small_log_bytes: int = 1 * MiB
+    backfill_share: float = 0.10
+    backfill_min_bytes: int = 16 * MiB
+
+    def reason_to_rebuild(self, added_bytes: int, log_bytes: int, commits: str) -> str | None:
+        """Why new commits (`commits`, e.g. "log commits 4..6") adding `added_bytes` to a log of
+        `log_bytes` are better rebuilt than folded; None when folding them is cheaper."""
+        if log_bytes < self.small_log_bytes:
+            return (
+                f"the log holds {log_bytes:,} bytes, under {self.small_log_bytes / MiB:g} MiB: "
+                "a rebuild is cheaper than a fold"
+            )
+        if added_bytes >= self.backfill_min_bytes and added_bytes >= self.backfill_share * log_bytes:
+            return (
+                f"{commits} added {added_bytes:,} of the log's {log_bytes:,} bytes, at least "
+                f"{self.backfill_share:.0%}: a rebuild is cheaper than a fold"
+            )
+        return None
+
 
 # What the MERGE raises (and fails with, uncommitted) when a row it would replace is not the one read.
 ROW_CHANGED = "databuild: a projection row changed since this refresh read it"
@@ -213,9 +250,15 @@ def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_versi
     elif state_layout_changed(spark, projection, current):
         reset(spark, path, projection)  # Delta can add a struct's fields in place, not drop or retype them
     rows = table_rows(projection, projection.aggregate(log_at_version), log_version)
-    (rows.write.format("delta").mode("overwrite")
+    # Redone on a conflict (compaction's bin-packing, another refresh): the rows stay those of
+    # `log_version`. Should another refresh have recorded a later version meanwhile, the next
+    # refresh folds from this one's.
+    retry_on_conflict(
+        lambda: rows.write.format("delta").mode("overwrite")
         .option("userMetadata", _commit_metadata(projection, log_version, "full"))
-        .save(path))
+        .save(path),
+        what=f"rebuild {projection.name} at {path}",
+    )
 
 
 def fold_in(
@@ -269,7 +312,12 @@ def fold_in(
 
 
 def refresh_projections(
-    spark: SparkSession, lake: Lake, projections: Iterable[Projection], source: TableSpec, full: bool = False
+    spark: SparkSession,
+    lake: Lake,
+    projections: Iterable[Projection],
+    source: TableSpec,
+    full: bool = False,
+    rule: RebuildRule = RebuildRule(),
 ) -> dict[str, RefreshResult]:
     """`refresh_projection` for each of `projections`, all at once, one thread each; their
     results by name. Raises ProjectionRefreshError once all have finished if any failed (the
@@ -290,7 +338,7 @@ def refresh_projections(
 
     def attempt(projection: Projection) -> RefreshResult | BaseException:
         try:
-            return refresh_projection(spark, lake, projection, source, full=full)
+            return refresh_projection(spark, lake, projection, source, full=full, rule=rule)
         except Exception as error:  # reported with the others' results below
             return error
 
@@ -309,10 +357,10 @@ def refresh_projection(
     projection: Projection,
     source: TableSpec,
     full: bool = False,
-    rebuild_min_bytes: int = REBUILD_MIN_BYTES,
+    rule: RebuildRule = RebuildRule(),
 ) -> RefreshResult:
-    """Bring `projection` up to the current version of the `source` log table. New commits of
-    at least `rebuild_min_bytes` and `REBUILD_SHARE` of the log are rebuilt, not folded.
+    """Bring `projection` up to the current version of the `source` log table: fold the new
+    commits in, or rebuild it when it must or when `rule` says a rebuild is cheaper.
 
         result = refresh_projection(spark, lake, PROJECTIONS["partition_state"], RAW_EVENT_LOG)
     """
@@ -363,13 +411,10 @@ def refresh_projection(
                 reason = f"log commits {processed + 1}..{log_version} removed data"
             elif not changes.added_files:  # e.g. only compaction commits (dataChange=false)
                 return done("up-to-date", f"log commits {processed + 1}..{log_version} added no data", 0)
-            elif changes.added_bytes >= rebuild_min_bytes and changes.added_bytes >= REBUILD_SHARE * (
-                log_bytes := table_size(session, source_path).size_bytes
+            elif cheaper := rule.reason_to_rebuild(
+                changes.added_bytes, table_bytes(session, source_path), f"log commits {processed + 1}..{log_version}"
             ):
-                reason = (
-                    f"log commits {processed + 1}..{log_version} added {changes.added_bytes:,} of the log's "
-                    f"{log_bytes:,} bytes, at least {REBUILD_SHARE:.0%}: a rebuild is cheaper than a fold"
-                )
+                reason = cheaper
             else:
                 # Kept: a fold reads the new events more than once (build_requests: three times).
                 new_events = read_rows_added(session, source_path, log_at_version, changes).persist()

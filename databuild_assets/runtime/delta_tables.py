@@ -194,6 +194,11 @@ def table_size(spark: SparkSession, path: str) -> TableSize:
     return TableSize(current_version(spark, path), detail["numFiles"], detail["sizeInBytes"])
 
 
+def table_bytes(spark: SparkSession, path: str) -> int:
+    """The bytes of the table's live files at its latest version (from its snapshot: no scan)."""
+    return DeltaTable.forPath(spark, path).detail().select("sizeInBytes").first()["sizeInBytes"]
+
+
 def retry_on_conflict(write: Callable[[], T], *, what: str, attempts: int = 8, base_delay_s: float = 0.2) -> T:
     """Run `write`, and again (with jittered backoff) when Delta reports a concurrent commit.
 
