@@ -23,15 +23,14 @@ from databuild_assets.defs.maintenance.jobs import (
 )
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projection
+from databuild_assets.projections.refresh import projection_spec, refresh_projection
 from databuild_assets.runtime.delta_tables import current_version, ensure_table, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
 from databuild_assets_tests.test_definitions import lakehouse_for
+from databuild_assets_tests.test_refresh import FOLD  # folds, which leave marked rows, into a small log
 from databuild_assets_tests.test_ingest import T0
 
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
-# Folds, which leave marked rows behind, as into a large log (a log this small is rebuilt by default).
-FOLD = RebuildRule(small_log_bytes=0)
 
 
 def build_with_partition(br: str, ref: str, offset: int) -> list[dict]:

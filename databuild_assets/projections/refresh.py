@@ -407,13 +407,12 @@ def refresh_projection(
         except LogVersionsUnavailable as error:
             reason = str(error)
         else:
+            commits = f"log commits {processed + 1}..{log_version}"
             if changes.removed_data:
-                reason = f"log commits {processed + 1}..{log_version} removed data"
+                reason = f"{commits} removed data"
             elif not changes.added_files:  # e.g. only compaction commits (dataChange=false)
-                return done("up-to-date", f"log commits {processed + 1}..{log_version} added no data", 0)
-            elif cheaper := rule.reason_to_rebuild(
-                changes.added_bytes, table_bytes(session, source_path), f"log commits {processed + 1}..{log_version}"
-            ):
+                return done("up-to-date", f"{commits} added no data", 0)
+            elif cheaper := rule.reason_to_rebuild(changes.added_bytes, table_bytes(session, source_path), commits):
                 reason = cheaper
             else:
                 # Kept: a fold reads the new events more than once (build_requests: three times).
