@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from databuild_assets.runtime.lake import Lake
-from databuild_assets.runtime.spark import SparkSettings, build_spark_session
+# bel_cases holds the shared specification's assertions; several test modules import it, so it is
+# registered here, before any of them, for pytest to rewrite its asserts (values in failures).
+pytest.register_assert_rewrite("databuild_assets_tests.bel_cases")
+
+from databuild_assets.runtime.lake import Lake  # noqa: E402
+from databuild_assets.runtime.spark import SparkSettings, build_spark_session  # noqa: E402
 
 # Small on purpose: the suite's tables are tiny, and every shuffle partition is a task.
 TEST_SPARK_SETTINGS = SparkSettings(

@@ -25,12 +25,10 @@ from typing import Any
 
 import pytest
 
-pytest.register_assert_rewrite("databuild_assets_tests.bel_cases")
-
-from databuild_assets.events.enums import BuildRequestStatus  # noqa: E402
-from databuild_assets.events.validation import InvalidEventError  # noqa: E402
-from databuild_assets.ingest.landing import ensure_ingest_tables  # noqa: E402
-from databuild_assets.log import (  # noqa: E402
+from databuild_assets.events.enums import BuildRequestStatus
+from databuild_assets.events.validation import InvalidEventError
+from databuild_assets.ingest.landing import ensure_ingest_tables
+from databuild_assets.log import (
     BACKENDS,
     AppendResult,
     BuildEventLog,
@@ -40,17 +38,17 @@ from databuild_assets.log import (  # noqa: E402
     open_event_log,
     register_backend,
 )
-from databuild_assets.log.delta_backend import DeltaEventLog, lake_of_location  # noqa: E402
-from databuild_assets.log.interface import (  # noqa: E402
+from databuild_assets.log.delta_backend import DeltaEventLog, lake_of_location
+from databuild_assets.log.interface import (
     ActivitySummary,
     BuildRequestSummary,
     EventPage,
     PartitionStatusInfo,
     PartitionSummary,
 )
-from databuild_assets.runtime.lake import Lake  # noqa: E402
-from databuild_assets_tests import bel_cases  # noqa: E402
-from databuild_assets_tests.bel_cases import P, partition_event  # noqa: E402
+from databuild_assets.runtime.lake import Lake
+from databuild_assets_tests import bel_cases
+from databuild_assets_tests.bel_cases import P, partition_event
 
 BackendFactory = Callable[[pytest.FixtureRequest, Path], BuildEventLog]
 
