@@ -1,8 +1,10 @@
 """One end-to-end lakehouse run, summarized as JSON: what test_spark_cluster.py compares between a
 Spark standalone cluster and local mode.
 
-It lands a small generated workload (with bad and redelivered lines), ingests it, refreshes the
-filtered log and the three projections, records one erasure, refreshes again and compacts. The
+It generates a small workload (with bad and redelivered lines) as three landing files, lands
+and ingests two of them, builds the filtered log and the three projections, lands and ingests
+the third and folds it into them (an incremental refresh, also on a log under the small-log
+rule's 1 MiB), records one erasure, refreshes again and compacts. The
 summary holds, per table, the row count and an order-independent checksum of every row (minus
 the columns that hold the wall clock or the lake's own path), the sorted event_ids' hash, the
 Delta versions, and what the engine was (master URL, executors), so two runs on different
@@ -27,12 +29,12 @@ from pyspark.sql import functions as F
 
 from databuild_assets.defs.maintenance.jobs import refresh_all_projections
 from databuild_assets.defs.resources import LakehouseResource
-from databuild_assets.ingest.landing import ingest_landing_files
+from databuild_assets.ingest.landing import IngestResult, ingest_landing_files
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import projection_spec
+from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projections
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
@@ -95,13 +97,26 @@ def engine(spark: SparkSession) -> dict:
 
 def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) -> dict:
     """The whole run on `spark` and `lake`; returns the summary (see the module docstring)."""
+    staging = Path(lake.path("staging"))
     workload = write_landing_files(
-        Path(lake.landing), n_events, seed=seed, events_per_file=max(1, n_events // 3),
-        bad_line_rate=0.01, duplicate_rate=0.02,
+        staging, n_events, seed=seed, events_per_file=-(-n_events // 3), bad_line_rate=0.01, duplicate_rate=0.02,
     )
-    ingested = ingest_landing_files(spark, lake, settle_seconds=0)
+    *first_files, last_file = sorted(staging.glob("events-*.jsonl"))
+    landing = Path(lake.landing)
+    landing.mkdir(parents=True, exist_ok=True)
+    for file in first_files:
+        file.rename(landing / file.name)
+    first = ingest_landing_files(spark, lake, settle_seconds=0)
     refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
+
+    last_file.rename(landing / last_file.name)
+    second = ingest_landing_files(spark, lake, settle_seconds=0)
+    refresh_filtered_log(spark, lake)
+    # The small-log rule would rebuild a log this small; the fold is what must work on a cluster.
+    folded = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG,
+                                 rule=RebuildRule(small_log_bytes=0))
+    ingested = IngestResult(batches=first.batches + second.batches)
     before_erasure = lake_digest(spark, lake)
 
     erased = erasure_target(spark, lake)
@@ -118,6 +133,7 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
                          "duplicate_lines": workload.duplicate_lines_written, "lines": workload.lines_written},
             "ingest": {"files": len(ingested.files), "lines_read": ingested.lines_read, "accepted": ingested.accepted,
                        "duplicates": ingested.duplicates, "quarantined": ingested.quarantined},
+            "second_batch_refresh": {name: result.mode for name, result in sorted(folded.items())},
             "before_erasure": before_erasure,
             "erased_partition_ref": erased,
             "hidden_by_erasure": hidden.deleted,

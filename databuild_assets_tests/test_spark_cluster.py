@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from databuild_assets.projections import PROJECTIONS
 from databuild_assets.runtime.lake import Lake
 from databuild_assets_tests.cluster_scenario import SUMMARY_PREFIX, run_scenario
 
@@ -182,7 +183,8 @@ def test_ingestion_projections_and_compaction_on_a_standalone_cluster_give_the_s
 
     # The work was real (bad and redelivered lines, one erasure purged everywhere) ...
     result = on_cluster["result"]
-    assert result["ingest"]["accepted"] == N_EVENTS
+    assert result["ingest"]["accepted"] == N_EVENTS and result["ingest"]["files"] == 3
+    assert result["second_batch_refresh"] == dict.fromkeys(sorted(PROJECTIONS), "incremental")
     assert result["ingest"]["duplicates"] > 0 and result["ingest"]["quarantined"] > 0
     assert result["hidden_by_erasure"] > 0
     assert result["compaction"]["rows_purged"]["raw_event_log"] == result["hidden_by_erasure"]
