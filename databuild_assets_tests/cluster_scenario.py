@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
     """The whole run on `spark` and `lake`; returns the summary (see the module docstring)."""
     staging = Path(lake.path("staging"))
     workload = write_landing_files(
-        staging, n_events, seed=seed, events_per_file=-(-n_events // 3), bad_line_rate=0.01, duplicate_rate=0.02,
+        staging, n_events, seed=seed, events_per_file=math.ceil(n_events / 3), bad_line_rate=0.01, duplicate_rate=0.02,
     )
     *first_files, last_file = sorted(staging.glob("events-*.jsonl"))
     landing = Path(lake.landing)
