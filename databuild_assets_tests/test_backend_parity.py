@@ -23,12 +23,13 @@ from databuild_assets.log.delta_backend import DeltaEventLog
 from databuild_assets.log.interface import BuildEventLog, EventFilter
 from databuild_assets.log.sqlite_backend import SqliteEventLog
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projection
+from databuild_assets.projections.refresh import projection_spec, refresh_projection
 from databuild_assets.runtime.commits import latest_commit_metadata
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.bel_cases import BR, J, build_request_event, job_event, keys_of
+from databuild_assets_tests.test_refresh import FOLD
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def test_delta_answers_equal_sqlite_and_incremental_projections_equal_full_rebui
     projection_versions = dict.fromkeys(PROJECTIONS, -1)  # before the batch (-1: no table yet)
     compared = 0
     # Folding as into a large log: by default a refresh rebuilds a log this small (`RebuildRule`).
-    delta_log = DeltaEventLog(spark, lake, rebuild_rule=RebuildRule(small_log_bytes=0))
+    delta_log = DeltaEventLog(spark, lake, rebuild_rule=FOLD)
     with SqliteEventLog(directory / "bel.db") as sqlite_log, delta_log:
         for number, batch in enumerate(stream.batches, 1):
             where = f"{stream!r}, after batch {number}"
