@@ -68,24 +68,17 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class RebuildRule:
     """When a refresh that could fold the new commits in rebuilds instead, because a rebuild is
-    then the cheaper way to the same rows. A fold has a fixed cost, a MERGE per projection (40-65
-    Spark jobs and a commit), and reads every stored state; a rebuild reads the whole log.
-    Measured on 2 cores, the three projections at once (bench/README.md, "Fold or rebuild"):
+    then the cheaper way to the same rows. A fold has a fixed cost (a MERGE and a commit per
+    projection) and reads every stored state; a rebuild reads the whole log, and writes a whole
+    new copy of each table (kept until vacuum) where a fold writes the changed rows.
 
-    - A log under `small_log_bytes`. Folding 0.1% more events into a log of 2,000, 10,000 and
-      50,000 events (0.3, 1.0, 4.3 MB) took a median 13.9, 12.4 and 12.8 s, rebuilding it 9.1,
-      8.7 and 10.8 s; at 150,000 events (12.8 MB) both took about 11 s, at 400,000 (33.6 MB)
-      the fold 11.1 s and the rebuild 16.9 s. The floor is set well under that crossover, at
-      1 MiB (about 10,000 events), because a rebuild writes a whole new copy of each table
-      (kept until vacuum; job_runs alone was 51 MB at 1M events) where a fold writes the
-      changed rows: a copy per refresh must stay small. On more cores a rebuild gains and a
-      fold's driver-bound fixed cost does not, so the crossover only moves up.
+    - A log under `small_log_bytes`: the fold's fixed cost is more than reading the whole log.
+      The floor sits well under the measured crossover so that a copy per refresh stays small
+      (docs/decisions.md, "A small log is rebuilt, not folded").
     - A backfill: new commits of at least `backfill_share` of the log's bytes and at least
-      `backfill_min_bytes`. Onto a 400,000-event log, a batch of 10% folded in 24.0-25.5 s and
-      rebuilt in 17.7-22.7 s, 25% in 21.3 s against 21.5 s, 50% in 32.1 s against 21.9 s; onto
-      1M events a 1% fold took 78-88% of a rebuild. The crossover lies between 1% and 10%, and
-      10% keeps the fold wherever it was measured faster. The floor keeps small batches on the
-      fold, which does not write a whole new copy of the table for each.
+      `backfill_min_bytes`. The share is set where the fold was never measured faster; the
+      floor keeps small batches on the fold, which does not write a whole new copy of the table
+      for each (docs/decisions.md, "A backfill is rebuilt, not folded").
 
     `RebuildRule(small_log_bytes=0)` folds into a log of any size (tests of the fold use it).
     """
@@ -326,9 +319,8 @@ def refresh_projections(
     They can run side by side: each refresh pins the source version it reads, works in a Spark
     session of its own and writes only its own table. It is worth it because a refresh of a small
     batch spends most of its time in the driver (planning, reading and writing the Delta log)
-    and in jobs too small to use every core. Measured on 2 cores, folding a 1% batch into a
-    1M-event log's three projections took a median 16.7 s at once against 21.4 s one after
-    another; a batch of 30 events into 5,000 took 15.9 s against 23.8 s (docs/decisions.md).
+    and in jobs too small to use every core (docs/decisions.md, "The projections refresh side by
+    side").
 
         results = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
     """
