@@ -33,7 +33,8 @@ class LakeRootError(RuntimeError):
 SCHEMA_VERSION_PROPERTY = "databuild.schemaVersion"
 
 # Properties every table of ours carries, chosen so an erased value leaves no copy behind
-# (EVENTS.md, Tombstones; README, Erasure; maintenance/erasure_report.py):
+# (EVENTS.md, Tombstones; docs/operations.md, Erasure, compaction and vacuum;
+# maintenance/erasure_report.py):
 # - no change data feed: change files would keep copies of rows a tombstone later erases;
 # - no deletion vectors: a delete rewrites the files, so the rows leave the live Parquet at once
 #   (except on tables that erasure rewrites whole, `TableSpec.deletion_vectors`);
