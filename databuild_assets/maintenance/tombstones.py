@@ -1,9 +1,9 @@
 """Tombstones: erasure requests, and the one rule that says which events they match.
 
-A tombstone names a key (event_id, build_request_id, job_run_id or partition_ref) and a value.
-An event matches when any of its fields of that key equals the value, array fields by
-membership (EVENTS.md). Matching events are hidden from every read at once (the filtered log
-and the query API apply `event_matches`), and compaction later purges them physically.
+A tombstone names a key (event_id, build_request_id, job_run_id or partition_ref) and a value;
+which events it matches is `events.erasure_rule`, applied here to Spark rows (`event_matches`).
+Matching events are hidden from every read at once (the filtered log and the query API apply
+the rule), and compaction later purges them physically.
 
 The tombstones table is append-only (Delta's delta.appendOnly): a request appends a
 "requested" record; compaction appends an "applied" record when it has purged the rows.
@@ -24,27 +24,11 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from databuild_assets.events.erasure_rule import ARRAY_FIELDS, JSON_TEXT_FIELDS, SCALAR_FIELDS, TOMBSTONE_KEYS
 from databuild_assets.runtime.delta_tables import ensure_table
 from databuild_assets.runtime.lake import TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
-
-# For each key: the event fields that hold a value of that key. Scalar fields match by
-# equality, array fields by membership, and JSON text fields (job configs, manifests and job
-# graphs name partitions as inputs and outputs) when they contain the value as a JSON string.
-_SCALAR_FIELDS = {
-    "event_id": ("event_id",),
-    "build_request_id": ("build_request_id", "delegation_event.delegated_to_build_request_id"),
-    "job_run_id": ("partition_event.job_run_id", "job_event.job_run_id", "task_cancel_event.job_run_id"),
-    "partition_ref": (
-        "partition_event.partition_ref",
-        "delegation_event.partition_ref",
-        "partition_invalidation_event.partition_ref",
-    ),
-}
-_ARRAY_FIELDS = {"partition_ref": ("build_request_event.requested_partitions", "job_event.target_partitions")}
-_JSON_TEXT_FIELDS = {"partition_ref": ("job_event.config", "job_event.manifests", "job_graph_event.job_graph")}
-TOMBSTONE_KEYS: tuple[str, ...] = tuple(_SCALAR_FIELDS)
 
 
 class TombstoneError(ValueError):
@@ -139,11 +123,11 @@ def event_matches(tombstones: list[Tombstone]) -> Column:
         values = sorted({t.value for t in tombstones if t.key == key})
         if not values:
             continue
-        for field in _SCALAR_FIELDS[key]:
+        for field in SCALAR_FIELDS[key]:
             conditions.append(F.col(field).isin(values))
-        for field in _ARRAY_FIELDS.get(key, ()):
+        for field in ARRAY_FIELDS.get(key, ()):
             conditions.append(F.arrays_overlap(F.col(field), F.array(*[F.lit(v) for v in values])))
-        for field in _JSON_TEXT_FIELDS.get(key, ()):
+        for field in JSON_TEXT_FIELDS.get(key, ()):
             for value in values:
                 conditions.append(F.col(field).contains(json.dumps(value)))
     if not conditions:
