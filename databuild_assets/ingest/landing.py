@@ -36,6 +36,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from databuild_assets.events.schema import EVENT_SCHEMA
 from databuild_assets.events.validation import parse_line
+from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
@@ -301,14 +302,16 @@ def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> D
     """Insert the events whose event_id is not in the log yet: one commit. Returns the metrics.
 
     MERGE (not a blind append) so that Delta checks the read against concurrent commits: two
-    writers inserting the same event_id at once conflict, and the retry skips it.
+    writers inserting the same event_id at once conflict, and the retry skips it. Under the
+    log's commit lock, which JVM-free appenders take too (runtime/commit_lock.py).
     """
-    target = DeltaTable.forPath(spark, log_path).alias("log")
-    return (
-        target.merge(events.alias("new"), "log.event_id = new.event_id")
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    with commit_lock(log_path):
+        target = DeltaTable.forPath(spark, log_path).alias("log")
+        return (
+            target.merge(events.alias("new"), "log.event_id = new.event_id")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
 
 
 class _Ledger:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -48,6 +48,7 @@ from databuild_assets.runtime.delta_tables import TableSize, current_version, re
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
     FILTERED_EVENT_LOG,
+from databuild_assets.runtime.commit_lock import commit_lock
     INGEST_LEDGER,
     RAW_EVENT_LOG,
     TOMBSTONES,
@@ -95,14 +96,17 @@ def _drop_dir(spark: SparkSession, path: str) -> None:
 
 
 def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) -> int:
-    metrics = retry_on_conflict(
-        lambda: DeltaTable.forPath(spark, path).alias("t")
-        .merge(event_ids.alias("erase"), "t.event_id = erase.event_id")
-        .whenMatchedDelete()
-        .execute()
-        .first(),
-        what=f"purge erased events from {path}",
-    )
+    def delete() -> Row:
+        with commit_lock(path):
+            return (
+                DeltaTable.forPath(spark, path).alias("t")
+                .merge(event_ids.alias("erase"), "t.event_id = erase.event_id")
+                .whenMatchedDelete()
+                .execute()
+                .first()
+            )
+
+    metrics = retry_on_conflict(delete, what=f"purge erased events from {path}")
     return int(metrics["num_deleted_rows"])
 
 
@@ -173,10 +177,11 @@ def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: da
     path = lake.table_path(spec)
 
     def optimize() -> int:
-        builder = DeltaTable.forPath(spark, path).optimize()
-        if "event_date" in spec.partition_by:
-            builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
-        metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
+        with commit_lock(path):
+            builder = DeltaTable.forPath(spark, path).optimize()
+            if "event_date" in spec.partition_by:
+                builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
+            metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
         return int(metrics["numFilesRemoved"] or 0)
 
     return retry_on_conflict(optimize, what=f"bin-pack {spec.name} at {path}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def vacuum_lake(
         dry_run = session.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS DRY RUN").collect()
         files = [row["path"] for row in dry_run]
         size = sum(_size(session, file) for file in files)
-        DeltaTable.forPath(session, path).vacuum(retention_hours)
+        with commit_lock(path):  # VACUUM records its start and end as commits
+            DeltaTable.forPath(session, path).vacuum(retention_hours)
         log.info("vacuum %s: %d files, %d bytes deleted", name, len(files), size)
         results.append(TableVacuum(name, len(files), size))
     return results

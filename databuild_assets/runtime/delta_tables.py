@@ -25,6 +25,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import SCHEMA_VERSION
+from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,12 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
         return DeltaTable.forPath(spark, path)
     _refuse_foreign_files(spark, path, spec)
     builder = _with_spec(DeltaTable.createIfNotExists(spark).location(path), spec)
-    return retry_on_conflict(builder.execute, what=f"create {spec.name} at {path}")
+
+    def create() -> DeltaTable:
+        with commit_lock(path):
+            return builder.execute()
+
+    return retry_on_conflict(create, what=f"create {spec.name} at {path}")
 
 
 def reset_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:

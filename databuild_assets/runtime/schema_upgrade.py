@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
+from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     check_schema_version,
@@ -181,7 +182,7 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
 
     upgrade_id = uuid.uuid4().hex
     metadata = json.dumps({"schema_upgrade": upgrade_id, "from": found, "to": target_version})
-    with session_settings(session, {USER_METADATA: metadata}):
+    with commit_lock(path), session_settings(session, {USER_METADATA: metadata}):
         if additions:
             columns = ", ".join(addition.sql() for addition in additions)
             retry_on_conflict(lambda: session.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),

@@ -1,0 +1,100 @@
+"""One lock per table that every committer of a local lake takes: Spark jobs and delta-rs writers.
+
+Delta's optimistic concurrency rests on an atomic "write the next commit file if absent". On a
+local disk, delta-rs does that atomically (a hard link), but Spark's default log store for
+`file:` checks and renames in two steps, guarded only inside its own JVM. A Spark job and a
+JVM-free appender committing to the same table at the same instant could both write version N.
+So every code path that commits to a table a JVM-free process also writes (the raw event log)
+holds this lock while it reads what it checks and commits: an OS advisory lock (flock) on
+a hidden file beside the table's folder (`tables/.raw_event_log.commit-lock`), released by
+the OS if the holder dies. The raw log's MERGE (ingestion, writer API) takes it, and so do
+the paths shared by every table (create, purge, OPTIMIZE, VACUUM, schema upgrade): a system
+call each.
+
+    with commit_lock(lake.table_path(RAW_EVENT_LOG)):
+        merge_new_events(...)
+
+Object stores (s3a://, abfss://) are not locked here: they need a log store made for them
+(docs/decisions.md, One lock for every committer of the raw log).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from databuild_assets.runtime.lake import is_local
+
+log = logging.getLogger(__name__)
+
+# flock conflicts between two descriptors of one process too, so a thread that already holds a
+# table's lock (a compaction that appends) must not take it again: it would wait for itself.
+_held = threading.local()
+
+
+def lock_path(table_path: str) -> Path:
+    """The lock file of the table at `table_path`: hidden, beside the table's folder (not in
+    it, where vacuum would see an unknown file)."""
+    table = Path(table_path.removeprefix("file://").removeprefix("file:"))
+    return table.parent / f".{table.name}.commit-lock"
+
+
+@contextmanager
+def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold the commit lock of the table at `table_path` for the block (re-entrant within a
+    thread). Waits for another holder; with `timeout_s`, raises TimeoutError naming the lock
+    file after that long. A table on an object store takes no lock.
+    """
+    held: set[str] = _held.__dict__.setdefault("paths", set())
+    if not is_local(table_path):
+        yield
+        return
+    path = lock_path(table_path)
+    key = str(path)
+    if key in held:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _acquire(descriptor, path, timeout_s)
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+    finally:
+        os.close(descriptor)
+
+
+def _acquire(descriptor: int, path: Path, timeout_s: float | None) -> None:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        log.info("waiting for the commit lock %s", path)
+    if timeout_s is None:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"another process has held the commit lock {path} for over {timeout_s:g} s "
+                    "(an ingest_job or compaction_job committing?); retry later"
+                ) from None
+            time.sleep(0.01)
+
+
+__all__ = ["commit_lock", "lock_path"]
