@@ -75,6 +75,17 @@ class LandingFile:
 
 
 @dataclass(frozen=True)
+class IngestedFile:
+    """A landing file as a committed batch read it: the ledger's word that it is ingested."""
+
+    path: str  # as the ledger records it (list_landing_files' spelling)
+    size: int  # the bytes the batch read
+    batch_id: int
+    planned_at_ms: int  # when the batch was planned (the file was complete by then), ms since the epoch
+    committed_at_ms: int  # when the batch was recorded as committed
+
+
+@dataclass(frozen=True)
 class BatchResult:
     batch_id: int
     files: tuple[str, ...]
@@ -448,6 +459,31 @@ def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str]
         return result
     finally:
         lines.unpersist()
+
+
+def ingested_files(spark: SparkSession, lake: Lake) -> dict[str, IngestedFile]:
+    """Every file a committed batch read, by path: what ingestion will never read again.
+
+    A file planned in a batch that has not committed is not in it (a replay reads it again).
+    A path is planned by one batch only, so the ledger never reads it again: moving or deleting
+    the file, or rewriting it elsewhere, cannot make it ingested twice.
+    """
+    path = lake.table_path(INGEST_LEDGER)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    rows = _Ledger(spark, lake).rows()
+    committed = {row.batch_id: row.recorded_at for row in rows if row.stage == "committed"}
+    return {
+        row.file_path: IngestedFile(row.file_path, row.file_size, row.batch_id, _epoch_ms(row.recorded_at),
+                                    _epoch_ms(committed[row.batch_id]))
+        for row in rows
+        if row.stage == "planned" and row.batch_id in committed
+    }
+
+
+def _epoch_ms(timestamp) -> int:
+    # Spark hands a TIMESTAMP to Python as a naive local datetime; timestamp() reads it back as local.
+    return int(timestamp.timestamp() * 1000)
 
 
 def ensure_ingest_tables(spark: SparkSession, lake: Lake) -> None:

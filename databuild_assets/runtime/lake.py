@@ -154,6 +154,12 @@ class Lake:
         """Where writers drop JSON Lines files (write to a hidden name, then rename)."""
         return self.path("landing")
 
+    @property
+    def landing_archive(self) -> str:
+        """Where landing retention moves ingested landing files, and erasure writes the landing
+        files it rewrites (maintenance/landing_files.py). Ingestion never reads it."""
+        return self.path("landing_archive")
+
     def ensure_root(self) -> "Lake":
         """This lake, its local root checked (and created when only its last folder is missing).
 
