@@ -19,8 +19,10 @@ The projections are then refreshed (their source, the filtered log, removed data
 rebuild in full and their live files no longer hold the values). Then OPTIMIZE bin-packs
 closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
 small tables and the projections (whose refreshes leave a few small files and deletion vectors
-each; the rows those mark deleted go with the rewrite). Last, exactly the tombstones this run
-purged are recorded as applied; one recorded while it ran stays pending for the next run.
+each; the rows those mark deleted go with the rewrite). Then every ingested landing file and
+archived landing file that holds a line any tombstone matches is rewritten without it
+(maintenance/landing_files.py). Last, exactly the tombstones this run purged are recorded as
+applied; one recorded while it ran stays pending for the next run.
 """
 
 from __future__ import annotations
@@ -35,20 +37,22 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.landing_files import LandingErasureResult, erase_from_landing_files
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
     event_matches,
     matching_event_ids,
     read_tombstones,
     record_applied,
+    text_mentions,
 )
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
+from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import TableSize, current_version, retry_on_conflict, table_size
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
     FILTERED_EVENT_LOG,
-from databuild_assets.runtime.commit_lock import commit_lock
     INGEST_LEDGER,
     RAW_EVENT_LOG,
     TOMBSTONES,
@@ -80,6 +84,7 @@ class CompactionResult:
     tables: tuple[TableCompaction, ...]
     rows_purged_per_tombstone: dict[str, int] = field(default_factory=dict)
     applied: tuple[str, ...] = ()
+    landing: LandingErasureResult = LandingErasureResult()
 
 
 def _checksum(frame: DataFrame) -> tuple[int, int]:
@@ -156,10 +161,7 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
     path = lake.table_path(EVENT_QUARANTINE)
     if not tombstones or not DeltaTable.isDeltaTable(spark, path):
         return 0
-    mentions = F.lit(False)
-    for tombstone in tombstones:
-        mentions = mentions | F.coalesce(F.col("line").contains(tombstone.value), F.lit(False))
-    lines = spark.read.format("delta").load(path).where(mentions).select("source_file", "line_number").distinct()
+    lines = spark.read.format("delta").load(path).where(text_mentions(F.col("line"), tombstones)).select("source_file", "line_number").distinct()
     metrics = retry_on_conflict(
         lambda: DeltaTable.forPath(spark, path).alias("q")
         .merge(lines.alias("erase"), "q.source_file = erase.source_file AND q.line_number = erase.line_number")
@@ -233,6 +235,9 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
 
     closed_before = datetime.now(timezone.utc).date() - timedelta(days=open_days - 1)
     compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
+    # Every tombstone, not only the pending ones: a landing file ingested after a tombstone was
+    # applied may hold its values too. Before record_applied: if it fails, they stay pending.
+    landing = erase_from_landing_files(spark, lake, tombstones)
     record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
 
     per_tombstone = {t.tombstone_id: purged.get(RAW_EVENT_LOG.name, {}).get(t.tombstone_id, 0) for t in to_purge}
@@ -243,4 +248,4 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
         )
         for spec in tables
     )
-    return CompactionResult(results, per_tombstone, tuple(t.tombstone_id for t in pending))
+    return CompactionResult(results, per_tombstone, tuple(t.tombstone_id for t in pending), landing)

@@ -136,6 +136,23 @@ def event_matches(tombstones: list[Tombstone]) -> Column:
     return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
 
 
+def text_mentions(text: Column, tombstones: list[Tombstone]) -> Column:
+    """True for a line of text (a bad landing line, a quarantined line) that contains any of
+    `tombstones`' values; never null. A bad line has no fields to match, so the text decides."""
+    mentions = F.lit(False)
+    for tombstone in tombstones:
+        mentions = mentions | F.coalesce(text.contains(tombstone.value), F.lit(False))
+    return mentions
+
+
+def json_string_forms(value: str) -> tuple[str, str]:
+    """`value` as a whole JSON string (as a column or a JSON Lines line holds it), and escaped
+    once more (as it appears inside a JSON text field, e.g. a job config naming a partition):
+    what the erasure report searches the disk for."""
+    needle = json.dumps(value, ensure_ascii=False)
+    return needle, json.dumps(needle, ensure_ascii=False)[1:-1]
+
+
 def visible_events(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
     """`events` minus every event a tombstone matches: the soft delete."""
     return events.where(~event_matches(tombstones)) if tombstones else events
