@@ -3,21 +3,27 @@
 For each tombstone, the report reads every Parquet data file under each table folder of the
 lake (live or not: what vacuum has not yet deleted counts) and counts the rows that hold the
 value as a whole JSON string value anywhere in the row (any column, any array element, inside
-JSON text). It also searches the Delta logs (commits and checkpoints) for the value. The
-tombstones table itself is skipped: it must keep the values to keep hiding them.
+JSON text). It also searches the Delta logs (commits and checkpoints) for the value. Every other
+file under the lake root (the landing and landing archive folders, hidden in-flight files
+included, and anything else there) is read line by line for the same JSON strings, one finding
+per folder. The tombstones table itself is skipped: it must keep the values to keep hiding them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from typing import Iterator
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones
+from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones
 from databuild_assets.maintenance.vacuum import lake_tables
-from databuild_assets.runtime.lake import TOMBSTONES, Lake
+from databuild_assets.runtime.lake import TOMBSTONES, Lake, is_local
+
+# Folders under the lake root that always get a finding, files or not, so a report shows they were looked at.
+ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive")
+_CHUNK_BYTES = 1 << 20
 
 # Where an erased value can live outside data files, and the setting that keeps it out.
 OUTSIDE_DATA_FILES = (
@@ -34,6 +40,8 @@ OUTSIDE_DATA_FILES = (
      "delta.enableDeletionVectors = false on the logs, quarantine and ledger: deletes rewrite files; the "
      "projections have them, and erasure rebuilds a projection whole (an overwrite drops every old file)"),
     ("the tombstones table", "holds each value on purpose: it is what keeps the value hidden"),
+    ("landing files not ingested yet (new, or in a batch not committed)",
+     "scanned (rows = lines); compaction rewrites a landing file only after ingestion has read it"),
     ("Dagster's run storage (materialization previews)",
      "previews show the newest rows; delete old runs in the UI or wipe DAGSTER_HOME's storage"),
 )
@@ -43,9 +51,9 @@ OUTSIDE_DATA_FILES = (
 class ErasureFinding:
     tombstone_id: str
     key: str
-    table: str
+    table: str  # a table's name, or for files outside the tables, their folder under the lake root
     data_files_scanned: int
-    rows_in_data_files: int
+    rows_in_data_files: int  # rows, or for files outside the tables, lines
     delta_log_mentions: int
 
 
@@ -62,10 +70,11 @@ def _files(spark: SparkSession, root: str, suffixes: tuple[str, ...], in_log: bo
 
 
 def erasure_report(spark: SparkSession, lake: Lake, tombstones: list[Tombstone] | None = None) -> list[ErasureFinding]:
-    """One finding per tombstone and table: rows on disk still holding the value (must be 0)."""
+    """One finding per tombstone and table, and per tombstone and folder of other files under the
+    lake root: rows (lines) on disk still holding the value (must be 0)."""
     tombstones = read_tombstones(spark, lake) if tombstones is None else tombstones
-    findings = []
-    for table, path in lake_tables(spark, lake):
+    findings, tables = [], lake_tables(spark, lake)
+    for table, path in tables:
         if table == TOMBSTONES.name:
             continue
         data_files = _files(spark, path, (".parquet",), in_log=False)
@@ -76,18 +85,91 @@ def erasure_report(spark: SparkSession, lake: Lake, tombstones: list[Tombstone] 
         for tombstone in tombstones:
             # The value as a whole JSON string, as a column holds it, and escaped once more, as it
             # appears inside a JSON text column (a job config naming a partition).
-            needle = json.dumps(tombstone.value, ensure_ascii=False)
-            nested = json.dumps(needle, ensure_ascii=False)[1:-1]
+            needle, nested = json_string_forms(tombstone.value)
             in_rows = (rows.where(F.col("row").contains(needle) | F.col("row").contains(nested)).count()
                        if rows is not None else 0)
             # Checkpoints are Parquet: their text is searched raw, for the value itself.
             in_log = log_text.where(F.col("text").contains(tombstone.value)).count() if log_text is not None else 0
             findings.append(ErasureFinding(tombstone.tombstone_id, tombstone.key, table, len(data_files), in_rows, in_log))
+    findings.extend(_file_findings(spark, lake, tombstones, [path for _, path in tables]))
+    return findings
+
+
+def _files_outside_tables(spark: SparkSession, lake: Lake, table_paths: list[str]) -> dict[str, list[str]]:
+    """Every file under the lake root that no Delta table folder holds, by its top folder."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(lake.root)
+    filesystem = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    folders: dict[str, list[str]] = {folder: [] for folder in ALWAYS_REPORTED_FOLDERS}
+    if not filesystem.exists(root):
+        return folders
+    prefix = filesystem.makeQualified(root).toString().rstrip("/") + "/"
+    tables = tuple(path.rstrip("/") + "/" for path in table_paths)
+    iterator = filesystem.listFiles(root, True)
+    while iterator.hasNext():
+        path = iterator.next().getPath().toString()
+        if path.startswith(tables):
+            continue
+        relative = path.removeprefix(prefix)
+        folders.setdefault(relative.split("/", 1)[0] if "/" in relative else "(lake root)", []).append(path)
+    return folders
+
+
+def _chunks(spark: SparkSession, path: str) -> Iterator[bytes]:
+    """The bytes of `path`, in chunks. Not through Spark's file sources: they skip hidden names."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    if is_local(path):
+        with open(hadoop_path.toUri().getPath(), "rb") as stream:
+            while chunk := stream.read(_CHUNK_BYTES):
+                yield chunk
+        return
+    stream = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(hadoop_path)
+    try:
+        while chunk := bytes(stream.readNBytes(_CHUNK_BYTES)):
+            yield chunk
+    finally:
+        stream.close()
+
+
+def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) -> dict[str, int]:
+    """For each key of `forms`: the lines ("\n"-separated) of the bytes in `chunks` that hold
+    any of its byte strings (none of which holds a newline)."""
+    counts, rest = dict.fromkeys(forms, 0), b""
+
+    def count(block: bytes) -> None:
+        for key, needles in forms.items():
+            line_starts = set()
+            for needle in needles:
+                at = block.find(needle)
+                while at != -1:
+                    line_starts.add(block.rfind(b"\n", 0, at))
+                    at = block.find(needle, at + 1)
+            counts[key] += len(line_starts)
+
+    for chunk in chunks:
+        block = rest + chunk
+        end = block.rfind(b"\n") + 1  # whole lines only; the rest waits for the next chunk
+        count(block[:end])
+        rest = block[end:]
+    count(rest)
+    return counts
+
+
+def _file_findings(spark: SparkSession, lake: Lake, tombstones: list[Tombstone], table_paths: list[str]) -> list[ErasureFinding]:
+    forms = {t.tombstone_id: tuple(form.encode("utf-8") for form in json_string_forms(t.value)) for t in tombstones}
+    findings = []
+    for folder, paths in sorted(_files_outside_tables(spark, lake, table_paths).items()):
+        lines = dict.fromkeys(forms, 0)
+        for path in paths:
+            for tombstone_id, count in lines_holding(_chunks(spark, path), forms).items():
+                lines[tombstone_id] += count
+        findings.extend(ErasureFinding(t.tombstone_id, t.key, folder, len(paths), lines[t.tombstone_id], 0) for t in tombstones)
     return findings
 
 
 def format_report(findings: list[ErasureFinding]) -> str:
-    lines = [f"{'tombstone':38} {'key':16} {'table':20} {'files':>6} {'rows':>6} {'log':>5}"]
+    lines = [f"{'tombstone':38} {'key':16} {'table or folder':20} {'files':>6} {'rows':>6} {'log':>5}"]
     for f in findings:
         lines.append(f"{f.tombstone_id:38} {f.key:16} {f.table:20} {f.data_files_scanned:6} {f.rows_in_data_files:6} {f.delta_log_mentions:5}")
     lines.append("")
