@@ -1,7 +1,9 @@
-"""Maintenance jobs: erase (an erasure request from the launchpad), compaction, vacuum, and the
-erasure report. Compaction and vacuum share the `lake_maintenance` pool: never both at once."""
+"""Maintenance jobs: erase (an erasure request from the launchpad), compaction, vacuum (with the
+landing files' retention), and the erasure report. Compaction and vacuum share the
+`lake_maintenance` pool: never both at once."""
 
 import os
+from typing import Literal, Optional
 
 from dagster import (
     AssetMaterialization,
@@ -21,6 +23,12 @@ from pydantic import Field
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report, format_report
+from databuild_assets.maintenance.landing_files import (
+    DEFAULT_RETENTION_DAYS,
+    DEFAULT_RETENTION_MODE,
+    RETENTION_MODES,
+    retain_landing_files,
+)
 from databuild_assets.maintenance.vacuum import DEFAULT_RETENTION_HOURS, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import refresh_projections
@@ -79,9 +87,19 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
                 "files_compacted": MetadataValue.int(table.files_compacted),
             },
         )
+    landing = result.landing
     context.log.info(f"tombstones applied: {len(result.applied)}; rows purged per tombstone: {result.rows_purged_per_tombstone}")
+    context.log.info(
+        f"landing files: {landing.files_scanned} ingested or archived files read, {landing.files_rewritten} rewritten "
+        f"into the archive, {landing.files_removed} removed (every line erased), {landing.lines_removed} lines removed; "
+        f"{landing.not_ingested} not ingested yet and {len(landing.changed)} changed since ingestion, not read"
+    )
     yield Output(None, metadata={
         "tombstones_applied": MetadataValue.int(len(result.applied)),
+        "landing_files_rewritten": MetadataValue.int(landing.files_rewritten),
+        "landing_files_removed": MetadataValue.int(landing.files_removed),
+        "landing_lines_removed": MetadataValue.int(landing.lines_removed),
+        "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
         "rows_purged_per_tombstone": MetadataValue.json(result.rows_purged_per_tombstone),
         "tables": _markdown_table(
             ("table", "files before", "files after", "bytes before", "bytes after", "rows purged", "files compacted"),
@@ -101,6 +119,23 @@ def compaction_job():
 _MINIMUM_RETENTION_HOURS = float(os.environ.get("DATABUILD_VACUUM_MIN_RETENTION_HOURS", DEFAULT_RETENTION_HOURS))
 
 
+def _landing_retention_from_env() -> tuple[Optional[float], str]:
+    """DATABUILD_LANDING_RETENTION_DAYS (a number of days, or "off") and DATABUILD_LANDING_RETENTION_MODE."""
+    days = os.environ.get("DATABUILD_LANDING_RETENTION_DAYS", str(DEFAULT_RETENTION_DAYS)).strip()
+    mode = os.environ.get("DATABUILD_LANDING_RETENTION_MODE", DEFAULT_RETENTION_MODE).strip()
+    if mode not in RETENTION_MODES:
+        raise ValueError(f"DATABUILD_LANDING_RETENTION_MODE={mode!r}: expected one of {', '.join(RETENTION_MODES)}")
+    if days.lower() == "off":
+        return None, mode
+    try:
+        return float(days), mode
+    except ValueError:
+        raise ValueError(f"DATABUILD_LANDING_RETENTION_DAYS={days!r}: expected a number of days, or off") from None
+
+
+_LANDING_RETENTION_DAYS, _LANDING_RETENTION_MODE = _landing_retention_from_env()
+
+
 class VacuumConfig(Config):
     retention_hours: float = Field(
         default=max(DEFAULT_RETENTION_HOURS, _MINIMUM_RETENTION_HOURS), description="Keep files younger than this."
@@ -110,11 +145,21 @@ class VacuumConfig(Config):
         description="A shorter retention is refused unless allow_short_retention is set.",
     )
     allow_short_retention: bool = Field(default=False, description="Override the minimum (logged as a warning).")
+    landing_retention_days: Optional[float] = Field(
+        default=_LANDING_RETENTION_DAYS,
+        description="Ingested landing files older than this (days since their ingestion) are archived or deleted; "
+        "null keeps them. Files not ingested yet are never touched.",
+    )
+    landing_retention_mode: Literal["archive", "delete"] = Field(
+        default=_LANDING_RETENTION_MODE,
+        description="archive: move them to <lake root>/landing_archive; delete: delete them, and archived files as old.",
+    )
 
 
 @op(pool="lake_maintenance")
 def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: LakehouseResource):
-    """Delete files older than the retention that no table version within it needs."""
+    """Delete files older than the retention that no table version within it needs; then archive
+    or delete the ingested landing files past the landing retention."""
     if config.allow_short_retention and config.retention_hours < config.minimum_retention_hours:
         context.log.warning(
             f"vacuum retention {config.retention_hours} h is below the minimum {config.minimum_retention_hours} h: "
@@ -129,7 +174,18 @@ def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: 
             asset_key=table.table, description="vacuum",
             metadata={"files_deleted": MetadataValue.int(table.files_deleted), "bytes_deleted": MetadataValue.int(table.bytes_deleted)},
         )
+    landing = retain_landing_files(lakehouse.spark_session, lakehouse.lake, config.landing_retention_days,
+                                   config.landing_retention_mode)
+    context.log.info(
+        f"landing retention ({landing.mode} after {landing.retention_days} days): {len(landing.archived)} archived, "
+        f"{len(landing.deleted)} deleted; kept {landing.not_ingested} not ingested, {landing.younger} younger, "
+        f"{len(landing.changed)} changed since ingestion, {len(landing.conflicts)} already in the archive"
+    )
     yield Output(None, metadata={
+        "landing_files_archived": MetadataValue.int(len(landing.archived)),
+        "landing_files_deleted": MetadataValue.int(len(landing.deleted)),
+        "landing_bytes_deleted": MetadataValue.int(landing.bytes_deleted),
+        "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
         "files_deleted": MetadataValue.int(sum(t.files_deleted for t in results)),
         "bytes_deleted": MetadataValue.int(sum(t.bytes_deleted for t in results)),
         "tables": _markdown_table(("table", "files deleted", "bytes deleted"),
@@ -137,7 +193,8 @@ def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: 
     })
 
 
-@job(description="Weekly: remove files older than the retention (default 168 h).")
+@job(description="Weekly: remove table files older than the retention (default 168 h), and archive or delete "
+     "ingested landing files older than the landing retention (default 7 days, archive).")
 def vacuum_job():
     vacuum_tables()
 

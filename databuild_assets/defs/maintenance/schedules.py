@@ -20,5 +20,6 @@ vacuum_schedule = ScheduleDefinition(
     cron_schedule=os.environ.get("DATABUILD_VACUUM_CRON", "0 4 * * 0"),
     execution_timezone="UTC",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Delete files past retention (DATABUILD_VACUUM_CRON, default Sundays 04:00 UTC).",
+    description="Delete table files past retention, and archive or delete ingested landing files past theirs "
+    "(DATABUILD_VACUUM_CRON, default Sundays 04:00 UTC).",
 )
