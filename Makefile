@@ -34,7 +34,9 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: setup
 	$(BIN)/databuild-assets demo
 
+# `dg check defs` first: the definitions load through Dagster's project tooling ([tool.dg] in pyproject.toml).
 test: setup
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest
 
 ui: setup
