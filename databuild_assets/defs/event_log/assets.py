@@ -3,6 +3,7 @@
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, multi_asset
 from pyspark.sql import functions as F
 
+from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata, preview
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import ingest_landing_files
@@ -13,13 +14,17 @@ landing_files = AssetSpec(
     description="JSON Lines files that DataBuild writers drop under <lake root>/landing (written to a "
     "hidden name, then renamed). Not materialized here: they arrive from outside.",
     group_name="event_log",
+    kinds={"json"},
+    tags={"databuild/layer": "landing"},
 )
 
 
 @multi_asset(
     specs=[
-        AssetSpec(RAW_EVENT_LOG.name, description=RAW_EVENT_LOG.description, deps=[landing_files], group_name="event_log"),
-        AssetSpec(EVENT_QUARANTINE.name, description=EVENT_QUARANTINE.description, deps=[landing_files], group_name="event_log"),
+        AssetSpec(RAW_EVENT_LOG.name, description=RAW_EVENT_LOG.description, deps=[landing_files], group_name="event_log",
+                  kinds=TABLE_KINDS, tags={"databuild/layer": "raw", "databuild/erasure": "purged"}),
+        AssetSpec(EVENT_QUARANTINE.name, description=EVENT_QUARANTINE.description, deps=[landing_files], group_name="event_log",
+                  kinds=TABLE_KINDS, tags={"databuild/layer": "quarantine", "databuild/erasure": "purged"}),
     ],
     # One ingestion at a time: a second would only find the first one's files taken.
     pool="databuild_ingest",

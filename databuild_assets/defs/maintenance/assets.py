@@ -5,6 +5,7 @@ from typing import Optional
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
+from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -21,7 +22,14 @@ class ErasureRequest(Config):
     reason: Optional[str] = Field(default=None, description="Why (kept in the audit record), e.g. a ticket.")
 
 
-@asset(name=TOMBSTONES.name, group_name="maintenance", description=TOMBSTONES.description)
+@asset(
+    name=TOMBSTONES.name,
+    group_name="maintenance",
+    description=TOMBSTONES.description,
+    kinds=TABLE_KINDS,
+    # The audit record keeps each erased value on purpose; erasure scans everything else.
+    tags={"databuild/layer": "audit", "databuild/erasure": "kept"},
+)
 def tombstones(context: AssetExecutionContext, config: ErasureRequest, lakehouse: LakehouseResource) -> MaterializeResult:
     spark, lake = lakehouse.spark_session, lakehouse.lake
     given = {"key": config.key, "value": config.value, "actor": config.actor, "reason": config.reason}
@@ -52,6 +60,8 @@ class FilteredLogConfig(Config):
     deps=[RAW_EVENT_LOG.name, TOMBSTONES.name],
     group_name="event_log",
     description=FILTERED_EVENT_LOG.description,
+    kinds=TABLE_KINDS,
+    tags={"databuild/layer": "filtered", "databuild/erasure": "purged"},
     pool="filtered_event_log",
 )
 def filtered_event_log(context: AssetExecutionContext, config: FilteredLogConfig, lakehouse: LakehouseResource) -> MaterializeResult:

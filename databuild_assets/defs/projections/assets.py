@@ -6,6 +6,7 @@ from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult,
 from pydantic import Field
 from pyspark.sql import functions as F
 
+from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata, preview
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
@@ -35,6 +36,8 @@ class RefreshConfig(Config):
             name,
             deps=[PROJECTION_SOURCE.name],
             group_name="projections",
+            kinds=TABLE_KINDS,
+            tags={"databuild/layer": "projection", "databuild/erasure": "purged"},
             description=f"{projection_spec(projection).description} A pure function of the visible event log.",
         )
         for name, projection in PROJECTIONS.items()
