@@ -1,9 +1,10 @@
 """The Dagster UI as a person sees it: `dagster dev` (webserver and daemon) on loopback with this
 repo's workspace.yaml and dagster.yaml, driven in headless Chromium.
 
-It checks that the asset graph shows every asset, that a materialization launched from the UI
-completes and its metadata is shown, that the schedules and sensors are listed, and that the
-erase job's launchpad accepts a tombstone request (and flags a wrong one). Screenshots go to
+It checks that the asset graph shows every asset and each one's kind icons, that an asset's page
+shows its columns, kinds, owner and table before its first run, that a materialization launched
+from the UI completes and its metadata is shown, that the schedules and sensors are listed, and
+that the erase job's launchpad accepts a tombstone request (and flags a wrong one). Screenshots go to
 `.ui-screenshots/`. Run it with `make ui-test` (it installs Debian's chromium when missing).
 """
 
@@ -50,6 +51,8 @@ from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError  # noqa: E402
 
 from databuild_assets.definitions import defs  # noqa: E402
+from databuild_assets.defs.catalog import TABLE_ASSETS  # noqa: E402
+from databuild_assets.projections import PROJECTIONS  # noqa: E402
 from databuild_assets.workload import write_landing_files  # noqa: E402
 
 
@@ -161,6 +164,59 @@ def test_the_asset_graph_shows_every_asset(page: Page):
     for group in ("event_log", "maintenance", "projections"):
         expect(page.get_by_text(group, exact=True).first).to_be_visible()
     screenshot(page, "1-asset-graph")
+
+
+def kind_icon(page: Page, kind: str):
+    """A kind's icon as the UI draws it: role img, labelled with the kind."""
+    return page.get_by_role("img", name=kind, exact=True)
+
+
+def test_the_asset_graph_shows_each_assets_kind_icons_and_the_catalog_filters_on_them(page: Page):
+    graph = defs.resolve_asset_graph()
+    for group in ("event_log", "projections"):
+        page.goto(f"/locations/{LOCATION}/asset-groups/{group}")
+        names = [k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).group_name == group]
+        for name in names:
+            expect(page.get_by_text(name, exact=True).first, f"asset {name} in the graph").to_be_visible()
+        tables = [name for name in names if name in TABLE_ASSETS]
+        # One Spark and one Delta Lake icon under each table's node.
+        expect(kind_icon(page, "spark")).to_have_count(len(tables))
+        expect(kind_icon(page, "deltalake")).to_have_count(len(tables))
+        if group == "event_log":
+            expect(kind_icon(page, "json")).to_have_count(1)  # landing_files
+        screenshot(page, f"1-graph-kinds-{group}")
+
+    # Kinds are a filter of the catalog: the Delta tables are every asset but the landing files.
+    page.goto("/assets?asset-selection=kind%3Adeltalake")
+    for name in TABLE_ASSETS:
+        expect(page.locator(f'a[href="/assets/{name}"]')).to_be_visible()
+    expect(page.locator('a[href="/assets/landing_files"]')).to_have_count(0)
+    screenshot(page, "1-catalog-kind-deltalake")
+
+
+def test_an_assets_page_shows_its_columns_kinds_owner_and_table_before_its_first_run(page: Page, dagster_dev):
+    page.goto("/assets/partition_state")
+    expect(page.get_by_text("Never materialized").first).to_be_visible()
+    expect(page.get_by_text("Columns", exact=True).first).to_be_visible()
+    for field in PROJECTIONS["partition_state"].schema.fields:
+        row = page.locator("tr").filter(has=page.get_by_text(field.name, exact=True)).first
+        expect(row, f"column {field.name}").to_contain_text(field.dataType.simpleString())
+        expect(row, f"column {field.name}").to_contain_text(field.metadata["comment"])
+        if not field.nullable:
+            expect(row).to_contain_text("non-nullable")
+    expect(page.locator("tr").filter(has=page.get_by_text("partition_ref", exact=True)).first).to_contain_text("unique")
+    expect(kind_icon(page, "spark").first).to_be_visible()
+    expect(kind_icon(page, "deltalake").first).to_be_visible()
+    expect(page.get_by_text("databuild", exact=True).first).to_be_visible()  # owner team:databuild
+    table_uri = (dagster_dev.lake_root / "tables" / "partition_state").as_uri()
+    expect(page.get_by_text(table_uri, exact=True)).to_be_visible()
+    screenshot(page, "1-partition-state-columns")
+    # Then the internal fold state a refresh keeps beside each row, as the table has it.
+    fold_state = page.locator("tr").filter(has=page.get_by_text("_fold_state", exact=True)).first
+    fold_state.scroll_into_view_if_needed()
+    expect(fold_state).to_contain_text("struct")
+    expect(fold_state).to_contain_text("Internal: the mergeable aggregates")
+    page.screenshot(path=str(SCREENSHOTS / "1-partition-state-internal-columns.png"))
 
 
 def test_the_schedules_and_sensors_are_listed(page: Page):
