@@ -21,8 +21,18 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_SCHEMA
-from databuild_assets.ingest.landing import IngestedFile, LandingFile, ingested_files, list_landing_files, read_landing_lines
-from databuild_assets.maintenance.tombstones import Tombstone, event_matches, text_mentions
+from databuild_assets.ingest.landing import (
+    IngestedFile,
+    LandingFile,
+    ingested_files,
+    list_landing_files,
+    read_landing_lines,
+)
+from databuild_assets.maintenance.tombstones import (
+    Tombstone,
+    event_matches,
+    text_mentions,
+)
 from databuild_assets.runtime.lake import Lake, is_local
 
 log = logging.getLogger(__name__)
@@ -191,7 +201,10 @@ def retain_landing_files(
     _check_retention(retention_days, mode)
     inventory = landing_inventory(spark, lake)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    due = lambda record: now_ms - record.committed_at_ms >= retention_days * _DAY_MS  # noqa: E731
+
+    def due(record: IngestedFile) -> bool:
+        return now_ms - record.committed_at_ms >= retention_days * _DAY_MS
+
     landing_due = [f for f, record in inventory.ingested if due(record)]
     archive_due = [f for f, record in inventory.archived if mode == "delete" and record is not None and due(record)]
     _refuse_remote(lake, f"landing retention ({mode}) would act on", [f.path for f in landing_due + archive_due])
@@ -317,14 +330,17 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
     if is_local(lake.root):
         _remove_stale_temps(spark, lake)
     paths = [f.path for f, _ in inventory.ingested] + [f.path for f, _ in inventory.archived]
-    not_read = dict(not_ingested=len(inventory.not_ingested), changed=tuple(f.path for f, _ in inventory.changed))
+    not_read = {"not_ingested": len(inventory.not_ingested), "changed": tuple(f.path for f, _ in inventory.changed)}
     if not paths:
         return LandingErasureResult(**not_read)
     matches = _matching_lines(spark, paths, tombstones)
     _refuse_remote(lake, "erasure would rewrite", sorted(matches))
     archive = _local_path(spark, _qualified(spark, lake.landing_archive))
     rewrites, failures = [], []
-    for path, (lines, drop) in sorted(matches.items()):
+    # Archived files first: a landing file's rewrite then finds an archived copy from an
+    # interrupted run already rewritten for the same tombstones, and completes that run.
+    archived_paths = {f.path for f, _ in inventory.archived}
+    for path, (lines, drop) in sorted(matches.items(), key=lambda match: (match[0] not in archived_paths, match[0])):
         source = _local_path(spark, path)
         try:
             rewrites.append(_rewrite(source, os.path.join(archive, os.path.basename(source)), drop, lines))
