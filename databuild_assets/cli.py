@@ -1,4 +1,5 @@
-"""Command line: `databuild-assets demo` runs the main job on the embedded default lake.
+"""Command line: `databuild-assets demo` runs the main job on the embedded default lake;
+`migrate` copies a SQLite log into the lake; `query` asks either backend one question.
 
 It generates a realistic workload into the landing folder (when that folder is empty), runs
 every asset through Dagster in this process, and prints what the lake now holds.
@@ -97,6 +98,28 @@ def migrate(sqlite_uri: str) -> int:
     return 0
 
 
+def query(uri: str, method: str, arguments: list[str]) -> int:
+    from databuild_assets.log import open_event_log, parse_event_log_uri
+    from databuild_assets.log.commands import QueryArgumentError, call, to_json
+    from databuild_assets.runtime.lake import is_local
+
+    options = {}
+    parsed = parse_event_log_uri(uri)
+    if parsed.scheme == "delta" and not is_local(parsed.location):
+        # A lake on object storage is read through Spark; a local one without a JVM.
+        from databuild_assets.runtime.spark import SparkSettings, build_spark_session
+
+        options["spark"] = build_spark_session(SparkSettings.from_env())
+    try:
+        with open_event_log(uri, **options) as log:
+            answer = call(log, method, arguments)
+    except QueryArgumentError as error:
+        print(f"databuild-assets query: {error}", file=sys.stderr)
+        return 2
+    print(to_json(answer))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="databuild-assets", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -105,11 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     run_demo.add_argument("--seed", type=int, default=7)
     run_migrate = commands.add_parser("migrate", help="copy a SQLite BEL into the Delta event log, exactly once")
     run_migrate.add_argument("sqlite_uri", help="sqlite:///absolute/path/to/bel.db")
+    run_query = commands.add_parser(
+        "query", help="ask the event log (either backend) one question; prints the answer as JSON",
+        description="Call one BuildEventLog method: arguments in the method's order or as name=value; "
+        "a status by name; filter as a JSON object. Example: databuild-assets query delta:///data/lake "
+        "get_latest_partition_status data/date=2024-01-01",
+    )
+    run_query.add_argument("uri", help="sqlite:///path/bel.db, delta:///path/to/lake or delta+s3a://bucket/lake")
+    run_query.add_argument("method", help="a query method, e.g. get_activity_summary or list_events")
+    run_query.add_argument("arguments", nargs="*", help="its arguments: values in order, or name=value")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.events, args.seed)
     if args.command == "migrate":
         return migrate(args.sqlite_uri)
+    if args.command == "query":
+        return query(args.uri, args.method, args.arguments)
     return 2
 
 

@@ -1,5 +1,6 @@
-"""The Delta backend answers exactly as the SQLite reference, and its incrementally refreshed
-projections equal full rebuilds, on generated event streams appended in random batches.
+"""The Delta backends (through Spark, and JVM-free) answer exactly as the SQLite reference, and
+the incrementally refreshed projection tables equal full rebuilds, on generated event streams
+appended in random batches.
 
 Batches are consecutive stretches of the stream, plus events held back to a later batch: late
 arrivals, whose timestamps fall before events already in the log (EVENTS.md, Ordering).
@@ -20,6 +21,7 @@ from pyspark.sql import SparkSession
 from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.delta_backend import DeltaEventLog
+from databuild_assets.log.delta_rs_backend import DeltaRsEventLog
 from databuild_assets.log.interface import BuildEventLog, EventFilter
 from databuild_assets.log.sqlite_backend import SqliteEventLog
 from databuild_assets.projections import PROJECTIONS
@@ -130,14 +132,17 @@ def test_delta_answers_equal_sqlite_and_incremental_projections_equal_full_rebui
     compared = 0
     # Folding as into a large log: by default a refresh rebuilds a log this small (`RebuildRule`).
     delta_log = DeltaEventLog(spark, lake, rebuild_rule=FOLD)
-    with SqliteEventLog(directory / "bel.db") as sqlite_log, delta_log:
+    # The JVM-free backend follows the same lake as Spark writes it, opened before the first commit.
+    with SqliteEventLog(directory / "bel.db") as sqlite_log, delta_log, DeltaRsEventLog(lake) as follower:
         for number, batch in enumerate(stream.batches, 1):
             where = f"{stream!r}, after batch {number}"
             assert delta_log.append_events(batch) == sqlite_log.append_events(batch), where
 
             state = rng.getstate()
             expected = answers(sqlite_log, stream_events, rng)
-            rng.setstate(state)  # the same sample of keys for both
+            rng.setstate(state)  # the same sample of keys for all
+            assert answers(follower, stream_events, rng) == expected, f"{where} (JVM-free)"
+            rng.setstate(state)
             delta_log.get_activity_summary()  # refreshes the three projections at once, not one by one
             assert answers(delta_log, stream_events, rng) == expected, where
 
@@ -160,6 +165,27 @@ def test_delta_answers_equal_sqlite_and_incremental_projections_equal_full_rebui
                     rebuilt = table_rows(projection.build(log).select(*projection.schema.fieldNames()), projection.key)
                     assert stored == rebuilt, f"{where}: {name} differs from its full rebuild"
     assert compared, f"{stream!r}: no projection was refreshed incrementally"
+
+
+@settings(
+    max_examples=int(os.environ.get("PARITY_EXAMPLES", 1)) * 10,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(stream=batched_streams())
+def test_jvm_free_appends_answer_as_sqlite_after_every_batch(tmp_path_factory, stream: BatchedStream) -> None:
+    directory = tmp_path_factory.mktemp("parity-rs")
+    stream_events = [event for batch in stream.batches for event in batch]
+    rng = random.Random(stream.seed)
+    with SqliteEventLog(directory / "bel.db") as sqlite_log, DeltaRsEventLog(Lake(str(directory / "lake"))) as log:
+        for number, batch in enumerate(stream.batches, 1):
+            where = f"{stream!r}, after batch {number}"
+            assert log.append_events(batch) == sqlite_log.append_events(batch), where
+            state = rng.getstate()
+            expected = answers(sqlite_log, stream_events, rng)
+            rng.setstate(state)
+            assert answers(log, stream_events, rng) == expected, where
 
 
 def test_a_refresh_that_changes_no_rows_still_records_the_log_version_it_processed(spark: SparkSession, lake) -> None:

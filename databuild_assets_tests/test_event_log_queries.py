@@ -29,16 +29,16 @@ from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.events.validation import InvalidEventError
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.log import (
-    BACKENDS,
     AppendResult,
     BuildEventLog,
     EventFilter,
     SqliteEventLog,
     load_events,
     open_event_log,
-    register_backend,
+    parse_event_log_uri,
 )
-from databuild_assets.log.delta_backend import DeltaEventLog, lake_of_location
+from databuild_assets.log.delta_backend import DeltaEventLog
+from databuild_assets.log.delta_rs_backend import DeltaRsEventLog
 from databuild_assets.log.interface import (
     ActivitySummary,
     BuildRequestSummary,
@@ -61,9 +61,14 @@ def _delta_log(request: pytest.FixtureRequest, directory: Path) -> BuildEventLog
     return SharedDeltaLog(request.getfixturevalue("shared_delta_lakes"))
 
 
+def _delta_rs_log(request: pytest.FixtureRequest, directory: Path) -> BuildEventLog:
+    return DeltaRsEventLog(Lake(str(directory / "lake")))
+
+
 BACKEND_FACTORIES: dict[str, BackendFactory] = {
     "sqlite": _sqlite_log,
     "delta": _delta_log,
+    "delta-rs": _delta_rs_log,
 }
 
 
@@ -219,7 +224,7 @@ def test_shared_case(event_log: BuildEventLog, case: Callable[[BuildEventLog], N
 
 # Arrival orders tried per backend. A Delta log in batches of 4 costs 7 commits and 3 projection
 # refreshes (about 30 s); test_backend_parity.py compares many more Delta batchings with SQLite.
-SHUFFLE_SEEDS = {"sqlite": range(3), "delta": range(1)}
+SHUFFLE_SEEDS = {"sqlite": range(3), "delta": range(1), "delta-rs": range(3)}
 
 
 def test_answers_do_not_depend_on_how_events_were_batched_or_in_what_order_they_arrived(
@@ -312,26 +317,30 @@ def test_a_relative_sqlite_uri_is_refused_with_the_form_to_use() -> None:
         open_event_log("sqlite://bel.db")
 
 
-def test_a_delta_uri_says_the_delta_backend_needs_a_spark_session() -> None:
-    with pytest.raises(ValueError, match=r"needs a SparkSession.*databuild_assets\.log\.delta_backend"):
-        open_event_log("delta:///lake/bel")
+def test_a_delta_uri_without_a_spark_session_opens_the_jvm_free_backend_for_a_local_lake(tmp_path: Path) -> None:
+    with open_event_log(f"delta://{tmp_path}/lake") as log:
+        assert isinstance(log, DeltaRsEventLog)
+        assert log.lake == Lake(str(tmp_path / "lake"))
+    with pytest.raises(ValueError, match=r"follows lakes on this machine's disks only.*spark=spark"):
+        open_event_log("delta+s3a://bucket/lake")
 
 
-def test_open_event_log_finds_the_delta_backend_without_it_being_imported_first() -> None:
+def test_opening_a_sqlite_or_jvm_free_delta_log_starts_no_jvm(tmp_path: Path) -> None:
+    # Each in a fresh interpreter: no SparkSession may exist, and no Java process may be started.
     script = (
         "import sys\n"
         "from databuild_assets.log import open_event_log\n"
-        "try:\n"
-        "    open_event_log('delta:///lake')\n"
-        "except ValueError as error:\n"
-        "    print(error)\n"
-        "print('databuild_assets.log.delta_backend' in sys.modules)\n"
+        f"with open_event_log('delta://{tmp_path}/lake') as log:\n"
+        "    log.append_event({'event_id': 'e1', 'timestamp': 1, 'build_request_id': 'b',\n"
+        "                      'event_type': 'build_cancel_event', 'build_cancel_event': {'reason': 'r'}})\n"
+        "    print(log.get_activity_summary().total_events)\n"
+        "from pyspark import SparkContext\n"
+        "print(SparkContext._jvm is None and SparkContext._active_spark_context is None)\n"
     )
     repo = Path(__file__).resolve().parents[1]
     output = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, check=True).stdout
 
-    assert output.splitlines()[-1] == "True"
-    assert "needs a SparkSession" in output
+    assert output.split() == ["1", "True"]
 
 
 def test_a_delta_uri_opens_the_lake_at_its_root_or_at_its_raw_log_table(spark: Any, tmp_path: Path) -> None:
@@ -355,8 +364,8 @@ def test_a_delta_uri_opens_the_lake_at_its_root_or_at_its_raw_log_table(spark: A
 
 def test_a_delta_plus_uri_opens_a_lake_on_any_hadoop_filesystem(spark: Any, tmp_path: Path) -> None:
     # delta+<scheme>://... names a lake root by its filesystem URI (s3a, abfss, gs, file, ...).
-    assert lake_of_location("delta+s3a://bucket/databuild", "bucket/databuild") == Lake("s3a://bucket/databuild")
-    assert lake_of_location("delta+s3a://b/lake/tables/raw_event_log", "b/lake/tables/raw_event_log") == Lake("s3a://b/lake")
+    assert parse_event_log_uri("delta+s3a://bucket/databuild").lake == Lake("s3a://bucket/databuild")
+    assert parse_event_log_uri("delta+s3a://b/lake/tables/raw_event_log").lake == Lake("s3a://b/lake")
     with pytest.raises(ValueError, match=r"does not name a lake on a Hadoop filesystem.*delta\+s3a://bucket"):
         open_event_log("delta+s3a://", spark=spark)
 
@@ -383,20 +392,6 @@ def test_an_unknown_uri_is_refused_naming_it_and_the_accepted_forms() -> None:
         open_event_log("postgres://db/bel")
     with pytest.raises(ValueError, match="cannot open event log '/tmp/bel.db'"):
         open_event_log("/tmp/bel.db")
-
-
-def test_a_registered_backend_opens_its_scheme_with_the_callers_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(BACKENDS, "delta", BACKENDS["delta"])  # restored after the test
-    opened = []
-
-    def open_fake(uri: str, location: str, **options: object) -> BuildEventLog:
-        opened.append((uri, location, options))
-        return SqliteEventLog(":memory:")
-
-    register_backend("delta", open_fake)
-    open_event_log("delta:///lake/bel", spark="a SparkSession").close()
-
-    assert opened == [("delta:///lake/bel", "/lake/bel", {"spark": "a SparkSession"})]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ answer equals the SQLite reference's on the same events (EVENTS.md, The query in
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -28,7 +27,7 @@ from databuild_assets.events.enums import (
 from databuild_assets.events.schema import EVENT_COLUMNS, event_from_row
 from databuild_assets.events.validation import require_valid
 from databuild_assets.ingest.writer import append_events as write_events
-from databuild_assets.log import register_backend
+from databuild_assets.log.time_travel import ReadOnlyEventLogError, resolve_log_version
 from databuild_assets.log.interface import (
     ActivitySummary,
     AppendResult,
@@ -156,17 +155,29 @@ class DeltaEventLog(BuildEventLog):
     refresh rebuilds a projection that it could fold into (a small log, a backfill). A lake with
     no log yet answers as an empty log; the first append creates it. Use one instance per thread.
 
+    With `version`, it is the log as it was at that raw log version (`as_of`): read-only, event
+    reads read that version, and status and summary reads compute the projections from its
+    events with the same functions the projection tables are built with. Events a tombstone
+    matches now stay hidden (an erased event stays erased).
+
         log = DeltaEventLog(spark, Lake("/data/lake"))
         log.append_events(events)
         log.get_latest_partition_status("data/date=2024-01-01")
     """
 
     def __init__(
-        self, spark: SparkSession, lake: Lake, writer: str = "event-log", rebuild_rule: RebuildRule = RebuildRule()
+        self,
+        spark: SparkSession,
+        lake: Lake,
+        writer: str = "event-log",
+        rebuild_rule: RebuildRule = RebuildRule(),
+        version: int | None = None,
     ) -> None:
         self.spark: SparkSession | None = spark
         self.lake = lake
         self.writer = writer
+        # A raw log version to answer as of (read-only, `as_of`), or None for the live log.
+        self.version = version
         self.rebuild_rule = rebuild_rule
         self._log_path = lake.table_path(_LOG)
         self._log_checked = False  # its schema version, once per instance
@@ -178,7 +189,8 @@ class DeltaEventLog(BuildEventLog):
         self._tombstones: tuple[int | None, list[Tombstone]] = (None, [])
 
     def __repr__(self) -> str:
-        return f"DeltaEventLog({self.lake.root!r})"
+        pinned = "" if self.version is None else f".as_of(version={self.version})"
+        return f"DeltaEventLog({self.lake.root!r}){pinned}"
 
     # -- the tables ----------------------------------------------------------------------------
 
@@ -221,7 +233,10 @@ class DeltaEventLog(BuildEventLog):
         spark = self._spark()
         if self._log_version() is None:
             return spark.createDataFrame([], _LOG.schema)
-        return visible_events(spark.read.format("delta").load(self._log_path), self._current_tombstones())
+        reader = spark.read.format("delta")
+        if self.version is not None:
+            reader = reader.option("versionAsOf", self.version)
+        return visible_events(reader.load(self._log_path), self._current_tombstones())
 
     def _projections(self, *names: str) -> list[DataFrame]:
         """The projection tables `names`, each first brought up to the current log and tombstones.
@@ -230,6 +245,9 @@ class DeltaEventLog(BuildEventLog):
         refreshed first; the stale ones together (`refresh_projections`).
         """
         spark = self._spark()
+        if self.version is not None:
+            events = self._visible_log()
+            return [PROJECTIONS[name].build(events).select(*PROJECTIONS[name].schema.fieldNames()) for name in names]
         log_version = self._log_version()
         if log_version is None:
             return [spark.createDataFrame([], PROJECTIONS[name].schema) for name in names]
@@ -249,13 +267,23 @@ class DeltaEventLog(BuildEventLog):
         specs = [projection_spec(PROJECTIONS[name]) for name in names]
         return [spark.read.format("delta").load(self.lake.table_path(spec)).select(*spec.schema.fieldNames()) for spec in specs]
 
-    def _projection(self, name: str) -> DataFrame:
+    def projection(self, name: str) -> DataFrame:
+        """The projection `name` (partition_state, job_runs or build_requests) as a DataFrame:
+        the table brought up to date, or, for a pinned version, computed as of it.
+
+            log.as_of(version=12).projection("partition_state").show()
+        """
         [frame] = self._projections(name)
         return frame
 
     # -- writes ---------------------------------------------------------------------------------
 
     def append_events(self, events: Iterable[Mapping[str, Any]]) -> AppendResult:
+        if self.version is not None:
+            raise ReadOnlyEventLogError(
+                f"{self!r} is the log as it was at version {self.version}, read-only; append to the log itself "
+                "(open_event_log without as_of)"
+            )
         events = list(events)
         # Validated here first so the error names the first bad event as every backend does.
         for index, event in enumerate(events):
@@ -319,7 +347,7 @@ class DeltaEventLog(BuildEventLog):
 
     def get_latest_partition_status(self, partition_ref: str) -> PartitionStatusInfo | None:
         rows = (
-            self._projection("partition_state")
+            self.projection("partition_state")
             .where((F.col("partition_ref") == partition_ref) & F.col("status_event_id").isNotNull())
             .select("status_code", "status_timestamp", "status_event_id", "status_build_request_id",
                     "status_job_run_id", "invalidated", "is_available")
@@ -364,7 +392,7 @@ class DeltaEventLog(BuildEventLog):
 
     def get_build_request_for_available_partition(self, partition_ref: str) -> str | None:
         rows = (
-            self._projection("partition_state")
+            self.projection("partition_state")
             .where((F.col("partition_ref") == partition_ref) & F.col("is_available"))
             .select("status_build_request_id")
             .collect()
@@ -381,7 +409,7 @@ class DeltaEventLog(BuildEventLog):
     ) -> list[BuildRequestSummary]:
         check_page(limit, offset)
         status_code = None if status is None else int(BuildRequestStatus(status))
-        frame = self._projection("build_requests")
+        frame = self.projection("build_requests")
         if status_code is not None:
             frame = frame.where(F.col("status_code") == status_code)
         order = [F.col("received_at").desc(), F.col("build_request_id")]
@@ -399,7 +427,7 @@ class DeltaEventLog(BuildEventLog):
 
     def list_recent_partitions(self, limit: int = 100, offset: int = 0) -> list[PartitionSummary]:
         check_page(limit, offset)
-        frame = self._projection("partition_state").select(*_PARTITION_SUMMARY_FIELDS)
+        frame = self.projection("partition_state").select(*_PARTITION_SUMMARY_FIELDS)
         order = [F.col("updated_at").desc(), F.col("partition_ref")]
         return [
             PartitionSummary(**row.asDict(), status_name=PartitionStatus(row["status_code"]).name)
@@ -447,17 +475,16 @@ class DeltaEventLog(BuildEventLog):
 
     # -- time travel ----------------------------------------------------------------------------
 
-    def as_of(self, version: int | None = None, timestamp: datetime | str | None = None) -> "BuildEventLog":
+    def as_of(self, version: int | None = None, timestamp: datetime | str | None = None) -> DeltaEventLog:
         """A read-only view of this log as of a raw log version, or of the last commit at or before
         `timestamp` (a datetime, naive = UTC, or ISO 8601 text): every query answers as the log did
         then, except that events erased since stay hidden. See `databuild_assets.log.time_travel`.
 
             log.as_of(version=12).get_activity_summary()
         """
-        from databuild_assets.log.time_travel import DeltaEventLogAsOf, resolve_log_version
-
         spark = self._spark()
-        return DeltaEventLogAsOf(spark, self.lake, resolve_log_version(spark, self.lake, version, timestamp))
+        pinned = resolve_log_version(spark, self.lake, version, timestamp)
+        return DeltaEventLog(spark, self.lake, writer="read-only", rebuild_rule=self.rebuild_rule, version=pinned)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -467,65 +494,4 @@ class DeltaEventLog(BuildEventLog):
         self._projection_states.clear()
 
 
-# ---------------------------------------------------------------------------------------------
-# Opening by URI
-# ---------------------------------------------------------------------------------------------
-
-
-def lake_of_location(uri: str, location: str) -> Lake:
-    """The lake a `delta://` URI names: its root, or its raw log table `<root>/tables/raw_event_log`.
-
-        lake_of_location("delta:///data/lake", "/data/lake")                       # Lake("/data/lake")
-        lake_of_location(uri, "/data/lake/tables/raw_event_log")                   # Lake("/data/lake")
-        lake_of_location("delta+s3a://bucket/lake", "bucket/lake")                 # Lake("s3a://bucket/lake")
-    """
-    scheme = uri.partition("://")[0].lower()
-    path = location.rstrip("/")
-    if scheme.startswith("delta+"):
-        filesystem = scheme[len("delta+"):]
-        if not filesystem or not path:
-            raise ValueError(
-                f"{uri!r} does not name a lake on a Hadoop filesystem; write delta+ followed by the root's "
-                "URI, e.g. delta+s3a://bucket/databuild (the lake root s3a://bucket/databuild)"
-            )
-        path = f"{filesystem}://{path}"
-    elif not location.startswith("/") or not path:
-        raise ValueError(
-            f"{uri!r} does not name an absolute path; write delta:// followed by the absolute path of the lake "
-            f"root or of its raw log table, e.g. delta:///data/lake or delta:///data/lake{_LOG_SUFFIX}"
-        )
-    if path.endswith(_LOG_SUFFIX):
-        return Lake(path[: -len(_LOG_SUFFIX)] or "/")
-    if os.path.isdir(os.path.join(path, "_delta_log")):
-        raise ValueError(
-            f"{uri!r} is a Delta table, not a lake root nor its raw log table ({_LOG_SUFFIX.lstrip('/')}); "
-            "point the URI at the lake root or at that table"
-        )
-    return Lake(path)
-
-
-def open_delta_event_log(uri: str, location: str, **options: Any) -> DeltaEventLog:
-    """The `delta` scheme's factory for `open_event_log`.
-
-    `delta:///absolute/path` names either the lake root (the folder holding `tables/`) or the raw
-    log table `<root>/tables/raw_event_log`; both open the same log. `delta+s3a://bucket/lake`
-    (or any other Hadoop filesystem scheme after the `+`) names a lake root on that filesystem. Options: `spark` (required,
-    a SparkSession with Delta configured) and `writer` (the name appends are recorded under).
-
-        log = open_event_log("delta:///data/lake/tables/raw_event_log", spark=spark)
-    """
-    spark = options.pop("spark", None)
-    writer = options.pop("writer", "event-log")
-    if options:
-        raise TypeError(f"{uri}: the Delta backend takes spark= and writer=, got {', '.join(sorted(options))}")
-    if spark is None:
-        raise ValueError(
-            f"{uri!r}: the Delta backend needs a SparkSession with Delta configured; call "
-            f"open_event_log({uri!r}, spark=spark) (databuild_assets.log.delta_backend.DeltaEventLog)"
-        )
-    return DeltaEventLog(spark, lake_of_location(uri, location), writer=writer)
-
-
-register_backend("delta", open_delta_event_log)
-
-__all__ = ["DeltaEventLog", "lake_of_location", "open_delta_event_log"]
+__all__ = ["DeltaEventLog"]

@@ -5,27 +5,24 @@ An erased event stays erased: a past view and a diff leave out, and never show t
 every event a tombstone matches now, even one recorded after that version (the tombstones
 table is append-only, so today's tombstones include every earlier one).
 
-    past = DeltaEventLog(spark, lake).as_of(version=12)      # or as_of(timestamp="2026-11-18T09:00:00Z")
+    past = DeltaEventLog(spark, lake).as_of(version=12)      # or as_of(timestamp="2026-11-18T09:00:00Z"),
+                                                             # i.e. DeltaEventLog(spark, lake, version=12)
     past.get_latest_partition_status("data/sales/date=2026-11-18")
     diff = log_diff(spark, lake, 12, 15)                     # events added, event ids purged
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_COLUMNS, event_from_row
-from databuild_assets.log.delta_backend import DeltaEventLog
-from databuild_assets.log.interface import AppendResult
-from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
-from databuild_assets.projections import PROJECTIONS
+from databuild_assets.maintenance.tombstones import event_matches, read_tombstones
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
 
@@ -86,48 +83,6 @@ def _iso(epoch_ms: int) -> str:
     return datetime.fromtimestamp(epoch_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
 
 
-class DeltaEventLogAsOf(DeltaEventLog):
-    """A read-only view of the Build Event Log as of raw log version `version`.
-
-    Event reads read the raw log at that version; status and summary reads compute the
-    projections from those events with the same pure functions the projection tables are built
-    with (`PROJECTIONS[name].build`), so they answer what the log answered then. Events a
-    tombstone matches now are left out (an erased event stays erased). Appends are refused.
-
-        past = log.as_of(version=12)
-        past.list_build_requests(limit=20)
-        past.projection("partition_state").show()
-    """
-
-    def __init__(self, spark: SparkSession, lake: Lake, version: int) -> None:
-        super().__init__(spark, lake, writer="read-only")
-        self.version = version
-
-    def __repr__(self) -> str:
-        return f"DeltaEventLog({self.lake.root!r}).as_of(version={self.version})"
-
-    def _visible_log(self) -> DataFrame:
-        spark = self._spark()
-        self._log_version()  # refuses a log of a newer schema version, as the live log does
-        at_version = spark.read.format("delta").option("versionAsOf", self.version).load(self._log_path)
-        return visible_events(at_version, self._current_tombstones())
-
-    def _projections(self, *names: str) -> list[DataFrame]:
-        events = self._visible_log()
-        return [PROJECTIONS[name].build(events).select(*PROJECTIONS[name].schema.fieldNames()) for name in names]
-
-    def projection(self, name: str) -> DataFrame:
-        """The projection `name` (partition_state, job_runs, build_requests) as of this version."""
-        [frame] = self._projections(name)
-        return frame
-
-    def append_events(self, events: Iterable[Mapping[str, Any]]) -> AppendResult:
-        raise ReadOnlyEventLogError(
-            f"{self!r} is the log as it was at version {self.version}, read-only; append to the log itself "
-            "(DeltaEventLog, or open_event_log without as_of)"
-        )
-
-
 @dataclass(frozen=True)
 class LogDiff:
     """What changed in the raw log from `from_version` to `to_version`, by event_id.
@@ -180,7 +135,6 @@ def log_diff(spark: SparkSession, lake: Lake, from_version: int, to_version: int
 
 
 __all__ = [
-    "DeltaEventLogAsOf",
     "LogDiff",
     "ReadOnlyEventLogError",
     "TimeTravelError",

@@ -49,7 +49,7 @@ from databuild_assets.maintenance.tombstones import (
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import TableSize, current_version, retry_on_conflict, table_size
+from databuild_assets.runtime.delta_tables import TableSize, current_version, ensure_table, retry_on_conflict, table_size
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
     FILTERED_EVENT_LOG,
@@ -215,6 +215,8 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
     `open_days`: the most recent event dates that writers may still append to are left out of
     bin-packing. `refresh_projections(spark, lake)` rebuilds the projections after the purge.
     """
+    # A lake whose tombstones asset never ran has no table yet: none pending, and now an empty one.
+    ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)
     tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
     tombstones = read_tombstones(spark, lake, tombstones_version)
     pending = [t for t in tombstones if t.pending]

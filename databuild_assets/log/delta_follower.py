@@ -1,0 +1,155 @@
+"""Follow a Delta table on a local disk commit by commit, without a JVM.
+
+A follower knows the version it has read up to. Whether the table moved is one `stat` of the
+next commit file (Delta versions are contiguous and each commit file appears atomically), so
+asking before every read is cheap. What changed is read from the commit files themselves (the
+Delta protocol's JSON actions): the data files added and removed. A reader that fell behind
+past the log's retention, or that meets a commit it cannot follow, reloads the table's
+snapshot through delta-rs instead.
+
+    follower = DeltaFollower("/data/lake/tables/raw_event_log")
+    rows = follower.load(["event_id"])     # every live row, at the latest version
+    changes = follower.changes()          # the commits since, or None: load() again
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+import deltalake
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from databuild_assets.runtime.delta_tables import schema_version_of
+
+# Reader features whose files a plain Parquet read would misread: rows only marked deleted,
+# physical column names that differ from the schema's.
+_UNFOLLOWABLE_READER_FEATURES = frozenset({"deletionVectors", "columnMapping"})
+
+
+class UnfollowableTableError(RuntimeError):
+    """The table uses a Delta feature this reader cannot follow (deletion vectors, column mapping)."""
+
+
+class TableTooLargeError(RuntimeError):
+    """The table holds more rows than the reader was allowed to load into memory."""
+
+    def __init__(self, path: str, rows: int, max_rows: int) -> None:
+        super().__init__(f"{path} holds {rows:,} rows, more than the {max_rows:,} this reader may load")
+        self.rows, self.max_rows = rows, max_rows
+
+
+@dataclass
+class Changes:
+    """The data files that commits after a version added and removed (dataChange only: an
+    OPTIMIZE that rearranges rows changes no data), up to `version`."""
+
+    version: int
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+class DeltaFollower:
+    """One Delta table on a local disk, followed by version. See the module doc."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path.removeprefix("file://").removeprefix("file:")
+        self._log_dir = Path(self.path) / "_delta_log"
+        self._version: int | None = None
+        self._next_commit = ""  # the path of the commit after `version`: asked before every read
+
+    @property
+    def version(self) -> int | None:
+        """The version read up to, or None before the first load."""
+        return self._version
+
+    @version.setter
+    def version(self, version: int | None) -> None:
+        self._version = version
+        self._next_commit = "" if version is None else str(self._commit_file(version + 1))
+
+    def _commit_file(self, version: int) -> Path:
+        return self._log_dir / f"{version:020d}.json"
+
+    def exists(self) -> bool:
+        """Whether the table has a first commit (or a checkpoint, if its early commits aged out)."""
+        return self._log_dir.is_dir() and any(name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir))
+
+    def moved(self) -> bool:
+        """Whether a commit after `version` exists (always true before the first load of a
+        table that exists)."""
+        if self._version is None:
+            return self.exists()
+        return os.path.exists(self._next_commit)
+
+    def load(self, columns: Iterable[str], max_rows: int | None = None) -> pa.Table:
+        """`columns` of every live row at the table's latest version, through delta-rs (which
+        reconciles files written under older schemas); sets `version`. With `max_rows`, raises
+        TableTooLargeError before reading when the table's files hold more rows (their stats)."""
+        table = deltalake.DeltaTable(self.path)
+        self._check(table.protocol().reader_features, table.metadata().configuration)
+        if max_rows is not None:
+            counts = pa.chunked_array(table.get_add_actions(flatten=True).column("num_records"))
+            total = sum(count or 0 for count in counts.to_pylist())
+            if total > max_rows:
+                raise TableTooLargeError(self.path, total, max_rows)
+        rows = table.to_pyarrow_table(columns=list(columns))
+        self.version = table.version()
+        return rows
+
+    def changes(self) -> Changes | None:
+        """What the commits after `version` changed, advancing `version` to the last of them;
+        None when they cannot be followed one by one (a commit file cleaned up, a new protocol
+        or schema version): the caller loads the snapshot again."""
+        if self.version is None:
+            return None
+        changes = Changes(self.version)
+        while True:
+            path = self._commit_file(changes.version + 1)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                break
+            for line in text.splitlines():
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                if "add" in action and action["add"].get("dataChange", True):
+                    changes.added.append(unquote(action["add"]["path"]))
+                elif "remove" in action and action["remove"].get("dataChange", True):
+                    changes.removed.append(unquote(action["remove"]["path"]))
+                elif "metaData" in action or "protocol" in action:
+                    return None  # a schema or protocol change: reload and check it
+            changes.version += 1
+        self.version = changes.version
+        return changes
+
+    def _check(self, reader_features: Iterable[str] | None, configuration: dict[str, str]) -> None:
+        blocked = sorted(set(reader_features or ()) & _UNFOLLOWABLE_READER_FEATURES)
+        if blocked:
+            raise UnfollowableTableError(
+                f"{self.path} uses the Delta reader feature(s) {', '.join(blocked)}, which this JVM-free reader "
+                "does not follow; open the log with a SparkSession (open_event_log(uri, spark=spark))"
+            )
+        schema_version_of(self.path, configuration)
+
+    def read(self, files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
+        """`columns` of the data files `files` (relative paths) as one table; None when a file
+        is gone (vacuumed after a long pause): the caller loads the snapshot again."""
+        tables = []
+        for relative in files:
+            try:
+                tables.append(pq.read_table(os.path.join(self.path, relative), columns=list(columns)))
+            except FileNotFoundError:
+                return None
+        if not tables:
+            return None if files else pa.table({})
+        return pa.concat_tables(tables, promote_options="permissive")
+
+
+__all__ = ["Changes", "DeltaFollower", "TableTooLargeError", "UnfollowableTableError"]

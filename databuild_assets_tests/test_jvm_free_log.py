@@ -1,0 +1,161 @@
+"""The JVM-free Delta backend as a live service uses it: read-your-writes within and across
+processes, tombstones honoured from the very next read, appends that dedupe against the whole
+log, real appender processes racing ingest_job and compaction_job on one lake, and the query
+command line. (The shared query specification runs on it in test_event_log_queries.py, and the
+parity property test in test_backend_parity.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import materialize
+
+from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.maintenance.jobs import (
+    compaction_job,
+    refresh_all_projections,
+)
+from databuild_assets.events.schema import EVENT_COLUMNS
+from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
+from databuild_assets.log.delta_rs_backend import DeltaRsEventLog, ReplicaTooLargeError
+from databuild_assets.maintenance.compaction import compact
+from databuild_assets.maintenance.tombstones import request_erasure
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests import bel_cases
+from databuild_assets_tests.bel_cases import BR, P, build_request_event, partition_event
+from databuild_assets_tests.support import REPO_ROOT, AppenderProcess, lakehouse_for
+
+
+def _in_another_process(lake: Lake, code: str) -> str:
+    script = f"from databuild_assets.log import open_event_log\nlog = open_event_log('delta://{lake.root}')\n{code}"
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_an_append_is_read_at_once_by_the_same_log_and_by_a_log_in_another_process(lake: Lake) -> None:
+    with DeltaRsEventLog(lake) as log:
+        log.append_event(partition_event("e1", 100, "br-1", "data/a", P.PARTITION_BUILDING))
+        assert log.get_latest_partition_status("data/a").status == P.PARTITION_BUILDING
+
+        printed = _in_another_process(
+            lake,
+            "print(log.get_latest_partition_status('data/a').status_name)\n"
+            "log.append_event({'event_id': 'e2', 'timestamp': 200, 'build_request_id': 'br-1', "
+            "'event_type': 'partition_event', 'partition_event': {'partition_ref': 'data/a', "
+            "'status_code': 4, 'status_name': 'PARTITION_AVAILABLE'}})\n",
+        )
+        assert printed.split() == ["PARTITION_BUILDING"]
+        # The other process's commit is seen by the very next read here.
+        assert log.get_build_request_for_available_partition("data/a") == "br-1"
+        assert bel_cases.ids(log.get_partition_events("data/a")) == ["e1", "e2"]
+
+
+def test_a_tombstone_hides_its_events_from_the_next_read_and_a_purge_keeps_them_hidden(spark, lake: Lake) -> None:
+    events = [
+        build_request_event("e1", 100, "br-1", BR.BUILD_REQUEST_RECEIVED, ["data/a", "data/b"]),
+        partition_event("e2", 110, "br-1", "data/a", P.PARTITION_AVAILABLE),
+        partition_event("e3", 120, "br-1", "data/b", P.PARTITION_AVAILABLE),
+    ]
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+        request_erasure(spark, lake, "partition_ref", "data/a", actor="alice", reason="ticket 9")
+
+        # e1 lists data/a, e2 carries it: both hidden at once, and the projections forget data/a.
+        assert bel_cases.ids(log.get_build_request_events("br-1")) == ["e3"]
+        assert log.get_latest_partition_status("data/a") is None
+        assert [p.partition_ref for p in log.list_recent_partitions()] == ["data/b"]
+        # A hidden event is still in the log: appending it again is a duplicate, as on Spark.
+        assert log.append_events(events[:2]) == AppendResult(accepted=0, duplicates=2)
+
+        compact(spark, lake, refresh_projections=refresh_all_projections)  # purges e1 and e2 from the raw log
+        assert bel_cases.ids(log.get_build_request_events("br-1")) == ["e3"]
+        # Purged, the ids are no longer in the log: a retried append writes them, and the
+        # tombstone hides them again (compaction purges them on its next run).
+        assert log.append_events(events[:2]) == AppendResult(accepted=2, duplicates=0)
+        assert bel_cases.ids(log.get_build_request_events("br-1")) == ["e3"]
+    with DeltaRsEventLog(lake) as reopened:
+        assert bel_cases.ids(reopened.get_build_request_events("br-1")) == ["e3"]
+        assert reopened.get_activity_summary().total_events == 1
+
+
+def test_appender_processes_racing_ingest_and_compaction_jobs_store_every_event_exactly_once(
+    spark, lake: Lake, tmp_path: Path
+) -> None:
+    events = list(generate_events(1_200, seed=11))
+    landed, appended = events[:600], events[600:]
+    lake.ensure_root()
+    landing = Path(lake.landing)
+    landing.mkdir(parents=True)
+    for number in range(3):  # three landing files; the last also redelivers appended events
+        part = landed[number * 200 : (number + 1) * 200] + (appended[:20] if number == 2 else [])
+        (landing / f"events-{number}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in part))
+    # Three appender processes, batches of 5; each also resends some of another's events.
+    shares = [appended[i::3] for i in range(3)]
+    batches = [
+        [share[start : start + 5] for start in range(0, len(share), 5)] + [shares[(i + 1) % 3][:10]]
+        for i, share in enumerate(shares)
+    ]
+    appenders = [AppenderProcess.start(lake, batches[i], tmp_path, f"appender-{i}") for i in range(3)]
+
+    resources = {"lakehouse": lakehouse_for(lake)}
+    ingested = materialize([landing_files, ingested_event_log], resources=resources)
+    compacted = compaction_job.execute_in_process(resources=resources)
+    reports = [appender.report() for appender in appenders]
+
+    assert ingested.success and compacted.success
+    raw = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
+    stored = [row["event_id"] for row in raw.select("event_id").collect()]
+    assert len(stored) == len(set(stored)) == len(events)  # none lost, none twice
+    assert set(stored) == {event["event_id"] for event in events}
+    ingest_accepted = ingested.asset_materializations_for_node("ingested_event_log")[0].metadata["accepted"].value
+    assert sum(report["accepted"] for report in reports) + ingest_accepted == len(events)
+    offered = sum(len(batch) for appender_batches in batches for batch in appender_batches)
+    assert sum(report["accepted"] + report["duplicates"] for report in reports) == offered
+    # The rows the JVM-free writers stored read back as the events they were given.
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        keys = bel_cases.keys_of(events)
+        assert bel_cases.answers(log, *keys) == bel_cases.answers(reference, *keys)
+    assert set(raw.columns) >= set(EVENT_COLUMNS)
+
+
+def test_the_query_command_prints_the_answer_as_json_on_either_backend(tmp_path: Path) -> None:
+    events = [
+        build_request_event("e1", 100, "br-1", BR.BUILD_REQUEST_RECEIVED, ["data/a"]),
+        partition_event("e2", 110, "br-1", "data/a", P.PARTITION_AVAILABLE),
+    ]
+    lake = Lake(str(tmp_path / "lake"))
+    with open_event_log(f"delta://{lake.root}") as log, SqliteEventLog(tmp_path / "bel.db") as sqlite_log:
+        log.append_events(events)
+        sqlite_log.append_events(events)
+    command = [sys.executable, "-m", "databuild_assets.cli", "query"]
+
+    answers = []
+    for uri in (f"delta://{lake.root}", f"sqlite://{tmp_path}/bel.db"):
+        run = subprocess.run([*command, uri, "get_latest_partition_status", "data/a"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, check=True)
+        answers.append(json.loads(run.stdout))
+    assert answers[0] == answers[1]
+    assert answers[0]["status_name"] == "PARTITION_AVAILABLE" and answers[0]["build_request_id"] == "br-1"
+
+    listed = subprocess.run([*command, f"delta://{lake.root}", "list_events", 'filter={"event_types": ["partition_event"]}',
+                             "limit=5"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert [event["event_id"] for event in json.loads(listed.stdout)["events"]] == ["e2"]
+
+    wrong = subprocess.run([*command, f"delta://{lake.root}", "list_build_requests", "status=NOT_A_STATUS"],
+                           cwd=REPO_ROOT, capture_output=True, text=True)
+    assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not valid" in wrong.stderr
+
+
+def test_a_log_larger_than_max_events_is_refused_naming_the_spark_backend(lake: Lake) -> None:
+    with DeltaRsEventLog(lake) as log:
+        log.append_events([partition_event(f"e{i}", i, "br-1", "data/a", P.PARTITION_BUILDING) for i in range(3)])
+
+    with pytest.raises(ReplicaTooLargeError, match=r"holds 3 rows, more than the 2 .*open_event_log\(uri, spark=spark\)"):
+        open_event_log(f"delta://{lake.root}", max_events=2)
+    with open_event_log(f"delta://{lake.root}", max_events=3) as log:
+        assert log.get_activity_summary().total_events == 3
