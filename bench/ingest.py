@@ -48,7 +48,7 @@ from databuild_assets.log.sqlite_backend import load_events
 from databuild_assets.runtime.delta_tables import ensure_table
 from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings, build_spark_session
-from databuild_assets.workload.generator import write_landing_files
+from databuild_assets.workload import write_landing_files
 
 TARGET_EVENTS_PER_SECOND = 100_000
 # Small batches of other events: one ingested before the measured one (the JVM's first Delta jobs

@@ -9,7 +9,7 @@ import argparse
 import time
 from datetime import datetime, timezone
 
-from databuild_assets.workload.generator import DEFAULT_LATE_ARRIVAL_RATE, DEFAULT_START_NS, write_landing_files
+from databuild_assets.workload import DEFAULT_LATE_ARRIVAL_RATE, DEFAULT_START_NS, write_landing_files
 
 
 def _epoch_ns(text: str) -> int:
