@@ -82,14 +82,14 @@ def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and
     lake = two_builds
     refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
-    # A second build of REF, folded in: partition_state's old REF row is only marked deleted
-    # (a deletion vector), its Parquet file still holds it.
+    # A second build of REF, folded in: the fold rewrote the file that held partition_state's
+    # old REF row (no deletion vectors), so only the live row holds it.
     append_events(spark, lake, build_with_partition("br-c", REF, 20))
     refresh_filtered_log(spark, lake)
     refresh_projection(spark, lake, PROJECTIONS["partition_state"], FILTERED_EVENT_LOG, rule=FOLD)
     partition_state = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
     assert DeltaTable.forPath(spark, partition_state).history(1).first()["operation"] == "MERGE"
-    assert live_parquet_rows_holding(spark, partition_state, REF) == 2  # the live row and the marked one
+    assert live_parquet_rows_holding(spark, partition_state, REF) == 1
 
     request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 1")
     result = refresh_filtered_log(spark, lake)

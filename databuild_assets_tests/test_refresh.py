@@ -50,7 +50,12 @@ from databuild_assets.projections.refresh import (
     table_spec,
 )
 from databuild_assets.projections.projection import STATE
-from databuild_assets.runtime.delta_tables import DELETION_VECTORS, current_version, ensure_table, read_table_properties
+from databuild_assets.runtime.delta_tables import (
+    DELETION_VECTORS_FEATURE,
+    current_version,
+    ensure_table,
+    read_table_properties,
+)
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
@@ -232,7 +237,7 @@ def test_a_refresh_after_a_reset_that_wrote_no_rows_rebuilds_in_full(spark, lake
     assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/a", "data/b"]
 
 
-def test_a_fold_marks_the_rows_it_replaces_with_deletion_vectors_instead_of_rewriting_their_files(spark, lake):
+def test_a_fold_rewrites_the_file_holding_a_row_it_replaces_and_adds_no_deletion_vectors(spark, lake):
     path = lake.table_path(projection_spec(PARTITION_STATE))
     append_events(spark, lake, [partition_event(f"p{n}", n, ref=f"data/{n}") for n in range(40)])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
@@ -241,19 +246,8 @@ def test_a_fold_marks_the_rows_it_replaces_with_deletion_vectors_instead_of_rewr
     assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
 
     metrics = DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]
-    assert (metrics["numTargetDeletionVectorsAdded"], metrics["numTargetFilesRemoved"]) == ("1", "0"), metrics
-    assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
-
-
-def test_a_projection_table_of_an_earlier_release_gets_deletion_vectors_turned_on(spark, lake):
-    path = lake.table_path(projection_spec(PARTITION_STATE))
-    append_events(spark, lake, [partition_event("p1")])
-    ensure_table(spark, path, replace(table_spec(spark, PARTITION_STATE), deletion_vectors=False))
-    assert read_table_properties(spark, path)[DELETION_VECTORS] == "false"
-
-    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
-
-    assert read_table_properties(spark, path)[DELETION_VECTORS] == "true"
+    assert (metrics["numTargetDeletionVectorsAdded"], metrics["numTargetFilesRemoved"]) == ("0", "1"), metrics
+    assert DELETION_VECTORS_FEATURE not in read_table_properties(spark, path)
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 

@@ -16,6 +16,7 @@ take too (`runtime/commit_lock.py`), deduplicated by event_id against the whole 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -44,6 +45,8 @@ from databuild_assets.log.replica import EventLogReplica, event_rows
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
+
+log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
 _COMMIT_ATTEMPTS = 3
@@ -102,7 +105,8 @@ class DeltaRsEventLog(BuildEventLog):
         return self._replica
 
     def _catch_up(self) -> EventLogReplica:
-        """The replica, with every commit of the tombstones and the raw log applied."""
+        """The replica, with every commit of the tombstones and the raw log applied (a new one
+        when the raw log had to be loaded again)."""
         replica = self._store()
         if self._tombstones.moved():
             values = _values_by_key(self._tombstones.load(["record", "key", "value"]))
@@ -112,9 +116,11 @@ class DeltaRsEventLog(BuildEventLog):
                 replica.hide(new)
         if self._log.moved():
             changes = self._log.changes()
-            if changes is None or not self._apply(changes.added, changes.removed):
-                self._reload()
-        return replica
+            if changes is None:
+                self._reload("opened" if self._log.version is None else "a new protocol or schema, or commits no longer in the log")
+            elif not self._apply(changes.added, changes.removed):
+                self._reload("a data file of a commit is gone (vacuumed)")
+        return self._store()
 
     def _apply(self, added: list[str], removed: list[str]) -> bool:
         """Apply one run of commits; False when a file is gone and the snapshot must be reloaded."""
@@ -130,8 +136,9 @@ class DeltaRsEventLog(BuildEventLog):
         replica.add(event_rows(added_events), self._hidden_by)
         return True
 
-    def _reload(self) -> None:
+    def _reload(self, reason: str) -> None:
         """A fresh replica from the raw log's snapshot (first open, or a commit not followable)."""
+        log.info("%r: loading the raw log's snapshot (%s)", self, reason)
         replica = EventLogReplica()
         if self._log.exists():
             try:
@@ -179,7 +186,7 @@ class DeltaRsEventLog(BuildEventLog):
                     # the events we hold instead of reading back the file we wrote.
                     replica.add_events([event for _, event in new.values()], self._hidden_by)
                 elif changes is None or not self._apply(changes.added, changes.removed):
-                    self._reload()
+                    self._reload("commits other than this append's could not be followed")
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 

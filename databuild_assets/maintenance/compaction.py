@@ -11,18 +11,17 @@ match, and purged now, or the raw log would keep them for good):
    checksum over every column) and that none of them matches; if not, fail: the real table
    is untouched;
 3. run the same purge on the real table: a MERGE on event_id that deletes the matched rows.
-   With deletion vectors off (our table default), Delta rewrites the files that held them, so
+   With deletion vectors off (on every table of ours), Delta rewrites the files that held them, so
    the rows leave the live Parquet files. The MERGE retries on Delta's conflicts, so appends
    that land meanwhile are neither lost nor failed. It names no erased value in the commit.
 
 The projections are then refreshed (their source, the filtered log, removed data, so they
 rebuild in full and their live files no longer hold the values). Then OPTIMIZE bin-packs
 closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
-small tables and the projections (whose refreshes leave a few small files and deletion vectors
-each; the rows those mark deleted go with the rewrite). Then every ingested landing file and
-archived landing file that holds a line any tombstone matches is rewritten without it
-(maintenance/landing_files.py). Last, exactly the tombstones this run purged are recorded as
-applied; one recorded while it ran stays pending for the next run.
+small tables and the projections (whose refreshes leave a few small files each). Then every
+ingested landing file and archived landing file that holds a line any tombstone matches is
+rewritten without it (maintenance/landing_files.py). Last, exactly the tombstones this run
+purged are recorded as applied; one recorded while it ran stays pending for the next run.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ OUTSIDE_DATA_FILES = (
      "delta.logRetentionDuration = 7 days; older commits and checkpoints are cleaned up at checkpoints"),
     ("change data files (_change_data)", "delta.enableChangeDataFeed = false on every table"),
     ("deletion vectors (rows only marked deleted)",
-     "delta.enableDeletionVectors = false on the logs, quarantine and ledger: deletes rewrite files; the "
-     "projections have them, and erasure rebuilds a projection whole (an overwrite drops every old file)"),
+     "delta.enableDeletionVectors = false on every table: deletes and updates rewrite files; a refresh "
+     "drops the feature from a projection an earlier release gave it, purging its marked rows"),
     ("the tombstones table", "holds each value on purpose: it is what keeps the value hidden"),
     ("landing files not ingested yet (new, or in a batch not committed)",
      "scanned (rows = lines); compaction rewrites a landing file only after ingestion has read it"),

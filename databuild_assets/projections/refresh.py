@@ -56,6 +56,7 @@ from databuild_assets.runtime.delta_tables import (
     retry_on_conflict,
     session_settings,
     table_bytes,
+    upgrade_table,
 )
 from databuild_assets.runtime.lake import Lake, TableSpec
 from databuild_assets.runtime.schema_upgrade import schema_additions
@@ -134,16 +135,17 @@ class RefreshResult:
     to_version: int  # log version processed now
     keys_refreshed: int | None  # incremental: keys recomputed; full: rows written
     projection_version: int
+    # What the refresh changed first in a table of an earlier release (`upgrade_table`), in words.
+    upgrades: tuple[str, ...] = ()
 
 
 def projection_spec(projection: Projection) -> TableSpec:
     """The projection's table: its name, read-model columns and description (`table_spec` has
-    the columns it is written with). Deletion vectors are on: a refresh's MERGE then marks the
-    rows it replaces instead of rewriting every file holding one (a few hundred keys touch
-    every file). Erasure keeps no copy: it makes the next refresh rebuild, an overwrite."""
+    the columns it is written with). No deletion vectors, like every table of ours: a refresh's
+    MERGE rewrites the files holding the rows it replaces, and delta-rs can read the table
+    (docs/decisions.md, "Every table is readable by delta-rs")."""
     return TableSpec(
-        projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}.",
-        deletion_vectors=True,
+        projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}."
     )
 
 
@@ -363,11 +365,16 @@ def refresh_projection(
     log_at_version = session.read.format("delta").option("versionAsOf", log_version).load(source_path)
     table_version, metadata = latest_commit_metadata_at(session, path, lambda m: m.get("projection") == projection.name)
     processed = recorded_log_version(metadata)
-    ensure_table(session, path, table_spec(session, projection))
-    version_before = current_version(session, path) if table_version is None else table_version
+    spec = table_spec(session, projection)
+    if DeltaTable.isDeltaTable(session, path):
+        upgrades = upgrade_table(session, path, spec)  # e.g. an earlier release's deletion vectors dropped
+    else:
+        ensure_table(session, path, spec)
+        upgrades = ()
+    version_before = current_version(session, path) if table_version is None or upgrades else table_version
 
     def done(mode: str, reason: str, keys: int | None) -> RefreshResult:
-        if mode == "up-to-date" and processed == log_version:
+        if mode == "up-to-date" and processed == log_version and not upgrades:
             version = version_before  # nothing to do, nothing done
         else:
             version = current_version(session, path)
@@ -377,8 +384,9 @@ def refresh_projection(
             if processed != log_version and not committed and version == version_before:
                 record_processed_version(session, path, projection, log_version, mode)  # no rows changed
                 version = current_version(session, path)
-        result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, version)
-        log.info("%s: %s refresh (%s), log version %s -> %d, %s keys", projection.name, mode, reason, processed, log_version, keys)
+        result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, version, upgrades)
+        log.info("%s: %s refresh (%s), log version %s -> %d, %s keys%s", projection.name, mode, reason, processed,
+                 log_version, keys, "".join(f"; first {upgrade}" for upgrade in upgrades))
         return result
 
     if full:

@@ -41,6 +41,8 @@ RETRYABLE_CONFLICTS = (
 )
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
+# Listed by SHOW TBLPROPERTIES while the table's protocol has the feature (whatever the property says).
+DELETION_VECTORS_FEATURE = "delta.feature.deletionVectors"
 
 
 class SchemaVersionError(RuntimeError):
@@ -54,18 +56,11 @@ class NotADeltaTableError(RuntimeError):
 def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
     """The Delta table at `path`, created empty with `spec`'s schema and properties if missing.
 
-    Refuses a table whose schema version is newer than this code's, so old code never writes
-    rows a newer reader would misread. Turns on deletion vectors when `spec` has them and the
-    table (created by an earlier release) does not.
+    An existing table is checked and upgraded first (`upgrade_table`): one of a newer schema
+    version is refused, and one an earlier release gave deletion vectors loses them.
     """
     if DeltaTable.isDeltaTable(spark, path):
-        properties = read_table_properties(spark, path)
-        schema_version_of(path, properties)
-        if spec.deletion_vectors and properties.get(DELETION_VECTORS) != "true":
-            retry_on_conflict(
-                lambda: spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')"),
-                what=f"turn on deletion vectors of {spec.name} at {path}",
-            )
+        upgrade_table(spark, path, spec)
         return DeltaTable.forPath(spark, path)
     _refuse_foreign_files(spark, path, spec)
     builder = _with_spec(DeltaTable.createIfNotExists(spark).location(path), spec)
@@ -75,6 +70,53 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
             return builder.execute()
 
     return retry_on_conflict(create, what=f"create {spec.name} at {path}")
+
+
+def upgrade_table(spark: SparkSession, path: str, spec: TableSpec) -> tuple[str, ...]:
+    """Check the existing table at `path` and bring its protocol to what this release creates;
+    what it changed, in words (none: nothing to change). Logged too.
+
+    Refuses a table whose schema version is newer than this code's, so old code never writes
+    rows a newer reader would misread. Drops the deletion vectors feature from a table an
+    earlier release gave it (the projections had it): readers without deletion vectors, such as
+    delta-rs and what is built on it (Polars, dagster-deltalake), refuse a table whose protocol
+    names it, even with the property off (docs/decisions.md, "Every table is readable by
+    delta-rs").
+
+        upgrade_table(spark, lake.table_path(RAW_EVENT_LOG), RAW_EVENT_LOG)
+    """
+    properties = read_table_properties(spark, path)
+    schema_version_of(path, properties)
+    changes: list[str] = []
+    if DELETION_VECTORS_FEATURE in properties:
+        drop_deletion_vectors(spark, path, spec.name)
+        changes.append(
+            "dropped the deletionVectors table feature an earlier release gave the table (its marked rows "
+            "rewritten away), so that readers without deletion vectors (delta-rs) can read it"
+        )
+    for change in changes:
+        log.warning("%s at %s: %s", spec.name, path, change)
+    return tuple(changes)
+
+
+def drop_deletion_vectors(spark: SparkSession, path: str, name: str) -> None:
+    """Remove the deletion vectors feature from the table's protocol with Delta's DROP FEATURE,
+    then set the property off as a new table of ours has it.
+
+    DROP FEATURE (Delta 4) unsets the property, rewrites the files that have deletion vectors
+    without the rows they mark (REORG ... APPLY (PURGE)) and downgrades the protocol in a last
+    commit that adds the checkpointProtection writer feature. No wait and no history truncation
+    (those are DROP FEATURE ... TRUNCATE HISTORY's): a reader without deletion vectors reads the
+    table from that commit on, while time travel to an older version still needs them. Retried
+    on a conflict; a retry does not redo the steps already committed.
+    """
+    def drop() -> None:
+        with commit_lock(path):
+            if DELETION_VECTORS_FEATURE in read_table_properties(spark, path):  # not dropped by an earlier attempt
+                spark.sql(f"ALTER TABLE delta.`{path}` DROP FEATURE deletionVectors")
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'false')")
+
+    retry_on_conflict(drop, what=f"drop the deletion vectors feature of {name} at {path}")
 
 
 def reset_table(spark: SparkSession, path: str, spec: TableSpec) -> DeltaTable:
@@ -129,8 +171,6 @@ def table_properties(spec: TableSpec) -> dict[str, str]:
         properties["delta.dataSkippingNumIndexedCols"] = "0"
     if spec.append_only:
         properties["delta.appendOnly"] = "true"
-    if spec.deletion_vectors:
-        properties[DELETION_VECTORS] = "true"
     return properties
 
 

@@ -36,8 +36,9 @@ SCHEMA_VERSION_PROPERTY = "databuild.schemaVersion"
 # (EVENTS.md, Tombstones; docs/operations.md, Erasure, compaction and vacuum;
 # maintenance/erasure_report.py):
 # - no change data feed: change files would keep copies of rows a tombstone later erases;
-# - no deletion vectors: a delete rewrites the files, so the rows leave the live Parquet at once
-#   (except on tables that erasure rewrites whole, `TableSpec.deletion_vectors`);
+# - no deletion vectors, on any table: a delete or an update rewrites the files, so the rows leave
+#   the live Parquet at once, and readers without them (delta-rs, Polars, dagster-deltalake) can
+#   read every table (docs/decisions.md, "Every table is readable by delta-rs");
 # - statistics only on columns that cannot hold an erasable value (min/max of string columns
 #   would copy event ids and partition refs into the Delta log and its checkpoints);
 # - the Delta log's own history kept 7 days (default 30), the same as vacuum's retention.
@@ -59,10 +60,6 @@ class TableSpec:
     stats_columns: tuple[str, ...] = ()
     # Delta refuses deletes and updates (delta.appendOnly): for audit records.
     append_only: bool = False
-    # Deletion vectors on: an update marks the old rows deleted instead of rewriting their files.
-    # Only for tables that erasure replaces whole (an overwrite drops every file, marked rows
-    # and all): the projections, which a tombstone or a purge makes rebuild in full.
-    deletion_vectors: bool = False
 
 
 def _fields(*fields: tuple[str, object, bool]) -> list[StructField]:
