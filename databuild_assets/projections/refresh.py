@@ -71,7 +71,8 @@ class RebuildRule:
     """When a refresh that could fold the new commits in rebuilds instead, because a rebuild is
     then the cheaper way to the same rows. A fold has a fixed cost (a MERGE and a commit per
     projection) and reads every stored state; a rebuild reads the whole log, and writes a whole
-    new copy of each table (kept until vacuum) where a fold writes the changed rows.
+    new copy of each table (kept until vacuum) where a fold rewrites the files holding changed
+    rows (keys are spread over every file, so a batch of any size touches most of them).
 
     - A log under `small_log_bytes`: the fold's fixed cost is more than reading the whole log.
       The floor sits well under the measured crossover so that a copy per refresh stays small
