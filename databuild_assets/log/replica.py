@@ -22,8 +22,14 @@ import pyarrow as pa
 
 from databuild_assets.events.erasure_rule import ARRAY_FIELDS, JSON_TEXT_FIELDS, SCALAR_FIELDS, matches
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
-from databuild_assets.log.sqlite_backend import SqliteEventLog, event_row, refresh_dirty_projections, transaction
-from databuild_assets.log.sqlite_schema import EVENT_INDEXES, LIST_PARTITIONS_TRIGGER, select_listed_partitions
+from databuild_assets.log.sqlite_backend import (
+    SqliteEventLog,
+    build_event_indexes,
+    drop_event_indexes,
+    event_row,
+    refresh_dirty_projections,
+    transaction,
+)
 
 _ROW_COLUMNS = "event_id, timestamp, build_request_id, event_type, payload, partition_ref, job_run_id, status_code"
 
@@ -149,22 +155,14 @@ class EventLogReplica(SqliteEventLog):
             if connection.execute("SELECT NOT EXISTS (SELECT 1 FROM main.events)").fetchone()[0]:
                 # An empty replica (the first load): straight into `events`, its indexes built once
                 # at the end, as sqlite_backend's bulk load does.
-                connection.execute("DROP TRIGGER events_list_partitions")
-                for name in EVENT_INDEXES:
-                    connection.execute(f"DROP INDEX {name}")
+                drop_event_indexes(connection)
                 connection.executemany(f"INSERT OR IGNORE INTO main.events ({_ROW_COLUMNS}) {insert}", rows)
                 connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.hidden_event_ids)")
                 connection.execute(f"INSERT INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters)
                 connection.execute("INSERT OR IGNORE INTO temp.hidden_event_ids SELECT event_id FROM temp.leaving")
                 connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)")
                 connection.execute("DELETE FROM temp.leaving")
-                for ddl in EVENT_INDEXES.values():
-                    connection.execute(ddl)
-                connection.execute(
-                    "INSERT OR IGNORE INTO event_listed_partitions (partition_ref, timestamp, event_id)"
-                    + select_listed_partitions("event", source="events AS event, ")
-                )
-                connection.execute(LIST_PARTITIONS_TRIGGER)
+                build_event_indexes(connection)
                 added = "main.events"
             else:
                 connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)

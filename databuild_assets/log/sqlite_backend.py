@@ -220,22 +220,33 @@ def _insert_events(
     with transaction(connection):
         build_indexes_after = bulk and connection.execute("SELECT NOT EXISTS (SELECT 1 FROM events)").fetchone()[0]
         if build_indexes_after:
-            # DDL is transactional in SQLite: a failed load rolls this back too.
-            connection.execute("DROP TRIGGER events_list_partitions")
-            for name in EVENT_INDEXES:
-                connection.execute(f"DROP INDEX {name}")
+            drop_event_indexes(connection)
         accepted = max(connection.executemany(INSERT_EVENT, rows()).rowcount, 0)
         if build_indexes_after:
-            for ddl in EVENT_INDEXES.values():
-                connection.execute(ddl)
-            connection.execute(
-                "INSERT OR IGNORE INTO event_listed_partitions (partition_ref, timestamp, event_id)"
-                + select_listed_partitions("event", source="events AS event, ")
-            )
-            connection.execute(LIST_PARTITIONS_TRIGGER)
+            build_event_indexes(connection)
         if accepted:
             _refresh_projections(connection, dirty)
     return AppendResult(accepted=accepted, duplicates=offered - accepted)
+
+
+def drop_event_indexes(connection: sqlite3.Connection) -> None:
+    """Drop the lookup indexes of `events` and the trigger that fills event_listed_partitions,
+    before loading many events into an empty log (DDL is transactional in SQLite: a failed load
+    rolls this back too)."""
+    connection.execute("DROP TRIGGER events_list_partitions")
+    for name in EVENT_INDEXES:
+        connection.execute(f"DROP INDEX {name}")
+
+
+def build_event_indexes(connection: sqlite3.Connection) -> None:
+    """Build what `drop_event_indexes` dropped, once, over every event now stored."""
+    for ddl in EVENT_INDEXES.values():
+        connection.execute(ddl)
+    connection.execute(
+        "INSERT OR IGNORE INTO event_listed_partitions (partition_ref, timestamp, event_id)"
+        + select_listed_partitions("event", source="events AS event, ")
+    )
+    connection.execute(LIST_PARTITIONS_TRIGGER)
 
 
 def _refresh_projections(connection: sqlite3.Connection, dirty: _DirtyKeys) -> None:
