@@ -128,23 +128,12 @@ def landed_expectation(landing: Path) -> tuple[set[str], int, int]:
 
 
 def refresh_everything(spark, lake) -> None:
+    """The filtered log, then every projection from it: what an operator's refresh runs."""
     from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-    from databuild_assets.projections import PROJECTIONS
-    from databuild_assets.projections.refresh import refresh_projection
-    from databuild_assets.runtime.lake import FILTERED_EVENT_LOG
+    from databuild_assets.projections.refresh_all import refresh_all_projections
 
     refresh_filtered_log(spark, lake)
-    for projection in PROJECTIONS.values():
-        refresh_projection(spark, lake, projection, FILTERED_EVENT_LOG)
-
-
-def refresh_projections_only(spark, lake) -> None:
-    from databuild_assets.projections import PROJECTIONS
-    from databuild_assets.projections.refresh import refresh_projection
-    from databuild_assets.runtime.lake import FILTERED_EVENT_LOG
-
-    for projection in PROJECTIONS.values():
-        refresh_projection(spark, lake, projection, FILTERED_EVENT_LOG)
+    refresh_all_projections(spark, lake)
 
 
 def verify_lake(spark, lake, expected_ids: set[str], erased_values: set[str], erased_ids: set[str], purged: bool,
@@ -252,7 +241,7 @@ def _crash_worker(args) -> None:
             refresh_everything(spark, lake)
         else:
             step("step", name="compact")
-            compact(spark, lake, refresh_projections=refresh_projections_only)
+            compact(spark, lake)
             step("step", name="refresh")
             refresh_everything(spark, lake)
 
@@ -327,7 +316,7 @@ def _maintenance_worker(args) -> None:
         for name, operation in (
             ("ingest", lambda: ingest_landing_files(spark, lake)),
             ("refresh", lambda: refresh_everything(spark, lake)),
-            ("compact", lambda: compact(spark, lake, refresh_projections=refresh_projections_only)),
+            ("compact", lambda: compact(spark, lake)),
         ):
             try:
                 operation()
@@ -346,7 +335,7 @@ def _verify_concurrency_worker(args) -> None:
     lake = Lake(args.lake)
     spark = _worker_session()
     ingest_landing_files(spark, lake)
-    compact(spark, lake, refresh_projections=refresh_projections_only)
+    compact(spark, lake)
     refresh_everything(spark, lake)
     seed_events = batch_events(999, 0, args.per_batch, 1)
     value = tombstone_value(seed_events)

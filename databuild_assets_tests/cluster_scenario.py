@@ -28,14 +28,14 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from databuild_assets.defs.maintenance.jobs import refresh_all_projections
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import IngestResult, ingest_landing_files
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projections
+from databuild_assets.projections.refresh import RebuildRule, projection_spec
+from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
@@ -115,8 +115,7 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
     second = ingest_landing_files(spark, lake, settle_seconds=0)
     refresh_filtered_log(spark, lake)
     # The small-log rule would rebuild a log this small; the fold is what must work on a cluster.
-    folded = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG,
-                                 rule=RebuildRule(small_log_bytes=0))
+    folded = refresh_all_projections(spark, lake, rule=RebuildRule(small_log_bytes=0))
     ingested = IngestResult(batches=first.batches + second.batches)
     before_erasure = lake_digest(spark, lake)
 
@@ -124,7 +123,7 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
     request_erasure(spark, lake, "partition_ref", erased, actor="cluster-test", reason="parity check")
     hidden = refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
-    compaction = compact(spark, lake, refresh_projections=refresh_all_projections)
+    compaction = compact(spark, lake)
     tombstones = read_tombstones(spark, lake)
 
     return {

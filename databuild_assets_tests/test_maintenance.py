@@ -18,12 +18,12 @@ from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_l
 from databuild_assets.defs.maintenance.jobs import (
     compaction_job,
     erasure_report_job,
-    refresh_all_projections,
     vacuum_job,
 )
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
+from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.delta_tables import current_version, ensure_table, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
 from databuild_assets_tests.test_definitions import lakehouse_for
@@ -108,7 +108,7 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
     lake = two_builds
     tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 2")
 
-    result = compact(spark, lake, refresh_projections=refresh_all_projections)
+    result = compact(spark, lake)
 
     assert result.rows_purged_per_tombstone == {tombstone.tombstone_id: 3}
     assert event_ids(spark, lake.table_path(RAW_EVENT_LOG)) == ["br-b-1", "br-b-2", "br-b-3"]
@@ -149,16 +149,16 @@ def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_pur
 
     lake = two_builds
     tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 9")
-    compact(spark, lake, refresh_projections=refresh_all_projections)
+    compact(spark, lake)
     append_events(spark, lake, build_with_partition("br-a", REF, 0))
 
     assert DeltaEventLog(spark, lake).get_build_request_events("br-a") == []
-    again = compact(spark, lake, refresh_projections=refresh_all_projections)
+    again = compact(spark, lake)
 
     assert again.rows_purged_per_tombstone == {tombstone.tombstone_id: 3} and again.applied == ()
     assert event_ids(spark, lake.table_path(RAW_EVENT_LOG)) == ["br-b-1", "br-b-2", "br-b-3"]
     assert live_parquet_rows_holding(spark, lake.table_path(RAW_EVENT_LOG), '"br-a"') == 0
-    assert compact(spark, lake, refresh_projections=refresh_all_projections).rows_purged_per_tombstone == {}
+    assert compact(spark, lake).rows_purged_per_tombstone == {}
 
 
 def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_value(spark, two_builds):

@@ -30,6 +30,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
+from typing import NamedTuple
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -47,6 +48,7 @@ from databuild_assets.maintenance.tombstones import (
 )
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
+from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import TableSize, current_version, ensure_table, retry_on_conflict, table_size
 from databuild_assets.runtime.lake import (
@@ -86,11 +88,16 @@ class CompactionResult:
     landing: LandingErasureResult = LandingErasureResult()
 
 
-def _checksum(frame: DataFrame) -> tuple[int, int]:
-    """(rows, order-independent checksum of every column) of `frame`."""
+class RowsChecksum(NamedTuple):
+    rows: int
+    checksum: int  # order-independent, over every column
+
+
+def _checksum(frame: DataFrame) -> RowsChecksum:
+    """The rows of `frame` and an order-independent checksum of every column."""
     row_hash = F.xxhash64(F.to_json(F.struct(*[F.col(c) for c in frame.columns])))
     stats = frame.agg(F.count("*").alias("rows"), F.sum(row_hash.cast("decimal(38,0)")).alias("hash")).first()
-    return int(stats["rows"]), int(stats["hash"] or 0)
+    return RowsChecksum(int(stats["rows"]), int(stats["hash"] or 0))
 
 
 def _drop_dir(spark: SparkSession, path: str) -> None:
@@ -141,9 +148,9 @@ def purge_events(
             kept, still_matching = _checksum(dry_run), dry_run.where(event_matches(tombstones)).count()
             if kept != expected or still_matching:
                 raise PurgeVerificationError(
-                    f"purge of {path} at version {version} not applied: the dry run kept {kept[0]} rows "
-                    f"(checksum {kept[1]}), {still_matching} of them matching a tombstone; expected {expected[0]} "
-                    f"rows (checksum {expected[1]}) and none matching. The table is unchanged."
+                    f"purge of {path} at version {version} not applied: the dry run kept {kept.rows} rows "
+                    f"(checksum {kept.checksum}), {still_matching} of them matching a tombstone; expected "
+                    f"{expected.rows} rows (checksum {expected.checksum}) and none matching. The table is unchanged."
                 )
             deleted = _delete_by_event_id(spark, path, ids)
             log.info("%s: purged %d rows for %d tombstones (dry run at v%d verified)", spec.name, deleted, len(per_tombstone), version)
@@ -208,11 +215,12 @@ def rearrived(spark: SparkSession, lake: Lake, applied: list[Tombstone]) -> list
         rows.unpersist()
 
 
-def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_projections=None) -> CompactionResult:
-    """Purge pending tombstones everywhere, then bin-pack. See the module docstring.
+def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionResult:
+    """Purge pending tombstones everywhere, refresh the projections after the purge, then
+    bin-pack. See the module docstring.
 
     `open_days`: the most recent event dates that writers may still append to are left out of
-    bin-packing. `refresh_projections(spark, lake)` rebuilds the projections after the purge.
+    bin-packing.
     """
     # A lake whose tombstones asset never ran has no table yet: none pending, and now an empty one.
     ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)
@@ -231,8 +239,7 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2, refresh_project
             if spec in tables:
                 purged[spec.name] = purge_events(spark, lake, spec, to_purge)
         purged[EVENT_QUARANTINE.name] = {"lines": purge_quarantine(spark, lake, to_purge)}
-        if refresh_projections is not None:
-            refresh_projections(spark, lake)
+        refresh_all_projections(spark, lake)
 
     closed_before = datetime.now(timezone.utc).date() - timedelta(days=open_days - 1)
     compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}

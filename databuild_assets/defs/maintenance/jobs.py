@@ -31,7 +31,6 @@ from databuild_assets.maintenance.landing_files import (
 )
 from databuild_assets.maintenance.vacuum import DEFAULT_RETENTION_HOURS, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import refresh_projections
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, TOMBSTONES
 
 # Tables of the lake that are not assets: ingestion's bookkeeping. Maintenance reports their
@@ -53,10 +52,6 @@ erase_job = define_asset_job(
 )
 
 
-def refresh_all_projections(spark, lake) -> None:
-    refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
-
-
 class CompactionConfig(Config):
     open_days: int = Field(default=2, description="Most recent event dates left out of bin-packing (writers may append).")
 
@@ -66,7 +61,7 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
     """Purge pending tombstones from every table (verified first), then bin-pack small files."""
     spark, lake = lakehouse.spark_session, lakehouse.lake
     try:
-        result = compact(spark, lake, open_days=config.open_days, refresh_projections=refresh_all_projections)
+        result = compact(spark, lake, open_days=config.open_days)
     except DeltaConcurrentModificationException as conflict:
         # Delta's own retries (8 per write) ran out: try the whole run again later.
         raise RetryRequested(max_retries=3, seconds_to_wait=60) from conflict

@@ -16,10 +16,7 @@ from databuild_assets.projections.refresh import (
     projection_spec,
     refresh_projections,
 )
-from databuild_assets.runtime.lake import FILTERED_EVENT_LOG
-
-# The table the projections read: the visible (tombstone-filtered) log.
-PROJECTION_SOURCE = FILTERED_EVENT_LOG
+from databuild_assets.projections.refresh_all import PROJECTION_SOURCE
 
 
 class RefreshConfig(Config):
