@@ -26,13 +26,14 @@ from dagster import (
 )
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
-from databuild_assets.defs.event_log.sensors import landing_files_sensor, landing_state
+from databuild_assets.defs.event_log.sensors import landing_files_sensor
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import request_erasure
+from databuild_assets.ingest.landing_state import landing_state
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.migrate import migrate_sqlite_to_delta
 from databuild_assets.log.sqlite_backend import load_events
