@@ -1,5 +1,6 @@
-"""What several test modules share: the Dagster resource for a test lake, and JVM-free appender
-processes. Test modules import this module (and bel_cases), never each other."""
+"""What several test modules share: the suite's Spark settings and the Dagster resource for a test
+lake, builders of hand-written events and landing files, and JVM-free appender processes. Test
+modules import this module (and bel_cases, the BuildEventLog specification), never each other."""
 
 from __future__ import annotations
 
@@ -11,10 +12,25 @@ from pathlib import Path
 from typing import Any
 
 from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.events.enums import PartitionStatus
+from databuild_assets.projections.refresh import RebuildRule
 from databuild_assets.runtime.lake import Lake
-from databuild_assets_tests.conftest import TEST_SPARK_SETTINGS
+from databuild_assets.runtime.spark import SparkSettings
+from databuild_assets_tests import bel_cases
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Small on purpose: the suite's tables are tiny, and every shuffle partition is a task.
+TEST_SPARK_SETTINGS = SparkSettings(
+    app_name="databuild-assets-tests",
+    shuffle_partitions=2,
+    driver_memory="2g",
+    extra_config={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+)
+
+# The tests' logs are tiny, and by default a refresh rebuilds a small log (`RebuildRule`). The tests
+# of the fold fold as they would into a large log.
+FOLD = RebuildRule(small_log_bytes=0)
 
 
 def lakehouse_for(lake: Lake) -> LakehouseResource:
@@ -25,6 +41,90 @@ def lakehouse_for(lake: Lake) -> LakehouseResource:
         driver_memory=TEST_SPARK_SETTINGS.driver_memory,
         extra_spark_config=dict(TEST_SPARK_SETTINGS.extra_config),
     )
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every file and folder under `root` (root included) with its kind, size and mtime: what
+    "nothing changed on disk" is compared on."""
+    listing = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        stat = path.stat()
+        kind = "dir" if path.is_dir() else "file"
+        listing[str(path.relative_to(root))] = (kind, stat.st_mode, 0 if kind == "dir" else stat.st_size, stat.st_mtime_ns)
+    return listing
+
+
+# ---------------------------------------------------------------------------------------------
+# Events at realistic timestamps, and landing files
+# ---------------------------------------------------------------------------------------------
+
+T0 = 1_763_424_000_000_000_000  # 2025-11-18T00:00:00Z in ns
+
+ONE_EVENT_OF_EACH_TYPE = [
+    {"event_id": "e-build", "timestamp": T0, "build_request_id": "br-1", "event_type": "build_request_event",
+     "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED",
+                             "requested_partitions": ["data/a/date=2025-11-18", "data/b/date=2025-11-18"],
+                             "message": "requested by cli"}},
+    {"event_id": "e-graph", "timestamp": T0 + 1, "build_request_id": "br-1", "event_type": "job_graph_event",
+     "job_graph_event": {"job_graph": json.dumps({"nodes": ["//jobs:a"]}), "message": "planned"}},
+    {"event_id": "e-job", "timestamp": T0 + 2, "build_request_id": "br-1", "event_type": "job_event",
+     "job_event": {"job_run_id": "jr-1", "job_label": "//jobs:a", "target_partitions": ["data/a/date=2025-11-18"],
+                   "status_code": 3, "status_name": "JOB_COMPLETED", "message": "ok",
+                   "config": json.dumps({"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [], "args": ["--x"], "env": {"K": "V"}}),
+                   "manifests": json.dumps([{"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [],
+                                             "start_time": 1763424000, "end_time": 1763424060, "task": "t", "metadata": {}}])}},
+    {"event_id": "e-part", "timestamp": T0 + 3, "build_request_id": "br-1", "event_type": "partition_event",
+     "partition_event": {"partition_ref": "data/a/date=2025-11-18", "status_code": 4,
+                         "status_name": "PARTITION_AVAILABLE", "message": None, "job_run_id": "jr-1"}},
+    {"event_id": "e-deleg", "timestamp": T0 + 4, "build_request_id": "br-1", "event_type": "delegation_event",
+     "delegation_event": {"partition_ref": "data/b/date=2025-11-18", "delegated_to_build_request_id": "br-0",
+                          "message": "already building"}},
+    {"event_id": "e-inval", "timestamp": T0 + 5, "build_request_id": "br-1", "event_type": "partition_invalidation_event",
+     "partition_invalidation_event": {"partition_ref": "data/a/date=2025-11-18", "reason": "upstream fix"}},
+    {"event_id": "e-tcancel", "timestamp": T0 + 6, "build_request_id": "br-1", "event_type": "task_cancel_event",
+     "task_cancel_event": {"job_run_id": "jr-2", "reason": "operator"}},
+    {"event_id": "e-bcancel", "timestamp": T0 + 7, "build_request_id": "br-1", "event_type": "build_cancel_event",
+     "build_cancel_event": {"reason": "operator"}},
+]
+
+
+def partition_event_at(
+    event_id: str, offset_ns: int = 0, status: PartitionStatus = PartitionStatus.PARTITION_AVAILABLE, ref: str = "data/a"
+) -> dict[str, Any]:
+    """`bel_cases.partition_event` of build request br-1 at `T0 + offset_ns`: one line of a
+    landing file, where only the event_id and the order matter."""
+    return bel_cases.partition_event(event_id, T0 + offset_ns, "br-1", ref, status)
+
+
+def one_partition_build(br: str, ref: str, offset_ns: int) -> list[dict[str, Any]]:
+    """A build of one partition at `T0 + offset_ns`: requested, job completed, partition available."""
+    job_run = f"{br}-job"
+    return [
+        {"event_id": f"{br}-1", "timestamp": T0 + offset_ns, "build_request_id": br, "event_type": "build_request_event",
+         "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": [ref]}},
+        {"event_id": f"{br}-2", "timestamp": T0 + offset_ns + 1, "build_request_id": br, "event_type": "job_event",
+         "job_event": {"job_run_id": job_run, "job_label": "//jobs:x", "target_partitions": [ref], "status_code": 3,
+                       "status_name": "JOB_COMPLETED", "config": json.dumps({"outputs": [{"str": ref}]})}},
+        {"event_id": f"{br}-3", "timestamp": T0 + offset_ns + 2, "build_request_id": br, "event_type": "partition_event",
+         "partition_event": {"partition_ref": ref, "status_code": 4, "status_name": "PARTITION_AVAILABLE", "job_run_id": job_run}},
+    ]
+
+
+def write_landing(lake: Lake, name: str, lines: list[str | bytes | dict]) -> Path:
+    """A landing file `name` in the lake's landing folder, one line per item (a dict as JSON)."""
+    directory = Path(lake.landing)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / name, "wb") as out:
+        for line in lines:
+            if isinstance(line, dict):
+                line = json.dumps(line)
+            out.write((line.encode() if isinstance(line, str) else line) + b"\n")
+    return directory / name
+
+
+# ---------------------------------------------------------------------------------------------
+# JVM-free appender processes
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass

@@ -31,7 +31,7 @@ from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.bel_cases import BR, J, build_request_event, job_event, keys_of
-from databuild_assets_tests.test_refresh import FOLD
+from databuild_assets_tests.support import FOLD
 
 
 @dataclass(frozen=True)

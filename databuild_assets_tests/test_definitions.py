@@ -25,24 +25,12 @@ from databuild_assets.defs.catalog import (
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.assets import projection_assets
-from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections.projection import STATE
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
-from databuild_assets_tests.conftest import TEST_SPARK_SETTINGS
+from databuild_assets_tests.support import REPO_ROOT, lakehouse_for
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ALL_ASSETS = [landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets]
-
-
-def lakehouse_for(lake) -> LakehouseResource:
-    """The suite's Spark settings, so materializing does not reconfigure the shared session."""
-    return LakehouseResource(
-        lake_root=lake.root,
-        shuffle_partitions=TEST_SPARK_SETTINGS.shuffle_partitions,
-        driver_memory=TEST_SPARK_SETTINGS.driver_memory,
-        extra_spark_config=dict(TEST_SPARK_SETTINGS.extra_config),
-    )
 
 
 def test_definitions_load_and_validate():

@@ -9,7 +9,6 @@ from dagster import AssetSelection, Definitions, define_asset_job
 
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.freshness import FRESHNESS_CHECK, projection_freshness_checks
-from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.projections import PROJECTIONS
@@ -18,18 +17,9 @@ from databuild_assets.projections.refresh import refresh_projections
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG
 from databuild_assets.workload import generate_events
-from databuild_assets_tests.conftest import TEST_SPARK_SETTINGS
+from databuild_assets_tests.support import lakehouse_for
 
 JOB_RUNS = PROJECTIONS["job_runs"]
-
-
-def lakehouse_for(lake) -> LakehouseResource:
-    return LakehouseResource(
-        lake_root=lake.root,
-        shuffle_partitions=TEST_SPARK_SETTINGS.shuffle_partitions,
-        driver_memory=TEST_SPARK_SETTINGS.driver_memory,
-        extra_spark_config=dict(TEST_SPARK_SETTINGS.extra_config),
-    )
 
 
 def refresh(spark, lake) -> None:

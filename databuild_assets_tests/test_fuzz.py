@@ -28,7 +28,7 @@ from databuild_assets.ingest.landing import (
 )
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
-from databuild_assets_tests.test_ingest import ONE_EVENT_OF_EACH_TYPE, partition_event, write_landing
+from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing
 
 # Valid events to mutate: one of each type, plus a realistic sample (configs, manifests, graphs).
 BASE_EVENTS = ONE_EVENT_OF_EACH_TYPE + list(generate_events(60, seed=5))
@@ -133,14 +133,14 @@ def test_parse_line_never_raises_and_says_why_a_mutated_line_is_bad(mutated):
 
 def test_a_json_duplicate_key_keeps_the_last_value_in_validation():
     # Spark's from_json must then store the same value: the fuzz below checks the round trip.
-    event, reason = parse_line(json.dumps(partition_event("first")).replace('"event_id"', '"event_id": "x", "event_id"', 1))
+    event, reason = parse_line(json.dumps(partition_event_at("first")).replace('"event_id"', '"event_id": "x", "event_id"', 1))
     assert (reason, event["event_id"]) == (None, "first")
 
 
 def test_an_escaped_lone_surrogate_is_refused_and_a_surrogate_pair_is_kept():
     # Python's json accepts "\\ud800" but it is no text Spark can store: it would become U+FFFD.
-    lone = json.dumps(partition_event("lone", ref="data/lone")).replace('"data/lone"', '"data/\\ud800"')
-    pair = json.dumps(partition_event("pair", ref="data/pair")).replace('"data/pair"', '"data/\\ud83d\\ude00"')
+    lone = json.dumps(partition_event_at("lone", ref="data/lone")).replace('"data/lone"', '"data/\\ud800"')
+    pair = json.dumps(partition_event_at("pair", ref="data/pair")).replace('"data/pair"', '"data/\\ud83d\\ude00"')
 
     assert parse_line(lone)[1] == "not valid JSON text: a string holds an unpaired UTF-16 surrogate escape (e.g. \\ud800)"
     event, reason = parse_line(pair)
@@ -210,8 +210,8 @@ def _age(path: Path, seconds: float) -> None:
 
 
 def test_a_file_whose_last_line_has_no_newline_waits_and_is_ingested_whole_once_completed(spark, lake):
-    good = [json.dumps(partition_event("p1")), json.dumps(partition_event("p2", 1))]
-    third = json.dumps(partition_event("p3", 2)).encode()
+    good = [json.dumps(partition_event_at("p1")), json.dumps(partition_event_at("p2", 1))]
+    third = json.dumps(partition_event_at("p3", 2)).encode()
     path = Path(lake.landing) / "being-written.jsonl"
     path.parent.mkdir(parents=True)
     path.write_bytes("\n".join(good).encode() + b"\n" + third[:25])  # the writer is mid-line
@@ -233,7 +233,7 @@ def test_a_file_whose_last_line_has_no_newline_waits_and_is_ingested_whole_once_
 def test_a_file_left_without_a_final_newline_is_ingested_once_it_has_settled(spark, lake):
     path = Path(lake.landing) / "writer-died.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_bytes(json.dumps(partition_event("p1")).encode() + b"\n" + b'{"event_id": "p2", "times')
+    path.write_bytes(json.dumps(partition_event_at("p1")).encode() + b"\n" + b'{"event_id": "p2", "times')
     _age(path, 3600)  # its writer has been gone an hour
 
     result = ingest_landing_files(spark, lake, settle_seconds=600)
@@ -260,7 +260,7 @@ def test_an_empty_file_waits_until_settled_then_is_recorded_with_no_lines(spark,
 
 
 def test_a_batch_reads_a_file_only_up_to_the_size_it_planned(spark, lake):
-    write_landing(lake, "a.jsonl", [partition_event("a1"), partition_event("a2", 1)])
+    write_landing(lake, "a.jsonl", [partition_event_at("a1"), partition_event_at("a2", 1)])
     ensure_ingest_tables(spark, lake)
     ledger = _Ledger(spark, lake)
     ledger.plan(list_landing_files(spark, lake.landing), ledger.rows())  # the run dies after planning
@@ -274,10 +274,10 @@ def test_a_batch_reads_a_file_only_up_to_the_size_it_planned(spark, lake):
 
 
 def test_files_that_are_not_json_lines_at_all_are_quarantined_line_by_line(spark, lake):
-    write_landing(lake, "array.json", ["[", json.dumps(partition_event("in-array")) + ",", "]"])
+    write_landing(lake, "array.json", ["[", json.dumps(partition_event_at("in-array")) + ",", "]"])
     write_landing(lake, "table.jsonl", ["event_id,timestamp", "e1,1"])
     write_landing(lake, "binary.ndjson", [b"\x89PNG\r\n\x1a\x00\x00\x00\rIHDR\x00"])
-    write_landing(lake, "mixed.jsonl", [partition_event("good-1"), "{}", partition_event("good-2", 1)])
+    write_landing(lake, "mixed.jsonl", [partition_event_at("good-1"), "{}", partition_event_at("good-2", 1)])
 
     result = ingest_landing_files(spark, lake)
 
@@ -285,7 +285,7 @@ def test_files_that_are_not_json_lines_at_all_are_quarantined_line_by_line(spark
                for r in spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()}
     assert reasons == {
         ("array.json", 1): "not valid JSON: Expecting value at column 2",
-        ("array.json", 2): "not valid JSON: Extra data at column " + str(len(json.dumps(partition_event("in-array"))) + 1),
+        ("array.json", 2): "not valid JSON: Extra data at column " + str(len(json.dumps(partition_event_at("in-array"))) + 1),
         ("array.json", 3): "not valid JSON: Expecting value at column 1",
         ("table.jsonl", 1): "not valid JSON: Expecting value at column 1",
         ("table.jsonl", 2): "not valid JSON: Expecting value at column 1",

@@ -21,52 +21,7 @@ from databuild_assets.ingest.landing import (
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.runtime.delta_tables import check_schema_version
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
-
-T0 = 1_763_424_000_000_000_000  # 2025-11-18T00:00:00Z in ns
-
-ONE_EVENT_OF_EACH_TYPE = [
-    {"event_id": "e-build", "timestamp": T0, "build_request_id": "br-1", "event_type": "build_request_event",
-     "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED",
-                             "requested_partitions": ["data/a/date=2025-11-18", "data/b/date=2025-11-18"],
-                             "message": "requested by cli"}},
-    {"event_id": "e-graph", "timestamp": T0 + 1, "build_request_id": "br-1", "event_type": "job_graph_event",
-     "job_graph_event": {"job_graph": json.dumps({"nodes": ["//jobs:a"]}), "message": "planned"}},
-    {"event_id": "e-job", "timestamp": T0 + 2, "build_request_id": "br-1", "event_type": "job_event",
-     "job_event": {"job_run_id": "jr-1", "job_label": "//jobs:a", "target_partitions": ["data/a/date=2025-11-18"],
-                   "status_code": 3, "status_name": "JOB_COMPLETED", "message": "ok",
-                   "config": json.dumps({"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [], "args": ["--x"], "env": {"K": "V"}}),
-                   "manifests": json.dumps([{"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [],
-                                             "start_time": 1763424000, "end_time": 1763424060, "task": "t", "metadata": {}}])}},
-    {"event_id": "e-part", "timestamp": T0 + 3, "build_request_id": "br-1", "event_type": "partition_event",
-     "partition_event": {"partition_ref": "data/a/date=2025-11-18", "status_code": 4,
-                         "status_name": "PARTITION_AVAILABLE", "message": None, "job_run_id": "jr-1"}},
-    {"event_id": "e-deleg", "timestamp": T0 + 4, "build_request_id": "br-1", "event_type": "delegation_event",
-     "delegation_event": {"partition_ref": "data/b/date=2025-11-18", "delegated_to_build_request_id": "br-0",
-                          "message": "already building"}},
-    {"event_id": "e-inval", "timestamp": T0 + 5, "build_request_id": "br-1", "event_type": "partition_invalidation_event",
-     "partition_invalidation_event": {"partition_ref": "data/a/date=2025-11-18", "reason": "upstream fix"}},
-    {"event_id": "e-tcancel", "timestamp": T0 + 6, "build_request_id": "br-1", "event_type": "task_cancel_event",
-     "task_cancel_event": {"job_run_id": "jr-2", "reason": "operator"}},
-    {"event_id": "e-bcancel", "timestamp": T0 + 7, "build_request_id": "br-1", "event_type": "build_cancel_event",
-     "build_cancel_event": {"reason": "operator"}},
-]
-
-
-def partition_event(event_id: str, offset_ns: int = 0, status_code: int = 4, ref: str = "data/a") -> dict:
-    names = {1: "PARTITION_REQUESTED", 3: "PARTITION_BUILDING", 4: "PARTITION_AVAILABLE", 5: "PARTITION_FAILED"}
-    return {"event_id": event_id, "timestamp": T0 + offset_ns, "build_request_id": "br-1", "event_type": "partition_event",
-            "partition_event": {"partition_ref": ref, "status_code": status_code, "status_name": names[status_code]}}
-
-
-def write_landing(lake, name: str, lines: list[str | bytes | dict]) -> Path:
-    directory = Path(lake.landing)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / name, "wb") as out:
-        for line in lines:
-            if isinstance(line, dict):
-                line = json.dumps(line)
-            out.write((line.encode() if isinstance(line, str) else line) + b"\n")
-    return directory / name
+from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing
 
 
 def raw_log_events(spark, lake) -> list[dict]:
@@ -89,7 +44,7 @@ def test_every_event_type_round_trips_from_json_through_delta_unchanged(spark, l
 
 
 def test_raw_log_is_partitioned_by_utc_event_date_and_carries_schema_version(spark, lake):
-    write_landing(lake, "a.jsonl", [partition_event("late-evening", offset_ns=-1), partition_event("midnight")])
+    write_landing(lake, "a.jsonl", [partition_event_at("late-evening", offset_ns=-1), partition_event_at("midnight")])
     ingest_landing_files(spark, lake)
 
     dates = {r.event_id: str(r.event_date) for r in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()}
@@ -99,20 +54,20 @@ def test_raw_log_is_partitioned_by_utc_event_date_and_carries_schema_version(spa
 
 
 def test_each_kind_of_bad_line_is_quarantined_with_its_own_reason_and_good_lines_land(spark, lake):
-    good = partition_event("good-1")
+    good = partition_event_at("good-1")
     bad_lines = {
         2: "this is not json",
-        3: {**partition_event("x1"), "event_type": "mystery_event"},
-        4: {**partition_event("x2"), "job_event": {"job_run_id": "jr", "status_code": 1}},
-        5: {k: v for k, v in partition_event("x3").items() if k != "build_request_id"},
-        6: {**partition_event("x4"), "timestamp": "yesterday"},
-        7: {**partition_event("x5"), "partition_event": {"partition_ref": "p", "status_code": 4, "status_name": "PARTITION_FAILED"}},
-        8: {**partition_event("x6"), "partition_event": {"partition_ref": "p", "status_code": 9}},
+        3: {**partition_event_at("x1"), "event_type": "mystery_event"},
+        4: {**partition_event_at("x2"), "job_event": {"job_run_id": "jr", "status_code": 1}},
+        5: {k: v for k, v in partition_event_at("x3").items() if k != "build_request_id"},
+        6: {**partition_event_at("x4"), "timestamp": "yesterday"},
+        7: {**partition_event_at("x5"), "partition_event": {"partition_ref": "p", "status_code": 4, "status_name": "PARTITION_FAILED"}},
+        8: {**partition_event_at("x6"), "partition_event": {"partition_ref": "p", "status_code": 9}},
         9: "",
-        10: json.dumps({**partition_event("x7"), "partition_event": {"partition_ref": "p" * MAX_LINE_BYTES, "status_code": 4}}),
+        10: json.dumps({**partition_event_at("x7"), "partition_event": {"partition_ref": "p" * MAX_LINE_BYTES, "status_code": 4}}),
         11: b'{"event_id": "\xff\xfe"}',
     }
-    lines = [good] + [bad_lines[n] for n in range(2, 12)] + [partition_event("good-2", 1)]
+    lines = [good] + [bad_lines[n] for n in range(2, 12)] + [partition_event_at("good-2", 1)]
     write_landing(lake, "mixed.jsonl", lines)
 
     result = ingest_landing_files(spark, lake)
@@ -145,7 +100,7 @@ def test_quarantine_keeps_each_bad_line_byte_for_byte(spark, lake):
 
 
 def test_ingesting_the_same_files_twice_adds_nothing(spark, lake):
-    write_landing(lake, "a.jsonl", [partition_event("a1"), "bad line", partition_event("a2", 1)])
+    write_landing(lake, "a.jsonl", [partition_event_at("a1"), "bad line", partition_event_at("a2", 1)])
     first = ingest_landing_files(spark, lake)
     version = first.log_version
 
@@ -157,9 +112,9 @@ def test_ingesting_the_same_files_twice_adds_nothing(spark, lake):
 
 
 def test_a_new_file_is_ingested_and_an_event_id_already_in_the_log_is_skipped_and_counted(spark, lake):
-    write_landing(lake, "a.jsonl", [partition_event("a1"), partition_event("a2", 1)])
+    write_landing(lake, "a.jsonl", [partition_event_at("a1"), partition_event_at("a2", 1)])
     ingest_landing_files(spark, lake)
-    write_landing(lake, "b.jsonl", [partition_event("a2", 1), partition_event("b1", 2), partition_event("b1", 2)])
+    write_landing(lake, "b.jsonl", [partition_event_at("a2", 1), partition_event_at("b1", 2), partition_event_at("b1", 2)])
 
     result = ingest_landing_files(spark, lake)
 
@@ -169,8 +124,8 @@ def test_a_new_file_is_ingested_and_an_event_id_already_in_the_log_is_skipped_an
 
 
 def test_hidden_and_underscore_files_are_not_ingested_until_renamed(spark, lake):
-    write_landing(lake, ".events-1.jsonl.tmp", [partition_event("in-flight")])
-    write_landing(lake, "_events-2.jsonl", [partition_event("staging")])
+    write_landing(lake, ".events-1.jsonl.tmp", [partition_event_at("in-flight")])
+    write_landing(lake, "_events-2.jsonl", [partition_event_at("staging")])
     assert list_landing_files(spark, lake.landing) == []
 
     os.replace(Path(lake.landing) / ".events-1.jsonl.tmp", Path(lake.landing) / "events-1.jsonl")
@@ -178,12 +133,12 @@ def test_hidden_and_underscore_files_are_not_ingested_until_renamed(spark, lake)
 
 
 def test_a_crash_after_the_commit_but_before_bookkeeping_does_not_duplicate(spark, lake):
-    write_landing(lake, "a.jsonl", [partition_event("a1"), partition_event("a2", 1), "not json"])
+    write_landing(lake, "a.jsonl", [partition_event_at("a1"), partition_event_at("a2", 1), "not json"])
     ensure_ingest_tables(spark, lake)
     ledger = _Ledger(spark, lake)
     batch_id, files = ledger.plan(list_landing_files(spark, lake.landing), ledger.rows())
     write_batch(spark, lake, batch_id, files)  # both data commits land; the process "dies" before recording
-    write_landing(lake, "b.jsonl", [partition_event("b1", 2)])  # and a new file arrives meanwhile
+    write_landing(lake, "b.jsonl", [partition_event_at("b1", 2)])  # and a new file arrives meanwhile
 
     result = ingest_landing_files(spark, lake)
 
@@ -196,7 +151,7 @@ def test_a_crash_after_the_commit_but_before_bookkeeping_does_not_duplicate(spar
 
 
 def test_a_crash_after_planning_but_before_any_commit_ingests_the_planned_files_once(spark, lake):
-    write_landing(lake, "a.jsonl", [partition_event("a1")])
+    write_landing(lake, "a.jsonl", [partition_event_at("a1")])
     ensure_ingest_tables(spark, lake)
     ledger = _Ledger(spark, lake)
     ledger.plan(list_landing_files(spark, lake.landing), ledger.rows())
@@ -208,8 +163,8 @@ def test_a_crash_after_planning_but_before_any_commit_ingests_the_planned_files_
 
 
 def test_writer_api_appends_in_one_commit_and_skips_event_ids_already_there(spark, lake):
-    first = append_events(spark, lake, [partition_event("w1"), partition_event("w2", 1)], writer="svc")
-    again = append_events(spark, lake, [partition_event("w2", 1), partition_event("w3", 2)], writer="svc")
+    first = append_events(spark, lake, [partition_event_at("w1"), partition_event_at("w2", 1)], writer="svc")
+    again = append_events(spark, lake, [partition_event_at("w2", 1), partition_event_at("w3", 2)], writer="svc")
 
     assert (first.accepted, first.duplicates, again.accepted, again.duplicates) == (2, 0, 1, 1)
     assert [e["event_id"] for e in raw_log_events(spark, lake)] == ["w1", "w2", "w3"]
@@ -218,10 +173,10 @@ def test_writer_api_appends_in_one_commit_and_skips_event_ids_already_there(spar
 
 
 def test_writer_api_refuses_a_batch_with_any_invalid_event_and_writes_nothing(spark, lake):
-    bad = {**partition_event("w2"), "partition_event": {"partition_ref": "p", "status_code": 9}}
+    bad = {**partition_event_at("w2"), "partition_event": {"partition_ref": "p", "status_code": 9}}
 
     with pytest.raises(InvalidEventError) as error:
-        append_events(spark, lake, [partition_event("w1"), bad])
+        append_events(spark, lake, [partition_event_at("w1"), bad])
 
     assert str(error.value) == (
         "1 of 2 events are invalid; nothing was written.\n"
@@ -235,7 +190,7 @@ def test_concurrent_writers_lose_nothing_and_duplicate_nothing(spark, lake):
     writers, calls, per_call = 4, 3, 25
     # Every writer also re-sends the previous writer's first call: overlapping event_ids race.
     batches = {
-        w: [[partition_event(f"w{w}-c{c}-{i}", i) for i in range(per_call)] for c in range(calls)]
+        w: [[partition_event_at(f"w{w}-c{c}-{i}", i) for i in range(per_call)] for c in range(calls)]
         for w in range(writers)
     }
     errors = []

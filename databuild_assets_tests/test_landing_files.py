@@ -14,7 +14,6 @@ from databuild_assets.defs.maintenance.jobs import (
     erasure_report_job,
     vacuum_job,
 )
-from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import (
     _Ledger,
     ingest_landing_files,
@@ -29,26 +28,15 @@ from databuild_assets.maintenance.landing_files import (
 )
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
-from databuild_assets_tests.conftest import TEST_SPARK_SETTINGS
+from databuild_assets_tests.support import lakehouse_for, one_partition_build
 
-T0 = 1_763_424_000_000_000_000  # 2025-11-18T00:00:00Z in ns
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
 DAY_MS = 86_400_000
 
 
 def build(br: str, ref: str, offset: int) -> list[str]:
     """A build of one partition as three JSON Lines lines: requested, job completed, available."""
-    job_run = f"{br}-job"
-    events = [
-        {"event_id": f"{br}-1", "timestamp": T0 + offset, "build_request_id": br, "event_type": "build_request_event",
-         "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": [ref]}},
-        {"event_id": f"{br}-2", "timestamp": T0 + offset + 1, "build_request_id": br, "event_type": "job_event",
-         "job_event": {"job_run_id": job_run, "job_label": "//jobs:x", "target_partitions": [ref], "status_code": 3,
-                       "status_name": "JOB_COMPLETED", "config": json.dumps({"outputs": [{"str": ref}]})}},
-        {"event_id": f"{br}-3", "timestamp": T0 + offset + 2, "build_request_id": br, "event_type": "partition_event",
-         "partition_event": {"partition_ref": ref, "status_code": 4, "status_name": "PARTITION_AVAILABLE", "job_run_id": job_run}},
-    ]
-    return [json.dumps(event) for event in events]
+    return [json.dumps(event) for event in one_partition_build(br, ref, offset)]
 
 
 def land(folder: str, name: str, lines: list[str]) -> Path:
@@ -56,15 +44,6 @@ def land(folder: str, name: str, lines: list[str]) -> Path:
     path = Path(folder) / name
     path.write_bytes(b"".join(line.encode() + b"\n" for line in lines))
     return path
-
-
-def lakehouse(lake) -> LakehouseResource:
-    return LakehouseResource(
-        lake_root=lake.root,
-        shuffle_partitions=TEST_SPARK_SETTINGS.shuffle_partitions,
-        driver_memory=TEST_SPARK_SETTINGS.driver_memory,
-        extra_spark_config=dict(TEST_SPARK_SETTINGS.extra_config),
-    )
 
 
 def output_metadata(run) -> dict:
@@ -97,7 +76,7 @@ def test_landing_retention_never_deletes_a_file_not_yet_ingested(spark, lake):
     kept = {path: path.read_bytes() for path in (grown, new, planned, in_flight)}
 
     delete_now = {"ops": {"vacuum_tables": {"config": {"landing_retention_days": 0, "landing_retention_mode": "delete"}}}}
-    run = vacuum_job.execute_in_process(run_config=delete_now, resources={"lakehouse": lakehouse(lake)})
+    run = vacuum_job.execute_in_process(run_config=delete_now, resources={"lakehouse": lakehouse_for(lake)})
 
     assert not ingested.exists()
     assert {path: path.read_bytes() for path in kept} == kept
@@ -155,7 +134,7 @@ def test_erasure_rewrites_an_ingested_landing_file_without_its_lines_and_the_rep
     late_content = late.read_bytes()
     request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 18")
     assert (lines_holding(spark, lake, "landing"), lines_holding(spark, lake, "landing_archive")) == (4 + 3 + 3, 0)
-    resources = {"lakehouse": lakehouse(lake)}
+    resources = {"lakehouse": lakehouse_for(lake)}
 
     run = compaction_job.execute_in_process(resources=resources)
 

@@ -26,30 +26,14 @@ from databuild_assets.projections.refresh import projection_spec, refresh_projec
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.delta_tables import current_version, ensure_table, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
-from databuild_assets_tests.test_definitions import lakehouse_for
-from databuild_assets_tests.test_refresh import FOLD  # folds, which leave marked rows, into a small log
-from databuild_assets_tests.test_ingest import T0
+from databuild_assets_tests.support import FOLD, lakehouse_for, one_partition_build
 
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
 
 
-def build_with_partition(br: str, ref: str, offset: int) -> list[dict]:
-    """A small build of one partition: requested, job run, partition available."""
-    job_run = f"{br}-job"
-    return [
-        {"event_id": f"{br}-1", "timestamp": T0 + offset, "build_request_id": br, "event_type": "build_request_event",
-         "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": [ref]}},
-        {"event_id": f"{br}-2", "timestamp": T0 + offset + 1, "build_request_id": br, "event_type": "job_event",
-         "job_event": {"job_run_id": job_run, "job_label": "//jobs:x", "target_partitions": [ref], "status_code": 3,
-                       "status_name": "JOB_COMPLETED", "config": f'{{"outputs": [{{"str": "{ref}"}}]}}'}},
-        {"event_id": f"{br}-3", "timestamp": T0 + offset + 2, "build_request_id": br, "event_type": "partition_event",
-         "partition_event": {"partition_ref": ref, "status_code": 4, "status_name": "PARTITION_AVAILABLE", "job_run_id": job_run}},
-    ]
-
-
 @pytest.fixture
 def two_builds(spark, lake):
-    append_events(spark, lake, build_with_partition("br-a", REF, 0) + build_with_partition("br-b", OTHER, 10))
+    append_events(spark, lake, one_partition_build("br-a", REF, 0) + one_partition_build("br-b", OTHER, 10))
     return lake
 
 
@@ -84,7 +68,7 @@ def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and
     refresh_all_projections(spark, lake)
     # A second build of REF, folded in: the fold rewrote the file that held partition_state's
     # old REF row (no deletion vectors), so only the live row holds it.
-    append_events(spark, lake, build_with_partition("br-c", REF, 20))
+    append_events(spark, lake, one_partition_build("br-c", REF, 20))
     refresh_filtered_log(spark, lake)
     refresh_projection(spark, lake, PROJECTIONS["partition_state"], FILTERED_EVENT_LOG, rule=FOLD)
     partition_state = lake.table_path(projection_spec(PROJECTIONS["partition_state"]))
@@ -128,7 +112,7 @@ def test_compaction_packs_the_small_files_that_refreshes_leave_in_the_projection
     partition_state = PROJECTIONS["partition_state"]
     path = lake.table_path(projection_spec(partition_state))
     for n in range(3):  # a full rebuild, then two folds that each add a partition's row in a file of its own
-        append_events(spark, lake, build_with_partition(f"br-{n}", f"data/new/{n}", 20 + 10 * n))
+        append_events(spark, lake, one_partition_build(f"br-{n}", f"data/new/{n}", 20 + 10 * n))
         refresh_projection(spark, lake, partition_state, RAW_EVENT_LOG, rule=FOLD)
     rows = sorted(map(str, spark.read.format("delta").load(path).collect()))
     files = table_size(spark, path).num_files
@@ -150,7 +134,7 @@ def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_pur
     lake = two_builds
     tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 9")
     compact(spark, lake)
-    append_events(spark, lake, build_with_partition("br-a", REF, 0))
+    append_events(spark, lake, one_partition_build("br-a", REF, 0))
 
     assert DeltaEventLog(spark, lake).get_build_request_events("br-a") == []
     again = compact(spark, lake)
@@ -216,7 +200,7 @@ def test_a_purge_whose_dry_run_keeps_other_rows_than_expected_fails_and_leaves_t
 def test_appends_that_arrive_while_compaction_runs_all_land(spark, two_builds):
     lake = two_builds
     request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 6")
-    sent = [build_with_partition(f"br-late-{i}", f"data/late/{i}", 100 + 10 * i) for i in range(4)]
+    sent = [one_partition_build(f"br-late-{i}", f"data/late/{i}", 100 + 10 * i) for i in range(4)]
     errors = []
 
     def writer():

@@ -25,20 +25,7 @@ from databuild_assets.runtime.delta_tables import (
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake, LakeRootError
 from databuild_assets.runtime.spark import InvalidSparkMasterError, SparkSettings, build_spark_session
 from databuild_assets_tests.bel_cases import one_build_events
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def tree(root: Path) -> dict[str, tuple]:
-    """Every file and folder under `root` (root included) with its kind, size and mtime: what
-    "nothing changed on disk" is compared on."""
-    listing = {}
-    for path in [root, *sorted(root.rglob("*"))]:
-        stat = path.stat()
-        kind = "dir" if path.is_dir() else "file"
-        listing[str(path.relative_to(root))] = (kind, stat.st_mode, 0 if kind == "dir" else stat.st_size, stat.st_mtime_ns)
-    return listing
-
+from databuild_assets_tests.support import REPO_ROOT, tree
 
 # ---------------------------------------------------------------------------------------------
 # The lake root

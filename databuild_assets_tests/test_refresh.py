@@ -60,13 +60,10 @@ from databuild_assets.runtime.delta_tables import (
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
-from databuild_assets_tests.test_definitions import lakehouse_for
-from databuild_assets_tests.test_ingest import partition_event
+from databuild_assets_tests.support import FOLD, lakehouse_for
+from databuild_assets_tests.support import partition_event_at as partition_event
 
 PARTITION_STATE = PROJECTIONS["partition_state"]
-# The tests' logs are tiny, and by default a refresh rebuilds a small log (`RebuildRule`). The tests
-# of the fold fold as they would into a large log.
-FOLD = RebuildRule(small_log_bytes=0)
 
 
 def stored_rows(spark, lake, projection) -> list[dict]:

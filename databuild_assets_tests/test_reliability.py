@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from bench.reliability import Worker, processes_in_group, run_concurrency_scenario, run_crash_scenario
+from databuild_assets_tests.reliability_scenarios import Worker, processes_in_group, run_concurrency_scenario, run_crash_scenario
 
 scenario = pytest.mark.skipif(
     os.environ.get("DATABUILD_SLOW_TESTS") != "1",

@@ -22,7 +22,7 @@ from databuild_assets.runtime.schema_upgrade import (
     upgrade_table_schema,
 )
 from databuild_assets_tests.bel_cases import one_build_events
-from databuild_assets_tests.test_misconfiguration import tree
+from databuild_assets_tests.support import tree
 
 NEW_FIELD = StructField("attempt", IntegerType(), True)  # which retry of the job built the partition
 
