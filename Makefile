@@ -35,9 +35,10 @@ demo: setup
 	$(BIN)/databuild-assets demo
 
 # `dg check defs` first: the definitions load through Dagster's project tooling ([tool.dg] in pyproject.toml).
+# Then the suite, which prints the line coverage of databuild_assets ([tool.coverage.*] in pyproject.toml).
 test: setup
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --cov --cov-report=term
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
