@@ -98,7 +98,7 @@ def append_files(
     for index, key in enumerate(keys):
         groups.setdefault(tuple(_partition_text(key[name]) for name in partition_by), []).append(index)
     for values, indexes in groups.items():
-        part = rows.take(indexes).drop_columns(list(partition_by))
+        part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
         folder = "/".join(f"{name}={value}" for name, value in zip(partition_by, values))
         relative = f"{folder}/part-00000-{uuid.uuid4()}-c000.snappy.parquet" if folder else f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         full = os.path.join(table_path, relative)

@@ -78,7 +78,9 @@ class DeltaFollower:
 
     def exists(self) -> bool:
         """Whether the table has a first commit (or a checkpoint, if its early commits aged out)."""
-        return self._log_dir.is_dir() and any(name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir))
+        if self._version is not None:
+            return True
+        return os.path.isdir(self._log_dir) and any(name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir))
 
     def moved(self) -> bool:
         """Whether a commit after `version` exists (always true before the first load of a

@@ -27,6 +27,7 @@ from databuild_assets.log.sqlite_backend import (
     build_event_indexes,
     drop_event_indexes,
     event_row,
+    insert_events,
     refresh_dirty_projections,
     transaction,
 )
@@ -195,7 +196,7 @@ class EventLogReplica(SqliteEventLog):
             with transaction(self._connection):
                 self._connection.executemany("INSERT OR IGNORE INTO temp.hidden_event_ids VALUES (?)", hidden)
         if visible:
-            super().append_events(visible)
+            insert_events(self._connection, visible, validate=False)
 
     def hide(self, values_by_key: Mapping[str, Collection[str]]) -> int:
         """Hide every stored event that the tombstone values match; returns how many."""

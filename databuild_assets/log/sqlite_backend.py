@@ -197,7 +197,7 @@ def transaction(connection: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iter
     connection.execute("COMMIT")
 
 
-def _insert_events(
+def insert_events(
     connection: sqlite3.Connection, events: Iterable[Mapping[str, Any]], validate: bool, bulk: bool = False
 ) -> AppendResult:
     """Insert `events` in one transaction and refresh the projections of the keys they touch.
@@ -293,7 +293,7 @@ class SqliteEventLog(BuildEventLog):
         events = list(events)
         for index, event in enumerate(events):
             require_valid(event, f"events[{index}]")
-        return _insert_events(self._connection, events, validate=False)
+        return insert_events(self._connection, events, validate=False)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -487,4 +487,4 @@ def load_events(path: str | os.PathLike[str], events: Iterable[Mapping[str, Any]
     with SqliteEventLog(path) as log:
         connection = log._connection
         connection.execute("PRAGMA cache_size = -262144")  # 256 MiB: index inserts stay in memory
-        return _insert_events(connection, events, validate=True, bulk=True)
+        return insert_events(connection, events, validate=True, bulk=True)
