@@ -19,7 +19,8 @@ from databuild_assets.ingest.writer import append_events
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projection, refresh_projections
+from databuild_assets.projections.refresh import projection_spec, refresh_projection
+from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.delta_tables import DELETION_VECTORS, DELETION_VECTORS_FEATURE, read_table_properties
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
@@ -30,9 +31,8 @@ from databuild_assets.runtime.lake import (
     Lake,
 )
 from databuild_assets.workload import generate_events
+from databuild_assets_tests.support import FOLD
 
-# The logs here are tiny, and by default a refresh rebuilds a small log: fold as into a large one.
-FOLD = RebuildRule(small_log_bytes=0)
 LOG_TABLES = (RAW_EVENT_LOG, FILTERED_EVENT_LOG, EVENT_QUARANTINE, TOMBSTONES, INGEST_LEDGER)
 
 
@@ -70,13 +70,13 @@ def test_every_table_is_read_by_delta_rs_as_spark_reads_it_after_full_and_increm
     request_erasure(spark, lake, "build_request_id", events[0]["build_request_id"], actor="alice", reason="ticket 7")
     refresh_filtered_log(spark, lake)
 
-    first = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG, rule=FOLD)
+    first = refresh_all_projections(spark, lake, rule=FOLD)
     assert {result.mode for result in first.values()} == {"full"}
     assert_delta_rs_reads_what_spark_reads(spark, lake)
 
     append_events(spark, lake, events[500:])
     refresh_filtered_log(spark, lake)
-    second = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG, rule=FOLD)
+    second = refresh_all_projections(spark, lake, rule=FOLD)
     assert {result.mode for result in second.values()} == {"incremental"}
     assert_delta_rs_reads_what_spark_reads(spark, lake)
     assert spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).count() == 1
