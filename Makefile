@@ -1,6 +1,8 @@
 # The two commands of the README, and the pieces they are made of.
 #   make demo   set up, then run the main job on the embedded default lake and print a summary
 #   make test   set up, then run the test suite (what .ci/run calls)
+#   make lint   ruff: lint (pyflakes, pycodestyle, isort, pyupgrade, bugbear) and the format check (.ci/run, before the tests)
+#   make format ruff: sort the imports and format the tree in place
 #   make ui     start the Dagster UI on http://127.0.0.1:3000
 #   make ui-test  the UI in headless Chromium (several minutes; skipped by `make test`)
 #   make cluster-test  the lakehouse on a Spark standalone cluster on loopback (several minutes; skipped by `make test`)
@@ -12,7 +14,7 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup demo test ui ui-test cluster-test reliability-test bench clean-lake
+.PHONY: setup demo test lint format ui ui-test cluster-test reliability-test bench clean-lake
 
 # A virtual environment with the pinned packages, and Delta's jars from Maven Central.
 setup: $(VENV)/.installed delta-jars/lib/.fetched $(DAGSTER_HOME)/dagster.yaml
@@ -39,6 +41,15 @@ demo: setup
 test: setup
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest --cov --cov-report=term
+
+# Settings in [tool.ruff] (pyproject.toml). `make format` fixes what the formatter and the import sorter can.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --select I --fix .
+	$(BIN)/ruff format .
 
 ui: setup
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
