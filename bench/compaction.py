@@ -84,7 +84,10 @@ def main() -> None:
             plain_append(spark, lake, batch, number)
         if (number + 1) % 100 == 0:
             elapsed = time.perf_counter() - started
-            print(f"  {number + 1:,} commits written in {elapsed:.0f}s ({(number + 1) / elapsed:.1f} commits/s)", flush=True)
+            print(
+                f"  {number + 1:,} commits written in {elapsed:.0f}s ({(number + 1) / elapsed:.1f} commits/s)",
+                flush=True,
+            )
     write_seconds = time.perf_counter() - started
     victim = events[len(events) // 2]["build_request_id"]
     request_erasure(spark, lake, "build_request_id", victim, actor="bench", reason="benchmark purge")
@@ -99,16 +102,22 @@ def main() -> None:
 
     raw = next(t for t in result.tables if t.table == RAW_EVENT_LOG.name)
     how = "append_events (MERGE)" if args.via == "api" else "plain Delta appends"
-    print(f"\n{args.commits:,} commits of {args.events_per_commit} events ({total:,} events) written as "
-          f"{how} in {write_seconds:.0f}s ({args.commits / write_seconds:.1f} commits/s)")
+    print(
+        f"\n{args.commits:,} commits of {args.events_per_commit} events ({total:,} events) written as "
+        f"{how} in {write_seconds:.0f}s ({args.commits / write_seconds:.1f} commits/s)"
+    )
     print(f"  {'raw_event_log':24} {'files':>8} {'MiB':>8} {'full scan':>10}")
     print(f"  {'before compaction':24} {before.num_files:8,} {before.size_bytes / 2**20:8.1f} {scan_before:9.2f}s")
     print(f"  {'after compaction':24} {after.num_files:8,} {after.size_bytes / 2**20:8.1f} {scan_after:9.2f}s")
-    print(f"  scan speed-up: {scan_before / scan_after:.1f}x (target: at least 5x); "
-          f"files {before.num_files / max(after.num_files, 1):.0f}x fewer")
-    print(f"compaction: {compaction_seconds:.1f}s; purged {raw.rows_purged:,} rows of one build request "
-          f"from the raw log; files compacted per table: "
-          + ", ".join(f"{t.table} {t.files_compacted:,}" for t in result.tables))
+    print(
+        f"  scan speed-up: {scan_before / scan_after:.1f}x (target: at least 5x); "
+        f"files {before.num_files / max(after.num_files, 1):.0f}x fewer"
+    )
+    print(
+        f"compaction: {compaction_seconds:.1f}s; purged {raw.rows_purged:,} rows of one build request "
+        f"from the raw log; files compacted per table: "
+        + ", ".join(f"{t.table} {t.files_compacted:,}" for t in result.tables)
+    )
     print(f"load average at end: {os.getloadavg()}")
     spark.stop()
     if not args.workdir:

@@ -17,10 +17,11 @@ import shutil
 import sys
 import tempfile
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import pyarrow as pa
 from delta.tables import DeltaTable
@@ -28,6 +29,19 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from bench.measuring import (
+    LONGEST_JOBS,
+    Row,
+    SparkJobs,
+    Usage,
+    evaluate,
+    job_label,
+    load_average,
+    measure,
+    print_rows,
+    print_stages,
+    ui_time,
+)
 from databuild_assets.events.validation import event_error, parse_line
 from databuild_assets.ingest.landing import (
     LandingFile,
@@ -45,20 +59,6 @@ from databuild_assets.runtime.delta_tables import ensure_table
 from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings, build_spark_session
 from databuild_assets.workload import write_landing_files
-
-from bench.measuring import (
-    LONGEST_JOBS,
-    Row,
-    SparkJobs,
-    Usage,
-    evaluate,
-    job_label,
-    load_average,
-    measure,
-    print_rows,
-    print_stages,
-    ui_time,
-)
 
 TARGET_EVENTS_PER_SECOND = 100_000
 # Small batches of other events: one ingested before the measured one (the JVM's first Delta jobs
@@ -84,8 +84,14 @@ class JobSpan(NamedTuple):
 def job_timeline(jobs: list[dict], stages: list[dict], wall: float, merge_ms: str | None) -> list[Row]:
     """The ingest by its parts (the lines job, the raw log's MERGE, the rest), its longest jobs,
     the time inside any job, and the time the driver ran alone between jobs."""
-    spans = sorted((JobSpan(ui_time(job["submissionTime"]), ui_time(job["completionTime"]), job)
-                    for job in jobs if "completionTime" in job), key=lambda span: (span.start, span.end, span.job["jobId"]))
+    spans = sorted(
+        (
+            JobSpan(ui_time(job["submissionTime"]), ui_time(job["completionTime"]), job)
+            for job in jobs
+            if "completionTime" in job
+        ),
+        key=lambda span: (span.start, span.end, span.job["jobId"]),
+    )
     inside, reach = 0.0, float("-inf")
     for start, end, _job in spans:
         if end > reach:
@@ -144,8 +150,12 @@ def ingest_checked(spark: SparkSession, lake: Lake, landing: str, expected_event
 def merge_metrics(spark: SparkSession, log_path: str) -> dict[str, str]:
     """The operationMetrics Delta recorded for the latest MERGE into `log_path`."""
     row = (
-        DeltaTable.forPath(spark, log_path).history()
-        .where("operation = 'MERGE'").orderBy(F.col("version").desc()).select("operationMetrics").first()
+        DeltaTable.forPath(spark, log_path)
+        .history()
+        .where("operation = 'MERGE'")
+        .orderBy(F.col("version").desc())
+        .select("operationMetrics")
+        .first()
     )
     return dict(row["operationMetrics"]) if row else {}
 
@@ -196,14 +206,33 @@ def profile_phases(spark: SparkSession, scratch: Path, landing_files: list[Landi
         merge_path = fresh_raw_log("delta_merge")
         _, delta_merge = measure(lambda: merge_new_events(spark, merge_path, unique_events))
 
-        alternatives += pipeline_alternatives(spark, events, unique_events, n_events, fresh_raw_log,
-                                              dedup=dedup, delta_append=delta_append, delta_merge=delta_merge)
-        alternatives += jvm_only_alternatives(spark, paths, n_events, fresh_raw_log,
-                                              python_pipeline=read_validate_persist + delta_merge)
+        alternatives += pipeline_alternatives(
+            spark,
+            events,
+            unique_events,
+            n_events,
+            fresh_raw_log,
+            dedup=dedup,
+            delta_append=delta_append,
+            delta_merge=delta_merge,
+        )
+        alternatives += jvm_only_alternatives(
+            spark, paths, n_events, fresh_raw_log, python_pipeline=read_validate_persist + delta_merge
+        )
     finally:
         lines.unpersist()
-    return PhaseProfile(read_tasks, read_validate, read_validate_persist, scan_cached, parse, dedup, parquet,
-                        delta_append, delta_merge, alternatives)
+    return PhaseProfile(
+        read_tasks,
+        read_validate,
+        read_validate_persist,
+        scan_cached,
+        parse,
+        dedup,
+        parquet,
+        delta_append,
+        delta_merge,
+        alternatives,
+    )
 
 
 def split_without_validation(spark: SparkSession, paths: list[str]) -> DataFrame:
@@ -230,8 +259,9 @@ def with_conf(spark: SparkSession, key: str, value: str, action: Callable[[], T]
         spark.conf.unset(key)
 
 
-def read_alternatives(spark: SparkSession, landing_files: list[LandingFile], n_events: int,
-                      read_validate: Usage) -> tuple[Row, ...]:
+def read_alternatives(
+    spark: SparkSession, landing_files: list[LandingFile], n_events: int, read_validate: Usage
+) -> tuple[Row, ...]:
     """What the read phase costs without validation, without splitting, and with another task size."""
     paths = [landing_file.path for landing_file in landing_files]
     _, bytes_only = measure(lambda: read_raw_lines(spark, paths).selectExpr("sum(length(raw))").first())
@@ -240,17 +270,30 @@ def read_alternatives(spark: SparkSession, landing_files: list[LandingFile], n_e
     # Spark packs files into one read task up to maxPartitionBytes (128 MB); at the largest
     # file's size, each task reads one file.
     largest_file = max(landing_file.size for landing_file in landing_files)
-    _, one_file_per_task = measure(lambda: with_conf(
-        spark, "spark.sql.files.maxPartitionBytes", str(largest_file),
-        lambda: read_landing_lines(spark, paths).count()))
+    _, one_file_per_task = measure(
+        lambda: with_conf(
+            spark,
+            "spark.sql.files.maxPartitionBytes",
+            str(largest_file),
+            lambda: read_landing_lines(spark, paths).count(),
+        )
+    )
     return (
         Row.of("read and split the lines in the JVM only (text source)", bytes_only, n_events),
         Row.of("+ lines to Python workers and back", through_python, n_events),
-        Row.of("+ number the lines, no validation", split_only, n_events,
-               f"validation = {read_validate.wall - split_only.wall:.2f} s, "
-               f"{(read_validate.cpu - split_only.cpu) / n_events * 1e6:.1f} CPU µs/line"),
-        Row.of("read + split + validate, one file per task", one_file_per_task, n_events,
-               f"maxPartitionBytes={largest_file:,}; vs {read_validate.wall:.2f} s as configured"),
+        Row.of(
+            "+ number the lines, no validation",
+            split_only,
+            n_events,
+            f"validation = {read_validate.wall - split_only.wall:.2f} s, "
+            f"{(read_validate.cpu - split_only.cpu) / n_events * 1e6:.1f} CPU µs/line",
+        ),
+        Row.of(
+            "read + split + validate, one file per task",
+            one_file_per_task,
+            n_events,
+            f"maxPartitionBytes={largest_file:,}; vs {read_validate.wall:.2f} s as configured",
+        ),
     )
 
 
@@ -260,39 +303,78 @@ def first_of_each_event_id_by_keys(events: DataFrame) -> DataFrame:
     first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
     later = (
         events.select("event_id", "source_file", "source_line")
-        .withColumn("_rank", F.row_number().over(first)).where("_rank > 1").drop("_rank")
+        .withColumn("_rank", F.row_number().over(first))
+        .where("_rank > 1")
+        .drop("_rank")
     )
     return events.join(F.broadcast(later), ["event_id", "source_file", "source_line"], "left_anti")
 
 
-def pipeline_alternatives(spark: SparkSession, events: DataFrame, unique_events: DataFrame, n_events: int,
-                          fresh_raw_log: Callable[[str], str], *, dedup: Usage, delta_append: Usage,
-                          delta_merge: Usage) -> tuple[Row, ...]:
+def pipeline_alternatives(
+    spark: SparkSession,
+    events: DataFrame,
+    unique_events: DataFrame,
+    n_events: int,
+    fresh_raw_log: Callable[[str], str],
+    *,
+    dedup: Usage,
+    delta_append: Usage,
+    delta_merge: Usage,
+) -> tuple[Row, ...]:
     """What-if timings after the read phase, each on the same cached lines as the phase it would replace."""
     _, keys_dedup = measure(lambda: evaluate(first_of_each_event_id_by_keys(events)))
     no_repartition_path = fresh_raw_log("delta_merge_no_repartition")
-    _, merge_no_repartition = measure(lambda: with_conf(
-        spark, _MERGE_REPARTITION, "false", lambda: merge_new_events(spark, no_repartition_path, unique_events)))
+    _, merge_no_repartition = measure(
+        lambda: with_conf(
+            spark, _MERGE_REPARTITION, "false", lambda: merge_new_events(spark, no_repartition_path, unique_events)
+        )
+    )
     configured = int(spark.conf.get("spark.sql.shuffle.partitions"))
     cores = spark.sparkContext.defaultParallelism
     other = cores if configured != cores else 2 * cores
     other_partitions_path = fresh_raw_log("delta_merge_other_partitions")
-    _, merge_other_partitions = measure(lambda: with_conf(
-        spark, "spark.sql.shuffle.partitions", str(other),
-        lambda: merge_new_events(spark, other_partitions_path, unique_events)))
+    _, merge_other_partitions = measure(
+        lambda: with_conf(
+            spark,
+            "spark.sql.shuffle.partitions",
+            str(other),
+            lambda: merge_new_events(spark, other_partitions_path, unique_events),
+        )
+    )
     no_stats_path = fresh_raw_log("delta_append_no_stats")
-    _, append_no_stats = measure(lambda: with_conf(
-        spark, _DELTA_COLLECT_STATS, "false",
-        lambda: unique_events.write.format("delta").mode("append").save(no_stats_path)))
+    _, append_no_stats = measure(
+        lambda: with_conf(
+            spark,
+            _DELTA_COLLECT_STATS,
+            "false",
+            lambda: unique_events.write.format("delta").mode("append").save(no_stats_path),
+        )
+    )
     return (
-        Row.of("scan + parse + dedup shuffling the keys only", keys_dedup, n_events,
-               f"vs {dedup.wall:.2f} s scan + parse + window over whole rows"),
-        Row.of("MERGE, repartitionBeforeWrite off", merge_no_repartition, n_events,
-               f"vs {delta_merge.wall:.2f} s MERGE as configured"),
-        Row.of(f"MERGE with {other} shuffle partitions", merge_other_partitions, n_events,
-               f"vs {delta_merge.wall:.2f} s with {configured} ({cores} cores)"),
-        Row.of("Delta append, no file statistics", append_no_stats, n_events,
-               f"vs {delta_append.wall:.2f} s append with statistics"),
+        Row.of(
+            "scan + parse + dedup shuffling the keys only",
+            keys_dedup,
+            n_events,
+            f"vs {dedup.wall:.2f} s scan + parse + window over whole rows",
+        ),
+        Row.of(
+            "MERGE, repartitionBeforeWrite off",
+            merge_no_repartition,
+            n_events,
+            f"vs {delta_merge.wall:.2f} s MERGE as configured",
+        ),
+        Row.of(
+            f"MERGE with {other} shuffle partitions",
+            merge_other_partitions,
+            n_events,
+            f"vs {delta_merge.wall:.2f} s with {configured} ({cores} cores)",
+        ),
+        Row.of(
+            "Delta append, no file statistics",
+            append_no_stats,
+            n_events,
+            f"vs {delta_append.wall:.2f} s append with statistics",
+        ),
     )
 
 
@@ -306,14 +388,16 @@ def lines_without_python(spark: SparkSession, paths: list[str]) -> DataFrame:
     )
 
 
-def jvm_only_alternatives(spark: SparkSession, paths: list[str], n_events: int,
-                          fresh_raw_log: Callable[[str], str], *, python_pipeline: Usage) -> tuple[Row, ...]:
+def jvm_only_alternatives(
+    spark: SparkSession, paths: list[str], n_events: int, fresh_raw_log: Callable[[str], str], *, python_pipeline: Usage
+) -> tuple[Row, ...]:
     """How fast the data path is without the Python workers: the JVM reads the lines, from_json
     parses them, and Delta appends them, with and without the dedup window."""
     events = events_from_lines(lines_without_python(spark, paths))
     deduplicated_path, appended_path = fresh_raw_log("jvm_only_dedup"), fresh_raw_log("jvm_only_append")
-    _, deduplicated = measure(lambda: first_of_each_event_id(events).write.format("delta").mode("append")
-                              .save(deduplicated_path))
+    _, deduplicated = measure(
+        lambda: first_of_each_event_id(events).write.format("delta").mode("append").save(deduplicated_path)
+    )
     _, appended = measure(lambda: events.write.format("delta").mode("append").save(appended_path))
     reference = f"vs {python_pipeline.wall:.2f} s, {python_pipeline.cpu:.1f} CPU s for a + a' + the MERGE pipeline"
     return (
@@ -335,13 +419,22 @@ def price_small_delta_operations(spark: SparkSession, lake: Lake, scratch: Path)
         [(1, "planned", "file:/landing/events-00000.jsonl", 1)],
         "batch_id long, stage string, file_path string, file_size long",
     ).withColumn("recorded_at", F.current_timestamp())
-    _, merge = measure(lambda: DeltaTable.forPath(spark, table).alias("ledger")
-                       .merge(row.alias("plan"), "ledger.batch_id = plan.batch_id")
-                       .whenNotMatchedInsert(values={column: f"plan.{column}" for column in row.columns})
-                       .execute().first())
+    _, merge = measure(
+        lambda: (
+            DeltaTable.forPath(spark, table)
+            .alias("ledger")
+            .merge(row.alias("plan"), "ledger.batch_id = plan.batch_id")
+            .whenNotMatchedInsert(values={column: f"plan.{column}" for column in row.columns})
+            .execute()
+            .first()
+        )
+    )
     _, append = measure(lambda: row.write.format("delta").mode("append").save(table))
-    _, history = measure(lambda: DeltaTable.forPath(spark, table).history(50)
-                         .where(F.col("userMetadata") == "{}").select("version").first())
+    _, history = measure(
+        lambda: (
+            DeltaTable.forPath(spark, table).history(50).where(F.col("userMetadata") == "{}").select("version").first()
+        )
+    )
     return [
         Row.of("check the 3 tables exist (ensure_ingest_tables)", check),
         Row.of("read the ledger", read),
@@ -355,24 +448,45 @@ def price_small_delta_operations(spark: SparkSession, lake: Lake, scratch: Path)
 def report_profile(profile: PhaseProfile, ingest: Usage, n_events: int) -> None:
     p = profile
     rows = [
-        Row.of("a. read files + split + validate lines (Python workers)", p.read_validate, n_events,
-               f"{p.read_tasks} read tasks; read_landing_lines(...).count()"),
-        Row.of("a'. persist the lines (MEMORY_AND_DISK)", p.read_validate_persist - p.read_validate, n_events,
-               "write_batch persists them: the merge reads them again"),
+        Row.of(
+            "a. read files + split + validate lines (Python workers)",
+            p.read_validate,
+            n_events,
+            f"{p.read_tasks} read tasks; read_landing_lines(...).count()",
+        ),
+        Row.of(
+            "a'. persist the lines (MEMORY_AND_DISK)",
+            p.read_validate_persist - p.read_validate,
+            n_events,
+            "write_batch persists them: the merge reads them again",
+        ),
         Row.of("   scan the cached good lines", p.scan_cached, n_events),
         Row.of("b. from_json parse + event_date", p.parse - p.scan_cached, n_events, "events_from_lines"),
         Row.of("c. dedup shuffle (window by event_id)", p.dedup - p.parse, n_events, "first_of_each_event_id"),
-        Row.of("d. Parquet write (partitioned by event_date)", p.parquet - p.dedup, n_events,
-               "plain Parquet, scratch path"),
-        Row.of("e1. Delta append over Parquet (stats + commit)", p.delta_append - p.parquet, n_events,
-               "append into an empty raw log"),
-        Row.of("e2. MERGE over append", p.delta_merge - p.delta_append, n_events,
-               "merge_new_events into an empty raw log"),
-        Row.of("f. the rest: batch bookkeeping, and noise", ingest - p.read_validate_persist - p.delta_merge, None,
-               "warm ingest - (a + a' + the MERGE pipeline)"),
+        Row.of(
+            "d. Parquet write (partitioned by event_date)", p.parquet - p.dedup, n_events, "plain Parquet, scratch path"
+        ),
+        Row.of(
+            "e1. Delta append over Parquet (stats + commit)",
+            p.delta_append - p.parquet,
+            n_events,
+            "append into an empty raw log",
+        ),
+        Row.of(
+            "e2. MERGE over append", p.delta_merge - p.delta_append, n_events, "merge_new_events into an empty raw log"
+        ),
+        Row.of(
+            "f. the rest: batch bookkeeping, and noise",
+            ingest - p.read_validate_persist - p.delta_merge,
+            None,
+            "warm ingest - (a + a' + the MERGE pipeline)",
+        ),
     ]
-    print_rows(f"Phase profile (the same files into fresh lakes; increments; share of the warm ingest's "
-               f"{ingest.wall:.1f} s)", rows, total_seconds=ingest.wall)
+    print_rows(
+        f"Phase profile (the same files into fresh lakes; increments; share of the warm ingest's {ingest.wall:.1f} s)",
+        rows,
+        total_seconds=ingest.wall,
+    )
     print(f"  the MERGE pipeline alone (scan cached lines .. commit): {p.delta_merge.wall:.2f} s")
     print_rows("Alternatives (what-if)", p.alternatives)
 
@@ -404,10 +518,15 @@ def price_per_line(landing_file: Path, limit: int) -> list[Row]:
     _, check = measure(each(event_error, parsed))
     _, validate = measure(each(parse_line, pieces))
     return [
-        Row.of(name, usage, count, f"{usage.cpu / count * 1e6:.1f} CPU µs/line ({usage.wall / count * 1e6:.1f} µs wall)")
-        for name, usage in (("decode UTF-8", decode), ("json.loads only", loads),
-                            ("event_error only (the checks, on parsed events)", check),
-                            ("parse_line (json.loads + checks)", validate))
+        Row.of(
+            name, usage, count, f"{usage.cpu / count * 1e6:.1f} CPU µs/line ({usage.wall / count * 1e6:.1f} µs wall)"
+        )
+        for name, usage in (
+            ("decode UTF-8", decode),
+            ("json.loads only", loads),
+            ("event_error only (the checks, on parsed events)", check),
+            ("parse_line (json.loads + checks)", validate),
+        )
     ]
 
 
@@ -417,14 +536,24 @@ def price_per_line(landing_file: Path, limit: int) -> list[Row]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cores = os.cpu_count() or 1
     parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="events to generate and ingest (default 1,000,000)")
+    parser.add_argument(
+        "--events", type=int, default=1_000_000, help="events to generate and ingest (default 1,000,000)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--events-per-file", type=int, default=100_000, help="events per landing file (default 100,000)")
+    parser.add_argument(
+        "--events-per-file", type=int, default=100_000, help="events per landing file (default 100,000)"
+    )
     parser.add_argument("--workdir", help="where to make the fresh working folder (default: the system's temp folder)")
-    parser.add_argument("--keep", action="store_true", help="keep the working folder (landing files, lakes, SQLite file)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the working folder (landing files, lakes, SQLite file)"
+    )
     parser.add_argument("--cores", type=int, default=cores, help=f"Spark local cores (default: all, {cores})")
-    parser.add_argument("--shuffle-partitions", type=int, default=None,
-                        help="spark.sql.shuffle.partitions (default: cores; the run also times 2 x cores)")
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=None,
+        help="spark.sql.shuffle.partitions (default: cores; the run also times 2 x cores)",
+    )
     parser.add_argument("--driver-memory", default="4g", help="Spark driver memory (default 4g)")
     parser.add_argument("--no-profile", action="store_true", help="skip the phase profile and the alternatives")
     return parser.parse_args(argv)
@@ -435,11 +564,15 @@ def main(argv: list[str] | None = None) -> None:
     n_events = args.events
     shuffle_partitions = args.shuffle_partitions or args.cores
     work = Path(tempfile.mkdtemp(prefix="bench-ingest-", dir=args.workdir))
-    print(f"bench.ingest {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node()}: "
-          f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}")
-    print(f"  {n_events:,} events, seed {args.seed}, {args.events_per_file:,} events per file; "
-          f"Spark local[{args.cores}], {shuffle_partitions} shuffle partitions, driver {args.driver_memory}; "
-          f"work in {work}")
+    print(
+        f"bench.ingest {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}: "
+        f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
+    )
+    print(
+        f"  {n_events:,} events, seed {args.seed}, {args.events_per_file:,} events per file; "
+        f"Spark local[{args.cores}], {shuffle_partitions} shuffle partitions, driver {args.driver_memory}; "
+        f"work in {work}"
+    )
     print(f"  at start: {load_average()}", flush=True)
     try:
         run(args, work, n_events, shuffle_partitions)
@@ -465,19 +598,28 @@ def measure_ingest(spark: SparkSession, jobs: SparkJobs, lake: Lake, landing: Pa
     _, usage = measure(lambda: ingest_checked(spark, lake, str(landing), n_events))
     ingest_jobs = [job for job in jobs.all() if job["jobId"] not in jobs_before]
     job_of_stage = {stage_id: job["jobId"] for job in ingest_jobs for stage_id in job["stageIds"]}
-    stages = [dict(stage, jobId=job_of_stage[stage["stageId"]]) for stage in jobs.stages()
-              if stage["stageId"] in job_of_stage and stage["status"] == "COMPLETE"]
+    stages = [
+        dict(stage, jobId=job_of_stage[stage["stageId"]])
+        for stage in jobs.stages()
+        if stage["stageId"] in job_of_stage and stage["status"] == "COMPLETE"
+    ]
     return MeasuredIngest(usage, ingest_jobs, stages, merge_metrics(spark, lake.table_path(RAW_EVENT_LOG)))
 
 
 def report_ingest(title: str, ingest: MeasuredIngest) -> None:
     wall = ingest.usage.wall
-    print_rows(f"{title}: where its {wall:.1f} s went (Spark jobs, from the Spark UI)",
-               job_timeline(ingest.jobs, ingest.stages, wall, ingest.merge_metrics.get("executionTimeMs")),
-               total_seconds=wall)
-    print("  its MERGE, as Delta recorded it: " + ", ".join(
-        f"{key}={ingest.merge_metrics.get(key, '?')}"
-        for key in ("executionTimeMs", "rewriteTimeMs", "materializeSourceTimeMs", "numTargetFilesAdded")))
+    print_rows(
+        f"{title}: where its {wall:.1f} s went (Spark jobs, from the Spark UI)",
+        job_timeline(ingest.jobs, ingest.stages, wall, ingest.merge_metrics.get("executionTimeMs")),
+        total_seconds=wall,
+    )
+    print(
+        "  its MERGE, as Delta recorded it: "
+        + ", ".join(
+            f"{key}={ingest.merge_metrics.get(key, '?')}"
+            for key in ("executionTimeMs", "rewriteTimeMs", "materializeSourceTimeMs", "numTargetFilesAdded")
+        )
+    )
     gc_seconds = sum(stage["jvmGcTime"] for stage in ingest.stages) / 1000
     print(f"  JVM garbage collection in its tasks: {gc_seconds:.1f} s (summed over tasks)")
     print_stages(ingest.stages)
@@ -486,11 +628,18 @@ def report_ingest(title: str, ingest: MeasuredIngest) -> None:
 def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions: int) -> None:
     rows: list[Row] = []
     landing = work / "landing"
-    workload, usage = measure(lambda: write_landing_files(landing, n_events, seed=args.seed,
-                                                          events_per_file=args.events_per_file))
+    workload, usage = measure(
+        lambda: write_landing_files(landing, n_events, seed=args.seed, events_per_file=args.events_per_file)
+    )
     megabytes = sum(path.stat().st_size for path in workload.files) / 1e6
-    rows.append(Row.of(f"generate landing files ({len(workload.files)} files; not in ingest)", usage, n_events,
-                       f"{megabytes:,.0f} MB"))
+    rows.append(
+        Row.of(
+            f"generate landing files ({len(workload.files)} files; not in ingest)",
+            usage,
+            n_events,
+            f"{megabytes:,.0f} MB",
+        )
+    )
     # Other events (other seeds): one small batch warms the JVM up, the other prices a batch.
     warm_up_landing, small_landing = work / "warm_up_landing", work / "small_landing"
     write_landing_files(warm_up_landing, SMALL_BATCH_EVENTS, seed=args.seed + 1)
@@ -520,11 +669,22 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
     warm = measure_ingest(spark, jobs, Lake(str(work / "lake_warm")), landing, n_events)
     rows.append(Row.of(f"the same {n_events:,} events into a fresh lake, warm JVM", warm.usage, n_events))
     _, usage = measure(lambda: ingest_checked(spark, small_lake, str(small_landing), SMALL_BATCH_EVENTS))
-    rows.append(Row.of(f"fixed cost: {SMALL_BATCH_EVENTS:,} new events into a {SMALL_BATCH_EVENTS:,}-event log",
-                       usage, SMALL_BATCH_EVENTS))
+    rows.append(
+        Row.of(
+            f"fixed cost: {SMALL_BATCH_EVENTS:,} new events into a {SMALL_BATCH_EVENTS:,}-event log",
+            usage,
+            SMALL_BATCH_EVENTS,
+        )
+    )
     _, usage = measure(lambda: ingest_checked(spark, lake, str(small_landing), SMALL_BATCH_EVENTS))
-    rows.append(Row.of(f"the same {SMALL_BATCH_EVENTS:,} new events into the {n_events:,}-event log", usage,
-                       SMALL_BATCH_EVENTS, "MERGE reads the log's event_ids"))
+    rows.append(
+        Row.of(
+            f"the same {SMALL_BATCH_EVENTS:,} new events into the {n_events:,}-event log",
+            usage,
+            SMALL_BATCH_EVENTS,
+            "MERGE reads the log's event_ids",
+        )
+    )
     fixed_costs = price_small_delta_operations(spark, small_lake, work / "scratch")
     spark.stop()
 
@@ -533,8 +693,14 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
     result, sqlite = measure(lambda: load_events(work / "bel.db", landing_events(workload.files)))
     if (result.accepted, result.duplicates) != (n_events, 0):
         raise RuntimeError(f"SQLite load of {n_events:,} events: {result}; the figures would be meaningless")
-    rows.append(Row.of("SQLite load_events, one transaction (from the files)", sqlite, n_events,
-                       "1 core; json.loads of every line included"))
+    rows.append(
+        Row.of(
+            "SQLite load_events, one transaction (from the files)",
+            sqlite,
+            n_events,
+            "1 core; json.loads of every line included",
+        )
+    )
     rows.append(Row.of("  of which reading the files + json.loads", parse, n_events))
 
     print_rows("Results (cpu s: this process tree; others: everyone else's meanwhile)", rows)
@@ -544,8 +710,10 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
     if profile is not None:
         report_profile(profile, warm.usage, n_events)
     per_line = price_per_line(workload.files[0], LINES_TIMED_IN_PROCESS)
-    print_rows(f"Price per line in one Python process, one core ({per_line[0].events:,} lines of "
-               f"{workload.files[0].name})", per_line)
+    print_rows(
+        f"Price per line in one Python process, one core ({per_line[0].events:,} lines of {workload.files[0].name})",
+        per_line,
+    )
     report_verdict(first.usage, warm.usage, sqlite, n_events, args.cores)
 
 
@@ -554,16 +722,22 @@ def report_verdict(ingest: Usage, warm: Usage, sqlite: Usage, n_events: int, cor
     the figures would be on a machine nobody else uses, near enough)."""
     print()
     for name, usage in (("Delta ingest", ingest), ("Delta, warm JVM", warm), ("SQLite load", sqlite)):
-        print(f"{name:<16} {n_events / usage.wall:>9,.0f} events/s  ({n_events:,} events in {usage.wall:.1f} s; "
-              f"{n_events / usage.cpu:,.0f} events per CPU s: {usage.cpu:.1f} CPU s ours, {usage.others:.1f} others')")
-    print(f"ratio Delta/SQLite  {sqlite.wall / ingest.wall:.2f} (wall), {sqlite.cpu / ingest.cpu:.2f} (per CPU s); "
-          f"warm JVM: {sqlite.wall / warm.wall:.2f} (wall), {sqlite.cpu / warm.cpu:.2f} (per CPU s)")
+        print(
+            f"{name:<16} {n_events / usage.wall:>9,.0f} events/s  ({n_events:,} events in {usage.wall:.1f} s; "
+            f"{n_events / usage.cpu:,.0f} events per CPU s: {usage.cpu:.1f} CPU s ours, {usage.others:.1f} others')"
+        )
+    print(
+        f"ratio Delta/SQLite  {sqlite.wall / ingest.wall:.2f} (wall), {sqlite.cpu / ingest.cpu:.2f} (per CPU s); "
+        f"warm JVM: {sqlite.wall / warm.wall:.2f} (wall), {sqlite.cpu / warm.cpu:.2f} (per CPU s)"
+    )
     best = min(ingest.wall, warm.wall)
     met = "MET" if n_events / best >= TARGET_EVENTS_PER_SECOND else "NOT MET"
     budget = cores * n_events / TARGET_EVENTS_PER_SECOND
-    print(f"target {TARGET_EVENTS_PER_SECOND:,} events/s ({n_events / TARGET_EVENTS_PER_SECOND:.1f} s for {n_events:,} "
-          f"events): {met}; the better ingest reached {n_events / best / TARGET_EVENTS_PER_SECOND:.0%} of it. It needs "
-          f"{min(ingest.cpu, warm.cpu):.0f} CPU s; {cores} cores give {budget:.0f} CPU s in the target's time")
+    print(
+        f"target {TARGET_EVENTS_PER_SECOND:,} events/s ({n_events / TARGET_EVENTS_PER_SECOND:.1f} s for {n_events:,} "
+        f"events): {met}; the better ingest reached {n_events / best / TARGET_EVENTS_PER_SECOND:.0%} of it. It needs "
+        f"{min(ingest.cpu, warm.cpu):.0f} CPU s; {cores} cores give {budget:.0f} CPU s in the target's time"
+    )
     print(f"at end: {load_average()}")
 
 

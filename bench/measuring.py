@@ -15,9 +15,10 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable, Iterable, TypeVar
+from datetime import UTC, datetime
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -62,7 +63,7 @@ def _process_tree_ticks(root: int) -> dict[int, int]:
                 text = stat.read()
         except OSError:  # the process ended while we looked
             continue
-        fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
+        fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces
         parent_of[int(entry)] = int(fields[1])
         ticks_of[int(entry)] = int(fields[11]) + int(fields[12])
     children = defaultdict(list)
@@ -170,11 +171,13 @@ class SparkJobs:
 
 
 def ui_time(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%Z").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%Z").replace(tzinfo=UTC).timestamp()
 
 
 def job_label(job: dict) -> str:
-    call_site = re.sub(r"/\S*/", "", job.get("name", ""))  # "collect at /work/.../landing.py:265" -> "... landing.py:265"
+    call_site = re.sub(
+        r"/\S*/", "", job.get("name", "")
+    )  # "collect at /work/.../landing.py:265" -> "... landing.py:265"
     description = job.get("description", "")
     label = f"{description} [{call_site}]" if description and description != job.get("name") else call_site
     return label if len(label) <= 100 else label[:97] + "..."
@@ -186,16 +189,21 @@ def print_stages(stages: list[dict]) -> None:
         return
     mb = 1e6
     print("  its stages with the most task time (task s: summed over tasks; jvm cpu: without the Python workers)")
-    print(f"  {'stage':>5}  {'job':>4}  {'tasks':>5}  {'wall s':>6}  {'task s':>6}  {'jvm cpu':>7}  {'in MB':>6}  "
-          f"{'shuf rd':>7}  {'shuf wr':>7}  {'out MB':>6}  {'spill':>6}  {'gc s':>5}  name")
+    print(
+        f"  {'stage':>5}  {'job':>4}  {'tasks':>5}  {'wall s':>6}  {'task s':>6}  {'jvm cpu':>7}  {'in MB':>6}  "
+        f"{'shuf rd':>7}  {'shuf wr':>7}  {'out MB':>6}  {'spill':>6}  {'gc s':>5}  name"
+    )
     for stage in sorted(stages, key=lambda stage: stage["executorRunTime"], reverse=True)[:LONGEST_JOBS]:
         wall = ui_time(stage["completionTime"]) - ui_time(stage["submissionTime"])
         name = re.sub(r"/\S*/", "", stage["name"])
-        print(f"  {stage['stageId']:>5}  {stage['jobId']:>4}  {stage['numTasks']:>5}  {wall:>6.2f}  "
-              f"{stage['executorRunTime'] / 1000:>6.2f}  {stage['executorCpuTime'] / 1e9:>7.2f}  "
-              f"{stage['inputBytes'] / mb:>6.0f}  {stage['shuffleReadBytes'] / mb:>7.0f}  "
-              f"{stage['shuffleWriteBytes'] / mb:>7.0f}  {stage['outputBytes'] / mb:>6.0f}  "
-              f"{(stage['memoryBytesSpilled'] + stage['diskBytesSpilled']) / mb:>6.0f}  {stage['jvmGcTime'] / 1000:>5.1f}  {name}")
+        print(
+            f"  {stage['stageId']:>5}  {stage['jobId']:>4}  {stage['numTasks']:>5}  {wall:>6.2f}  "
+            f"{stage['executorRunTime'] / 1000:>6.2f}  {stage['executorCpuTime'] / 1e9:>7.2f}  "
+            f"{stage['inputBytes'] / mb:>6.0f}  {stage['shuffleReadBytes'] / mb:>7.0f}  "
+            f"{stage['shuffleWriteBytes'] / mb:>7.0f}  {stage['outputBytes'] / mb:>6.0f}  "
+            f"{(stage['memoryBytesSpilled'] + stage['diskBytesSpilled']) / mb:>6.0f}"
+            f"  {stage['jvmGcTime'] / 1000:>5.1f}  {name}"
+        )
 
 
 @dataclass(frozen=True)

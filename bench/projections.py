@@ -18,9 +18,9 @@ import json
 import os
 import random
 import shutil
-import statistics
 import tempfile
 import time
+from functools import partial
 from itertools import islice
 from pathlib import Path
 
@@ -53,7 +53,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def refresh_all(spark, lake: Lake, full: bool) -> dict[str, tuple[float, str]]:
     return {
-        name: (lambda t: (t[0], t[1].mode))(timed(lambda: refresh_projection(spark, lake, projection, RAW_EVENT_LOG, full=full)))
+        name: (lambda t: (t[0], t[1].mode))(
+            timed(partial(refresh_projection, spark, lake, projection, RAW_EVENT_LOG, full=full))
+        )
         for name, projection in PROJECTIONS.items()
     }
 
@@ -90,7 +92,7 @@ def time_queries(backend, events: list[dict], repeats: int, seed: int) -> dict[s
     timings: dict[str, list[float]] = {}
     for _ in range(repeats):
         for method, args in query_plan(events, rng):
-            seconds, _ = timed(lambda: getattr(backend, method)(*args))
+            seconds, _ = timed(partial(getattr(backend, method), *args))
             timings.setdefault(method, []).append(seconds)
     return timings
 
@@ -152,10 +154,14 @@ def main() -> None:
         print(f"\nincremental refresh after appending {len(extra):,} events ({label})")
         for name, (seconds, mode) in incremental.items():
             print(f"  {name:16} {seconds:7.2f}s  {mode:12} {seconds / full[name][0]:6.1%} of its full rebuild")
-        print(f"  {'all three':16} {total_seconds:7.2f}s  {'':12} {total_seconds / full_total:6.1%} of the full rebuild"
-              + ("  (target for +1%: at most 10%)" if label == "+1%" else ""))
-        print(f"  {'three at once':16} {together:7.2f}s  {'/'.join(sorted(modes)):12} "
-              f"{together / full_together:6.1%} of the full rebuild at once")
+        print(
+            f"  {'all three':16} {total_seconds:7.2f}s  {'':12} {total_seconds / full_total:6.1%} of the full rebuild"
+            + ("  (target for +1%: at most 10%)" if label == "+1%" else "")
+        )
+        print(
+            f"  {'three at once':16} {together:7.2f}s  {'/'.join(sorted(modes)):12} "
+            f"{together / full_together:6.1%} of the full rebuild at once"
+        )
 
     idle = refresh_all(spark, lake, full=False)
     print("\nrefresh with no new commits (the fixed cost: versions, history, table checks)")
@@ -183,7 +189,9 @@ def time_all_queries(spark, lake: Lake, events: list[dict], workdir: Path, args)
     delta_times = time_queries(delta_log, events, args.queries, args.seed)
     sqlite_times = time_queries(sqlite_log, events, args.queries, args.seed)
     print(f"\nquery latency over {args.queries} calls each (ms), warm session, {total:,} events")
-    print(f"  {'method':42} {'delta p50':>10} {'delta p95':>10} {'sqlite p50':>10} {'sqlite p95':>10} {'p95 ratio':>10}")
+    print(
+        f"  {'method':42} {'delta p50':>10} {'delta p95':>10} {'sqlite p50':>10} {'sqlite p95':>10} {'p95 ratio':>10}"
+    )
     for method in delta_times:
         d50, d95 = percentile(delta_times[method], 0.5) * 1e3, percentile(delta_times[method], 0.95) * 1e3
         s50, s95 = percentile(sqlite_times[method], 0.5) * 1e3, percentile(sqlite_times[method], 0.95) * 1e3

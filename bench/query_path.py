@@ -23,6 +23,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,17 +96,36 @@ def service_build(index: int) -> tuple[list[dict[str, Any]], str, str]:
     now = time.time_ns()
 
     def event(offset: int, event_type: str, payload: dict) -> dict[str, Any]:
-        return {"event_id": str(uuid.uuid4()), "timestamp": now + offset, "build_request_id": build,
-                "event_type": event_type, event_type: payload}
+        return {
+            "event_id": str(uuid.uuid4()),
+            "timestamp": now + offset,
+            "build_request_id": build,
+            "event_type": event_type,
+            event_type: payload,
+        }
 
     BR, P, J = BuildRequestStatus, PartitionStatus, JobStatus
-    return [
-        event(0, "build_request_event", {"status_code": 1, "status_name": BR(1).name, "requested_partitions": [ref]}),
-        event(1, "partition_event", {"partition_ref": ref, "status_code": 2, "status_name": P(2).name}),
-        event(2, "job_event", {"job_run_id": job, "status_code": 2, "status_name": J(2).name, "target_partitions": [ref]}),
-        event(3, "partition_event", {"partition_ref": ref, "status_code": 3, "status_name": P(3).name, "job_run_id": job}),
-        event(4, "build_request_event", {"status_code": 3, "status_name": BR(3).name}),
-    ], build, ref
+    return (
+        [
+            event(
+                0, "build_request_event", {"status_code": 1, "status_name": BR(1).name, "requested_partitions": [ref]}
+            ),
+            event(1, "partition_event", {"partition_ref": ref, "status_code": 2, "status_name": P(2).name}),
+            event(
+                2,
+                "job_event",
+                {"job_run_id": job, "status_code": 2, "status_name": J(2).name, "target_partitions": [ref]},
+            ),
+            event(
+                3,
+                "partition_event",
+                {"partition_ref": ref, "status_code": 3, "status_name": P(3).name, "job_run_id": job},
+            ),
+            event(4, "build_request_event", {"status_code": 3, "status_name": BR(3).name}),
+        ],
+        build,
+        ref,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,11 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("| | cold start | memory added | on disk |")
         print("|---|---:|---:|---:|")
-        print(f"| SQLite | {sqlite_cold:.2f} s | {sqlite_rss / 1e6:,.0f} MB | "
-              f"{os.path.getsize(workdir / 'bel.db') / 1e6:,.0f} MB (the database) |")
-        print(f"| Delta, JVM-free | {delta_cold:.2f} s | {delta_rss / 1e6:,.0f} MB "
-              f"(replica {delta_log.replica_bytes() / 1e6:,.0f} MB) | {log_bytes / 1e6:,.0f} MB (the lake's raw log); "
-              "nothing else |")
+        print(
+            f"| SQLite | {sqlite_cold:.2f} s | {sqlite_rss / 1e6:,.0f} MB | "
+            f"{os.path.getsize(workdir / 'bel.db') / 1e6:,.0f} MB (the database) |"
+        )
+        print(
+            f"| Delta, JVM-free | {delta_cold:.2f} s | {delta_rss / 1e6:,.0f} MB "
+            f"(replica {delta_log.replica_bytes() / 1e6:,.0f} MB) | {log_bytes / 1e6:,.0f} MB (the lake's raw log); "
+            "nothing else |"
+        )
 
         # The service loop.
         steps: dict[str, dict[str, list[float]]] = {"sqlite": {}, "delta": {}}
@@ -163,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             for index in range(args.loops):
                 batch, build, ref = service_build(index)
                 for step, action in (
-                    ("append 5 events", lambda: log.append_events(batch)),
-                    ("get_latest_partition_status right after an append", lambda: log.get_latest_partition_status(ref)),
-                    ("get_build_request_events right after an append", lambda: log.get_build_request_events(build)),
-                    ("get_latest_partition_status, nothing new", lambda: log.get_latest_partition_status(ref)),
+                    ("append 5 events", partial(log.append_events, batch)),
+                    (
+                        "get_latest_partition_status right after an append",
+                        partial(log.get_latest_partition_status, ref),
+                    ),
+                    ("get_build_request_events right after an append", partial(log.get_build_request_events, build)),
+                    ("get_latest_partition_status, nothing new", partial(log.get_latest_partition_status, ref)),
                 ):
                     steps[name].setdefault(step, []).extend(timings(action, 1))
         print()
@@ -174,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---:|---:|---:|")
         for step in steps["sqlite"]:
             a, b = steps["sqlite"][step], steps["delta"][step]
-            print(f"| {step} | {ms(percentile(a, .5))} / {ms(percentile(a, .95))} | "
-                  f"{ms(percentile(b, .5))} / {ms(percentile(b, .95))} | {percentile(b, .95) / percentile(a, .95):.2f}x |")
+            print(
+                f"| {step} | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
+                f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))}"
+                f" | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
+            )
 
         # Every query method.
         methods: list[tuple[str, Callable[[Any], Any]]] = [
@@ -184,12 +214,18 @@ def main(argv: list[str] | None = None) -> int:
             ("get_job_run_events", lambda log: log.get_job_run_events(rng.choice(jobs))),
             ("get_events_in_range (1 s)", lambda log: in_range(log, rng.choice(timestamps))),
             ("list_events (page of 100)", lambda log: log.list_events(limit=100)),
-            ("list_events (filtered)", lambda log: log.list_events(
-                filter=EventFilter(event_types=["partition_event"], partition_refs=[rng.choice(refs)]), limit=100)),
+            (
+                "list_events (filtered)",
+                lambda log: log.list_events(
+                    filter=EventFilter(event_types=["partition_event"], partition_refs=[rng.choice(refs)]), limit=100
+                ),
+            ),
             ("get_latest_partition_status", lambda log: log.get_latest_partition_status(rng.choice(refs))),
             ("get_active_builds_for_partition", lambda log: log.get_active_builds_for_partition(rng.choice(refs))),
-            ("get_build_request_for_available_partition",
-             lambda log: log.get_build_request_for_available_partition(rng.choice(refs))),
+            (
+                "get_build_request_for_available_partition",
+                lambda log: log.get_build_request_for_available_partition(rng.choice(refs)),
+            ),
             ("list_build_requests (page of 20)", lambda log: log.list_build_requests(limit=20)),
             ("list_recent_partitions (page of 20)", lambda log: log.list_recent_partitions(limit=20)),
             ("get_activity_summary", lambda log: log.get_activity_summary()),
@@ -199,19 +235,26 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---:|---:|---:|")
         for method, call in methods:
             state = rng.getstate()
-            a = timings(lambda: call(sqlite_log), args.calls)
+            a = timings(partial(call, sqlite_log), args.calls)
             rng.setstate(state)  # the same keys for both
-            b = timings(lambda: call(delta_log), len(a), budget_s=float("inf"))
+            b = timings(partial(call, delta_log), len(a), budget_s=float("inf"))
             b = b[: len(a)]  # the same calls, when the budget cut SQLite's short
-            print(f"| {method} ({len(a)} calls) | {ms(percentile(a, .5))} / {ms(percentile(a, .95))} | "
-                  f"{ms(percentile(b, .5))} / {ms(percentile(b, .95))} | {percentile(b, .95) / percentile(a, .95):.2f}x |")
+            print(
+                f"| {method} ({len(a)} calls) | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
+                f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))}"
+                f" | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
+            )
 
         # Two other designs, for the point read of one build request's events.
         table = deltalake.DeltaTable(str(root / "tables" / RAW_EVENT_LOG.name))
         query = deltalake.QueryBuilder().register("raw_event_log", table)
-        datafusion = timings(lambda: query.execute(
-            f"SELECT * FROM raw_event_log WHERE build_request_id = '{rng.choice(builds)}' ORDER BY timestamp, event_id"
-        ).read_all(), min(args.calls, 50))
+        datafusion = timings(
+            lambda: query.execute(
+                f"SELECT * FROM raw_event_log WHERE build_request_id = '{rng.choice(builds)}'"
+                " ORDER BY timestamp, event_id"
+            ).read_all(),
+            min(args.calls, 50),
+        )
         started = time.perf_counter()
         arrow = table.to_pyarrow_table(columns=list(EVENT_COLUMNS))
         duck = duckdb.connect()
@@ -219,19 +262,28 @@ def main(argv: list[str] | None = None) -> int:
         duck.execute("CREATE TABLE events AS SELECT * FROM arrow_events")
         duck.execute("CREATE INDEX events_by_build_request ON events (build_request_id)")
         duck_load = time.perf_counter() - started
-        in_duckdb = timings(lambda: duck.execute(
-            "SELECT * FROM events WHERE build_request_id = ? ORDER BY timestamp, event_id", [rng.choice(builds)]
-        ).fetchall(), args.calls)
+        in_duckdb = timings(
+            lambda: duck.execute(
+                "SELECT * FROM events WHERE build_request_id = ? ORDER BY timestamp, event_id", [rng.choice(builds)]
+            ).fetchall(),
+            args.calls,
+        )
         replica = timings(lambda: delta_log.get_build_request_events(rng.choice(builds)), args.calls)
         print()
         print("| design, point read of a build request's events | p50 / p95 ms | load |")
         print("|---|---:|---:|")
-        print(f"| delta-rs DataFusion SQL over the table | {ms(percentile(datafusion, .5))} / "
-              f"{ms(percentile(datafusion, .95))} | none |")
-        print(f"| DuckDB in-memory table with an index | {ms(percentile(in_duckdb, .5))} / "
-              f"{ms(percentile(in_duckdb, .95))} | {duck_load:.1f} s |")
-        print(f"| SQLite in-memory replica (this backend) | {ms(percentile(replica, .5))} / "
-              f"{ms(percentile(replica, .95))} | {delta_cold:.1f} s |")
+        print(
+            f"| delta-rs DataFusion SQL over the table | {ms(percentile(datafusion, 0.5))} / "
+            f"{ms(percentile(datafusion, 0.95))} | none |"
+        )
+        print(
+            f"| DuckDB in-memory table with an index | {ms(percentile(in_duckdb, 0.5))} / "
+            f"{ms(percentile(in_duckdb, 0.95))} | {duck_load:.1f} s |"
+        )
+        print(
+            f"| SQLite in-memory replica (this backend) | {ms(percentile(replica, 0.5))} / "
+            f"{ms(percentile(replica, 0.95))} | {delta_cold:.1f} s |"
+        )
         sqlite_log.close()
         delta_log.close()
     finally:

@@ -43,9 +43,13 @@ from databuild_assets_tests.reliability_scenarios import (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--crash-points", type=int, default=50, help="kills that land mid-work, in total over the crash scenarios")
+    parser.add_argument(
+        "--crash-points", type=int, default=50, help="kills that land mid-work, in total over the crash scenarios"
+    )
     parser.add_argument("--writers", type=int, default=4, help="concurrent writer processes")
-    parser.add_argument("--events-per-batch", type=int, default=100, help="events per cycle, per writer call, per landing file")
+    parser.add_argument(
+        "--events-per-batch", type=int, default=100, help="events per cycle, per writer call, per landing file"
+    )
     parser.add_argument("--writer-calls", type=int, default=4, help="append_events calls per writer")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
     parser.add_argument("--seed", type=int, default=0)

@@ -40,8 +40,12 @@ def demo(events: int, seed: int) -> int:
         print(f"{lake.landing} already has landing files: ingesting only what is new")
     else:
         summary = write_landing_files(
-            lake.landing, events, seed=seed, events_per_file=max(1, events // 8),
-            bad_line_rate=0.001, duplicate_rate=0.002,
+            lake.landing,
+            events,
+            seed=seed,
+            events_per_file=max(1, events // 8),
+            bad_line_rate=0.001,
+            duplicate_rate=0.002,
         )
         print(
             f"generated {summary.events_written:,} events in {len(summary.files)} landing files "
@@ -53,7 +57,9 @@ def demo(events: int, seed: int) -> int:
         print("the main job failed; see the Dagster log above", file=sys.stderr)
         return 1
     metadata = {
-        event.asset_key.to_user_string(): {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
+        event.asset_key.to_user_string(): {
+            k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()
+        }
         for event in result.get_asset_materialization_events()
         if event.asset_key is not None
     }
@@ -65,17 +71,26 @@ def demo(events: int, seed: int) -> int:
     print(f"  events accepted     {raw['accepted']:,}")
     print(f"  duplicates skipped  {raw['duplicates_skipped']:,}")
     print(f"  lines quarantined   {raw['quarantined']:,}")
-    print(f"  raw_event_log       version {raw['delta_version']}, {raw['dagster/row_count']:,} events, "
-          f"{raw['num_files']} files, {raw['size_bytes'] / 1e6:.1f} MB")
+    print(
+        f"  raw_event_log       version {raw['delta_version']}, {raw['dagster/row_count']:,} events, "
+        f"{raw['num_files']} files, {raw['size_bytes'] / 1e6:.1f} MB"
+    )
     print(f"  event_quarantine    version {quarantine['delta_version']}, {quarantine['dagster/row_count']:,} lines")
-    for name, noun in (("filtered_event_log", "visible events"), ("partition_state", "partitions"),
-                       ("job_runs", "job runs"), ("build_requests", "build requests")):
+    for name, noun in (
+        ("filtered_event_log", "visible events"),
+        ("partition_state", "partitions"),
+        ("job_runs", "job runs"),
+        ("build_requests", "build requests"),
+    ):
         if name in metadata:
             table = metadata[name]
             mode = f", {table['refresh_mode']} refresh" if "refresh_mode" in table else ""
             print(f"  {name:19} version {table['delta_version']}, {table['dagster/row_count']:,} {noun}{mode}")
     if "tombstones" in metadata:
-        print(f"  tombstones          {metadata['tombstones']['tombstones']} ({metadata['tombstones']['pending']} pending)")
+        print(
+            f"  tombstones          {metadata['tombstones']['tombstones']}"
+            f" ({metadata['tombstones']['pending']} pending)"
+        )
     print(f"  tables under        {lake.path('tables')}")
     print(f"  landing folder      {lake.landing}")
     return 0
@@ -129,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     run_migrate = commands.add_parser("migrate", help="copy a SQLite BEL into the Delta event log, exactly once")
     run_migrate.add_argument("sqlite_uri", help="sqlite:///absolute/path/to/bel.db")
     run_query = commands.add_parser(
-        "query", help="ask the event log (either backend) one question; prints the answer as JSON",
+        "query",
+        help="ask the event log (either backend) one question; prints the answer as JSON",
         description="Call one BuildEventLog method: arguments in the method's order or as name=value; "
         "a status by name; filter as a JSON object. Example: databuild-assets query delta:///data/lake "
         "get_latest_partition_status data/date=2024-01-01",

@@ -41,7 +41,15 @@ all_assets_job = define_asset_job(
 defs = Definitions(
     assets=assets,
     asset_checks=[*projection_asset_checks, freshness_checks],
-    jobs=[all_assets_job, ingest_job, refresh_projections_job, erase_job, compaction_job, vacuum_job, erasure_report_job],
+    jobs=[
+        all_assets_job,
+        ingest_job,
+        refresh_projections_job,
+        erase_job,
+        compaction_job,
+        vacuum_job,
+        erasure_report_job,
+    ],
     schedules=[compaction_schedule, vacuum_schedule, freshness_schedule],
     sensors=[landing_files_sensor, event_log_commits_sensor],
     resources={"lakehouse": lakehouse},

@@ -90,9 +90,9 @@ def engine(spark: SparkSession) -> dict:
         "delta_jars_shipped": sorted(
             jar.rsplit("/", 1)[-1] for jar in sc._jsc.sc().listJars().mkString("\n").split("\n") if "delta" in jar
         ),
-        "python_workers": sorted(set(
-            sc.parallelize(range(4), 2).map(lambda _: __import__("sys").executable).collect()
-        )),
+        "python_workers": sorted(
+            set(sc.parallelize(range(4), 2).map(lambda _: __import__("sys").executable).collect())
+        ),
     }
 
 
@@ -100,7 +100,12 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
     """The whole run on `spark` and `lake`; returns the summary (see the module docstring)."""
     staging = Path(lake.path("staging"))
     workload = write_landing_files(
-        staging, n_events, seed=seed, events_per_file=math.ceil(n_events / 3), bad_line_rate=0.01, duplicate_rate=0.02,
+        staging,
+        n_events,
+        seed=seed,
+        events_per_file=math.ceil(n_events / 3),
+        bad_line_rate=0.01,
+        duplicate_rate=0.02,
     )
     *first_files, last_file = sorted(staging.glob("events-*.jsonl"))
     landing = Path(lake.landing)
@@ -129,10 +134,19 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
     return {
         "engine": engine(spark),
         "result": {
-            "workload": {"events": workload.events_written, "bad_lines": workload.bad_lines_written,
-                         "duplicate_lines": workload.duplicate_lines_written, "lines": workload.lines_written},
-            "ingest": {"files": len(ingested.files), "lines_read": ingested.lines_read, "accepted": ingested.accepted,
-                       "duplicates": ingested.duplicates, "quarantined": ingested.quarantined},
+            "workload": {
+                "events": workload.events_written,
+                "bad_lines": workload.bad_lines_written,
+                "duplicate_lines": workload.duplicate_lines_written,
+                "lines": workload.lines_written,
+            },
+            "ingest": {
+                "files": len(ingested.files),
+                "lines_read": ingested.lines_read,
+                "accepted": ingested.accepted,
+                "duplicates": ingested.duplicates,
+                "quarantined": ingested.quarantined,
+            },
             "second_batch_refresh": {name: result.mode for name, result in sorted(folded.items())},
             "before_erasure": before_erasure,
             "erased_partition_ref": erased,
@@ -159,9 +173,16 @@ def main(argv: list[str] | None = None) -> None:
 
     extra = dict(item.split("=", 1) for item in args.conf)
     resource = LakehouseResource(
-        master=args.master, lake_root=args.lake, shuffle_partitions=2, driver_memory="1g",
-        extra_spark_config={"spark.app.name": args.app_name, "spark.ui.enabled": "false",
-                            "spark.ui.showConsoleProgress": "false", **extra},
+        master=args.master,
+        lake_root=args.lake,
+        shuffle_partitions=2,
+        driver_memory="1g",
+        extra_spark_config={
+            "spark.app.name": args.app_name,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            **extra,
+        },
     )
     spark = resource.spark_session
     spark.sparkContext.setLogLevel("ERROR")

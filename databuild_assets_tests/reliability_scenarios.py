@@ -50,7 +50,10 @@ class Worker:
         self.log = open(log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "databuild_assets_tests.reliability_workers", *argv],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            start_new_session=True,
         )
         self.messages: queue.Queue = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -60,7 +63,7 @@ class Worker:
         for raw in self.process.stdout:
             line = raw.decode("utf-8", errors="replace")
             if line.startswith(MARK):
-                self.messages.put(json.loads(line[len(MARK):]))
+                self.messages.put(json.loads(line[len(MARK) :]))
         self.messages.put({"event": "exit"})
 
     def next_message(self, timeout: float) -> dict:
@@ -98,7 +101,9 @@ class Worker:
         self.reader.join(timeout=10)
         self.log.close()
         if left:
-            raise RuntimeError(f"processes {left} of killed worker group {group} still run {timeout:.0f} s after SIGKILL")
+            raise RuntimeError(
+                f"processes {left} of killed worker group {group} still run {timeout:.0f} s after SIGKILL"
+            )
 
     def finish(self, timeout: float) -> int:
         try:
@@ -130,8 +135,14 @@ class ScenarioResult:
         self.duplicates = max(self.duplicates, verdict["duplicates"])
         self.lost = max(self.lost, verdict["lost"])
         self.conflicts_retried += verdict.get("conflicts_retried", 0)
-        for name in ("unexpected", "reappeared", "tombstones_missing", "tombstoned_visible", "filtered_mismatch",
-                     "quarantine_mismatch"):
+        for name in (
+            "unexpected",
+            "reappeared",
+            "tombstones_missing",
+            "tombstoned_visible",
+            "filtered_mismatch",
+            "quarantine_mismatch",
+        ):
             if verdict.get(name):
                 self.problems.append(f"{where}{name}={verdict[name]}")
         if verdict.get("projection_mismatches"):
@@ -144,8 +155,16 @@ class ScenarioResult:
         return not (self.lost or self.duplicates or self.problems)
 
 
-def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: int, per_batch: int,
-                       startup_timeout: float = 300, kill_window: float = 1.0, log=print) -> ScenarioResult:
+def run_crash_scenario(
+    scenario: str,
+    crash_points: int,
+    workdir: Path,
+    seed: int,
+    per_batch: int,
+    startup_timeout: float = 300,
+    kill_window: float = 1.0,
+    log=print,
+) -> ScenarioResult:
     """Cycle 0 runs whole (it also measures the work); each later cycle is killed at a random
     delay within the first `kill_window` of the work's last measured duration, until
     `crash_points` kills have landed mid-work (a cycle whose work finished before its kill does
@@ -162,13 +181,17 @@ def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: in
     while True:
         last = cycle > 0 and (result.runs >= crash_points or cycle > max_cycles)
         cycle_started = time.monotonic()
-        worker = Worker([scenario, *base, "--cycle", str(cycle), *(["--verify-only"] if last else [])],
-                        workdir / scenario / f"worker-{cycle:03d}.log")
+        worker = Worker(
+            [scenario, *base, "--cycle", str(cycle), *(["--verify-only"] if last else [])],
+            workdir / scenario / f"worker-{cycle:03d}.log",
+        )
         seen: list[dict] = []
         verdict = worker.wait_for("verified", startup_timeout + 600, seen) if cycle > 0 else None
         if verdict is not None:
             if verdict["event"] != "verified":
-                result.problems.append(f"cycle {cycle}: recovery did not finish ({verdict['event']}); see {worker.log.name}")
+                result.problems.append(
+                    f"cycle {cycle}: recovery did not finish ({verdict['event']}); see {worker.log.name}"
+                )
                 worker.kill()
                 break
             result.absorb(verdict, f"cycle {cycle}: ")
@@ -177,7 +200,9 @@ def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: in
             break
         message = worker.wait_for("working", startup_timeout, seen)
         if message["event"] != "working":
-            result.problems.append(f"cycle {cycle}: worker did not start its work ({message['event']}); see {worker.log.name}")
+            result.problems.append(
+                f"cycle {cycle}: worker did not start its work ({message['event']}); see {worker.log.name}"
+            )
             worker.kill()
             break
         work_started = time.monotonic()
@@ -185,7 +210,10 @@ def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: in
             done = worker.wait_for("done", 1800, seen)
             work_seconds = done.get("seconds", time.monotonic() - work_started)
             worker.finish(60)
-            log(f"  {scenario} cycle {cycle}: ran whole in {work_seconds:.1f}s (worker {time.monotonic() - cycle_started:.0f}s)")
+            log(
+                f"  {scenario} cycle {cycle}: ran whole in {work_seconds:.1f}s"
+                f" (worker {time.monotonic() - cycle_started:.0f}s)"
+            )
         else:
             delay = rng.uniform(0.02, kill_window) * work_seconds
             deadline = work_started + delay
@@ -210,29 +238,41 @@ def run_crash_scenario(scenario: str, crash_points: int, workdir: Path, seed: in
             else:
                 result.runs += 1
                 result.kill_steps[step] = result.kill_steps.get(step, 0) + 1
-            log(f"  {scenario} cycle {cycle} ({time.monotonic() - cycle_started:.0f}s): "
+            log(
+                f"  {scenario} cycle {cycle} ({time.monotonic() - cycle_started:.0f}s): "
                 f"{'finished before the kill' if finished else f'killed after {delay:.1f}s in {step!r}'}"
-                + (f"; previous crash verified: lost={verdict['lost']} dup={verdict['duplicates']}, "
-                   f"problems so far {len(result.problems)}" if verdict else ""))
+                + (
+                    f"; previous crash verified: lost={verdict['lost']} dup={verdict['duplicates']}, "
+                    f"problems so far {len(result.problems)}"
+                    if verdict
+                    else ""
+                )
+            )
         cycle += 1
     result.seconds = time.monotonic() - started
     return result
 
 
-def run_concurrency_scenario(writers: int, workdir: Path, per_batch: int, calls: int,
-                             startup_timeout: float = 300, log=print) -> ScenarioResult:
+def run_concurrency_scenario(
+    writers: int, workdir: Path, per_batch: int, calls: int, startup_timeout: float = 300, log=print
+) -> ScenarioResult:
     result = ScenarioResult("concurrency")
     lake = workdir / "concurrency" / "lake"
     lake.mkdir(parents=True, exist_ok=True)
     stop_file = workdir / "concurrency" / "stop"
     base = ["--lake", str(lake), "--per-batch", str(per_batch), "--batches", str(calls), "--writers", str(writers)]
     started = time.monotonic()
-    maintenance = Worker(["maintenance", *base, "--stop-file", str(stop_file)], workdir / "concurrency" / "maintenance.log")
+    maintenance = Worker(
+        ["maintenance", *base, "--stop-file", str(stop_file)], workdir / "concurrency" / "maintenance.log"
+    )
     if maintenance.wait_for("ready", startup_timeout)["event"] != "ready":
         maintenance.kill()
         result.problems.append("maintenance worker did not start")
         return result
-    pool = [Worker(["writer", *base, "--writer-id", str(w)], workdir / "concurrency" / f"writer-{w}.log") for w in range(writers)]
+    pool = [
+        Worker(["writer", *base, "--writer-id", str(w)], workdir / "concurrency" / f"writer-{w}.log")
+        for w in range(writers)
+    ]
     for w, worker in enumerate(pool):
         done = worker.wait_for("done", startup_timeout + 1800)
         code = worker.finish(120)
@@ -269,11 +309,31 @@ def run_concurrency_scenario(writers: int, workdir: Path, per_batch: int, calls:
 
 
 def format_table(results: list[ScenarioResult]) -> str:
-    header = ("scenario", "runs", "events sent", "events in log", "duplicates", "lost", "failures surfaced",
-              "conflicts retried", "other problems", "seconds")
+    header = (
+        "scenario",
+        "runs",
+        "events sent",
+        "events in log",
+        "duplicates",
+        "lost",
+        "failures surfaced",
+        "conflicts retried",
+        "other problems",
+        "seconds",
+    )
     rows = [header] + [
-        (r.scenario, str(r.runs), f"{r.sent:,}", f"{r.in_log:,}", str(r.duplicates), str(r.lost),
-         str(r.failures_surfaced), str(r.conflicts_retried), str(len(r.problems)), f"{r.seconds:.0f}")
+        (
+            r.scenario,
+            str(r.runs),
+            f"{r.sent:,}",
+            f"{r.in_log:,}",
+            str(r.duplicates),
+            str(r.lost),
+            str(r.failures_surfaced),
+            str(r.conflicts_retried),
+            str(len(r.problems)),
+            f"{r.seconds:.0f}",
+        )
         for r in results
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

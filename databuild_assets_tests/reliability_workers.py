@@ -45,17 +45,21 @@ class _ConflictCounter(logging.Handler):
 def _worker_session():
     from databuild_assets.runtime.spark import SparkSettings, build_spark_session
 
-    spark = build_spark_session(SparkSettings(
-        app_name="databuild-reliability-worker", shuffle_partitions=2, driver_memory="1g",
-        extra_config={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
-    ))
+    spark = build_spark_session(
+        SparkSettings(
+            app_name="databuild-reliability-worker",
+            shuffle_partitions=2,
+            driver_memory="1g",
+            extra_config={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        )
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
 def batch_events(seed: int, batch: int, per_batch: int, batches: int) -> list[dict]:
     """Batch `batch` of a deterministic workload of `per_batch * batches` events."""
-    return _workload(seed, per_batch * batches)[batch * per_batch:(batch + 1) * per_batch]
+    return _workload(seed, per_batch * batches)[batch * per_batch : (batch + 1) * per_batch]
 
 
 @functools.lru_cache(maxsize=8)
@@ -112,8 +116,16 @@ def refresh_everything(spark, lake) -> None:
     refresh_all_projections(spark, lake)
 
 
-def verify_lake(spark, lake, expected_ids: set[str], erased_values: set[str], erased_ids: set[str], purged: bool,
-                quarantined_lines: int | None = None, derived: bool = True) -> dict:
+def verify_lake(
+    spark,
+    lake,
+    expected_ids: set[str],
+    erased_values: set[str],
+    erased_ids: set[str],
+    purged: bool,
+    quarantined_lines: int | None = None,
+    derived: bool = True,
+) -> dict:
     """Check the lake against what was sent; returns counts (all zero when everything holds).
 
     expected_ids: every event_id sent; erased_values: build_request_ids tombstoned; erased_ids:
@@ -171,10 +183,15 @@ def verify_lake(spark, lake, expected_ids: set[str], erased_values: set[str], er
         stored_rows = sorted((r.asDict(recursive=True) for r in stored.collect()), key=lambda r: r[key])
         rebuilt_rows = sorted((r.asDict(recursive=True) for r in rebuilt.collect()), key=lambda r: r[key])
         if stored_rows != rebuilt_rows:
-            projection_mismatches[name] = sum(1 for a, b in zip(stored_rows, rebuilt_rows) if a != b) + abs(
-                len(stored_rows) - len(rebuilt_rows))
-    return {**verdict, "tombstoned_visible": tombstoned_visible, "filtered_mismatch": int(filtered_ids != visible_ids),
-            "projection_mismatches": projection_mismatches}
+            projection_mismatches[name] = sum(
+                1 for a, b in zip(stored_rows, rebuilt_rows, strict=False) if a != b
+            ) + abs(len(stored_rows) - len(rebuilt_rows))
+    return {
+        **verdict,
+        "tombstoned_visible": tombstoned_visible,
+        "filtered_mismatch": int(filtered_ids != visible_ids),
+        "projection_mismatches": projection_mismatches,
+    }
 
 
 def _crash_worker(args) -> None:
@@ -231,8 +248,9 @@ def _crash_worker(args) -> None:
             sent = [e for b in range(cycle) for e in batch_events(seed, b, per_batch, batches)]
             erased = {tombstone_value(batch_events(seed, b, per_batch, batches)) for b in range(cycle)}
             erased_ids = {e["event_id"] for e in sent if any(matches_build_request(e, v) for v in erased)}
-            verdict = verify_lake(spark, lake, {e["event_id"] for e in sent}, erased, erased_ids,
-                                  purged=scenario == "crash-compact")
+            verdict = verify_lake(
+                spark, lake, {e["event_id"] for e in sent}, erased, erased_ids, purged=scenario == "crash-compact"
+            )
         say("verified", seconds=round(time.monotonic() - started, 1), conflicts_retried=counter.retried, **verdict)
     if args.verify_only:
         return
@@ -250,7 +268,9 @@ def _writer_worker(args) -> None:
     counter = _ConflictCounter()
     logging.getLogger("databuild_assets").addHandler(counter)
     spark = _worker_session()
-    calls = [batch_events(1000 + w, c, args.per_batch, args.batches) for w in (args.writer_id,) for c in range(args.batches)]
+    calls = [
+        batch_events(1000 + w, c, args.per_batch, args.batches) for w in (args.writer_id,) for c in range(args.batches)
+    ]
     calls.append(batch_events(1000 + (args.writer_id + 1) % args.writers, 0, args.per_batch, args.batches))  # overlap
     say("ready")
     surfaced, gave_up = [], 0
@@ -279,7 +299,9 @@ def _maintenance_worker(args) -> None:
     spark = _worker_session()
     seed_events = batch_events(999, 0, args.per_batch, 1)
     append_events(spark, lake, seed_events, writer="seed")
-    request_erasure(spark, lake, "build_request_id", tombstone_value(seed_events), actor="reliability", reason="concurrency")
+    request_erasure(
+        spark, lake, "build_request_id", tombstone_value(seed_events), actor="reliability", reason="concurrency"
+    )
     refresh_everything(spark, lake)
     say("ready")
     surfaced, iterations = [], 0
@@ -287,8 +309,13 @@ def _maintenance_worker(args) -> None:
     while True:
         iterations += 1
         if iterations <= args.batches:
-            write_landing_file(Path(lake.landing), f"landed-{iterations:05d}.jsonl",
-                               batch_events(2000, iterations - 1, args.per_batch, args.batches), [], bad_lines=2)
+            write_landing_file(
+                Path(lake.landing),
+                f"landed-{iterations:05d}.jsonl",
+                batch_events(2000, iterations - 1, args.per_batch, args.batches),
+                [],
+                bad_lines=2,
+            )
         for name, operation in (
             ("ingest", lambda: ingest_landing_files(spark, lake)),
             ("refresh", lambda: refresh_everything(spark, lake)),
@@ -339,8 +366,11 @@ def worker_main(argv: list[str]) -> None:
     parser.add_argument("--verify-only", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    {"writer": _writer_worker, "maintenance": _maintenance_worker,
-     "verify-concurrency": _verify_concurrency_worker}.get(args.role, _crash_worker)(args)
+    {
+        "writer": _writer_worker,
+        "maintenance": _maintenance_worker,
+        "verify-concurrency": _verify_concurrency_worker,
+    }.get(args.role, _crash_worker)(args)
 
 
 if __name__ == "__main__":

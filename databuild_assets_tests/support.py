@@ -50,7 +50,12 @@ def tree(root: Path) -> dict[str, tuple]:
     for path in [root, *sorted(root.rglob("*"))]:
         stat = path.stat()
         kind = "dir" if path.is_dir() else "file"
-        listing[str(path.relative_to(root))] = (kind, stat.st_mode, 0 if kind == "dir" else stat.st_size, stat.st_mtime_ns)
+        listing[str(path.relative_to(root))] = (
+            kind,
+            stat.st_mode,
+            0 if kind == "dir" else stat.st_size,
+            stat.st_mtime_ns,
+        )
     return listing
 
 
@@ -61,35 +66,107 @@ def tree(root: Path) -> dict[str, tuple]:
 T0 = 1_763_424_000_000_000_000  # 2025-11-18T00:00:00Z in ns
 
 ONE_EVENT_OF_EACH_TYPE = [
-    {"event_id": "e-build", "timestamp": T0, "build_request_id": "br-1", "event_type": "build_request_event",
-     "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED",
-                             "requested_partitions": ["data/a/date=2025-11-18", "data/b/date=2025-11-18"],
-                             "message": "requested by cli"}},
-    {"event_id": "e-graph", "timestamp": T0 + 1, "build_request_id": "br-1", "event_type": "job_graph_event",
-     "job_graph_event": {"job_graph": json.dumps({"nodes": ["//jobs:a"]}), "message": "planned"}},
-    {"event_id": "e-job", "timestamp": T0 + 2, "build_request_id": "br-1", "event_type": "job_event",
-     "job_event": {"job_run_id": "jr-1", "job_label": "//jobs:a", "target_partitions": ["data/a/date=2025-11-18"],
-                   "status_code": 3, "status_name": "JOB_COMPLETED", "message": "ok",
-                   "config": json.dumps({"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [], "args": ["--x"], "env": {"K": "V"}}),
-                   "manifests": json.dumps([{"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [],
-                                             "start_time": 1763424000, "end_time": 1763424060, "task": "t", "metadata": {}}])}},
-    {"event_id": "e-part", "timestamp": T0 + 3, "build_request_id": "br-1", "event_type": "partition_event",
-     "partition_event": {"partition_ref": "data/a/date=2025-11-18", "status_code": 4,
-                         "status_name": "PARTITION_AVAILABLE", "message": None, "job_run_id": "jr-1"}},
-    {"event_id": "e-deleg", "timestamp": T0 + 4, "build_request_id": "br-1", "event_type": "delegation_event",
-     "delegation_event": {"partition_ref": "data/b/date=2025-11-18", "delegated_to_build_request_id": "br-0",
-                          "message": "already building"}},
-    {"event_id": "e-inval", "timestamp": T0 + 5, "build_request_id": "br-1", "event_type": "partition_invalidation_event",
-     "partition_invalidation_event": {"partition_ref": "data/a/date=2025-11-18", "reason": "upstream fix"}},
-    {"event_id": "e-tcancel", "timestamp": T0 + 6, "build_request_id": "br-1", "event_type": "task_cancel_event",
-     "task_cancel_event": {"job_run_id": "jr-2", "reason": "operator"}},
-    {"event_id": "e-bcancel", "timestamp": T0 + 7, "build_request_id": "br-1", "event_type": "build_cancel_event",
-     "build_cancel_event": {"reason": "operator"}},
+    {
+        "event_id": "e-build",
+        "timestamp": T0,
+        "build_request_id": "br-1",
+        "event_type": "build_request_event",
+        "build_request_event": {
+            "status_code": 1,
+            "status_name": "BUILD_REQUEST_RECEIVED",
+            "requested_partitions": ["data/a/date=2025-11-18", "data/b/date=2025-11-18"],
+            "message": "requested by cli",
+        },
+    },
+    {
+        "event_id": "e-graph",
+        "timestamp": T0 + 1,
+        "build_request_id": "br-1",
+        "event_type": "job_graph_event",
+        "job_graph_event": {"job_graph": json.dumps({"nodes": ["//jobs:a"]}), "message": "planned"},
+    },
+    {
+        "event_id": "e-job",
+        "timestamp": T0 + 2,
+        "build_request_id": "br-1",
+        "event_type": "job_event",
+        "job_event": {
+            "job_run_id": "jr-1",
+            "job_label": "//jobs:a",
+            "target_partitions": ["data/a/date=2025-11-18"],
+            "status_code": 3,
+            "status_name": "JOB_COMPLETED",
+            "message": "ok",
+            "config": json.dumps(
+                {"outputs": [{"str": "data/a/date=2025-11-18"}], "inputs": [], "args": ["--x"], "env": {"K": "V"}}
+            ),
+            "manifests": json.dumps(
+                [
+                    {
+                        "outputs": [{"str": "data/a/date=2025-11-18"}],
+                        "inputs": [],
+                        "start_time": 1763424000,
+                        "end_time": 1763424060,
+                        "task": "t",
+                        "metadata": {},
+                    }
+                ]
+            ),
+        },
+    },
+    {
+        "event_id": "e-part",
+        "timestamp": T0 + 3,
+        "build_request_id": "br-1",
+        "event_type": "partition_event",
+        "partition_event": {
+            "partition_ref": "data/a/date=2025-11-18",
+            "status_code": 4,
+            "status_name": "PARTITION_AVAILABLE",
+            "message": None,
+            "job_run_id": "jr-1",
+        },
+    },
+    {
+        "event_id": "e-deleg",
+        "timestamp": T0 + 4,
+        "build_request_id": "br-1",
+        "event_type": "delegation_event",
+        "delegation_event": {
+            "partition_ref": "data/b/date=2025-11-18",
+            "delegated_to_build_request_id": "br-0",
+            "message": "already building",
+        },
+    },
+    {
+        "event_id": "e-inval",
+        "timestamp": T0 + 5,
+        "build_request_id": "br-1",
+        "event_type": "partition_invalidation_event",
+        "partition_invalidation_event": {"partition_ref": "data/a/date=2025-11-18", "reason": "upstream fix"},
+    },
+    {
+        "event_id": "e-tcancel",
+        "timestamp": T0 + 6,
+        "build_request_id": "br-1",
+        "event_type": "task_cancel_event",
+        "task_cancel_event": {"job_run_id": "jr-2", "reason": "operator"},
+    },
+    {
+        "event_id": "e-bcancel",
+        "timestamp": T0 + 7,
+        "build_request_id": "br-1",
+        "event_type": "build_cancel_event",
+        "build_cancel_event": {"reason": "operator"},
+    },
 ]
 
 
 def partition_event_at(
-    event_id: str, offset_ns: int = 0, status: PartitionStatus = PartitionStatus.PARTITION_AVAILABLE, ref: str = "data/a"
+    event_id: str,
+    offset_ns: int = 0,
+    status: PartitionStatus = PartitionStatus.PARTITION_AVAILABLE,
+    ref: str = "data/a",
 ) -> dict[str, Any]:
     """`bel_cases.partition_event` of build request br-1 at `T0 + offset_ns`: one line of a
     landing file, where only the event_id and the order matter."""
@@ -100,13 +177,43 @@ def one_partition_build(br: str, ref: str, offset_ns: int) -> list[dict[str, Any
     """A build of one partition at `T0 + offset_ns`: requested, job completed, partition available."""
     job_run = f"{br}-job"
     return [
-        {"event_id": f"{br}-1", "timestamp": T0 + offset_ns, "build_request_id": br, "event_type": "build_request_event",
-         "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": [ref]}},
-        {"event_id": f"{br}-2", "timestamp": T0 + offset_ns + 1, "build_request_id": br, "event_type": "job_event",
-         "job_event": {"job_run_id": job_run, "job_label": "//jobs:x", "target_partitions": [ref], "status_code": 3,
-                       "status_name": "JOB_COMPLETED", "config": json.dumps({"outputs": [{"str": ref}]})}},
-        {"event_id": f"{br}-3", "timestamp": T0 + offset_ns + 2, "build_request_id": br, "event_type": "partition_event",
-         "partition_event": {"partition_ref": ref, "status_code": 4, "status_name": "PARTITION_AVAILABLE", "job_run_id": job_run}},
+        {
+            "event_id": f"{br}-1",
+            "timestamp": T0 + offset_ns,
+            "build_request_id": br,
+            "event_type": "build_request_event",
+            "build_request_event": {
+                "status_code": 1,
+                "status_name": "BUILD_REQUEST_RECEIVED",
+                "requested_partitions": [ref],
+            },
+        },
+        {
+            "event_id": f"{br}-2",
+            "timestamp": T0 + offset_ns + 1,
+            "build_request_id": br,
+            "event_type": "job_event",
+            "job_event": {
+                "job_run_id": job_run,
+                "job_label": "//jobs:x",
+                "target_partitions": [ref],
+                "status_code": 3,
+                "status_name": "JOB_COMPLETED",
+                "config": json.dumps({"outputs": [{"str": ref}]}),
+            },
+        },
+        {
+            "event_id": f"{br}-3",
+            "timestamp": T0 + offset_ns + 2,
+            "build_request_id": br,
+            "event_type": "partition_event",
+            "partition_event": {
+                "partition_ref": ref,
+                "status_code": 4,
+                "status_name": "PARTITION_AVAILABLE",
+                "job_run_id": job_run,
+            },
+        },
     ]
 
 
@@ -141,7 +248,10 @@ class AppenderProcess:
         batches_file.write_text(json.dumps(batches))
         process = subprocess.Popen(
             [sys.executable, "-m", "databuild_assets_tests.appender", f"delta://{lake.root}", str(batches_file), name],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         return cls(process, batches_file)
 

@@ -13,7 +13,6 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
@@ -62,7 +61,9 @@ def batched_streams(draw: st.DrawFn) -> BatchedStream:
     for index, batch in enumerate(batch_of):
         if batch < batch_count - 1 and arrivals.random() < late_share:
             batch_of[index] = arrivals.randint(batch + 1, batch_count - 1)
-    batches = tuple(tuple(e for e, b in zip(events, batch_of) if b == number) for number in range(batch_count))
+    batches = tuple(
+        tuple(e for e, b in zip(events, batch_of, strict=True) if b == number) for number in range(batch_count)
+    )
     return BatchedStream(n, seed, late_share, batches)
 
 
@@ -155,7 +156,9 @@ def test_delta_answers_equal_sqlite_and_incremental_projections_equal_full_rebui
                 version = current_version(spark, projection_paths[name])
                 assert version - projection_versions[name] == (2 if number == 1 else 1), f"{where}: {name} commits"
                 projection_versions[name] = version
-                recorded = latest_commit_metadata(spark, projection_paths[name], lambda m: m.get("projection") == name)
+                recorded = latest_commit_metadata(
+                    spark, projection_paths[name], lambda m, name=name: m.get("projection") == name
+                )
                 expected_mode = "full" if number == 1 else "incremental"
                 assert recorded == {"projection": name, "log_version": source_version, "mode": expected_mode}, where
                 if expected_mode == "incremental":

@@ -39,8 +39,14 @@ def test_definitions_load_and_validate():
     Definitions.validate_loadable(defs)
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {
-        "landing_files", RAW_EVENT_LOG.name, EVENT_QUARANTINE.name, "tombstones", "filtered_event_log",
-        "partition_state", "job_runs", "build_requests",
+        "landing_files",
+        RAW_EVENT_LOG.name,
+        EVENT_QUARANTINE.name,
+        "tombstones",
+        "filtered_event_log",
+        "partition_state",
+        "job_runs",
+        "build_requests",
     }
     assert defs.resolve_job_def("all_assets_job").executor_def.name == "in_process"
 
@@ -138,8 +144,9 @@ def test_dg_lists_the_definitions_that_dagster_loads():
 
     dg = Path(sys.executable).with_name("dg")
     env = {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parents[1])}
-    listed = subprocess.run([str(dg), "list", "defs", "--json"], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    listed = subprocess.run(
+        [str(dg), "list", "defs", "--json"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert listed.returncode == 0, listed.stderr[-3000:]
     found = json.loads(listed.stdout)
     assets = {a["asset_key"]: a for a in found["assets"]}
@@ -152,7 +159,9 @@ def test_dg_lists_the_definitions_that_dagster_loads():
 
 
 def test_materializing_the_event_log_reports_counts_that_reconcile_with_the_landed_lines(spark, lake):
-    landed = write_landing_files(lake.landing, 2_000, seed=3, events_per_file=700, bad_line_rate=0.01, duplicate_rate=0.02)
+    landed = write_landing_files(
+        lake.landing, 2_000, seed=3, events_per_file=700, bad_line_rate=0.01, duplicate_rate=0.02
+    )
 
     result = materialize([landing_files, ingested_event_log], resources={"lakehouse": lakehouse_for(lake)})
 
@@ -163,7 +172,10 @@ def test_materializing_the_event_log_reports_counts_that_reconcile_with_the_land
     }
     raw = metadata[RAW_EVENT_LOG.name]
     assert (raw["lines_read"], raw["accepted"], raw["duplicates_skipped"], raw["quarantined"]) == (
-        landed.lines_written, landed.events_written, landed.duplicate_lines_written, landed.bad_lines_written,
+        landed.lines_written,
+        landed.events_written,
+        landed.duplicate_lines_written,
+        landed.bad_lines_written,
     )
     assert raw["files_ingested"] == len(landed.files) == 3
     assert raw["dagster/row_count"] == spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).count() == 2_000

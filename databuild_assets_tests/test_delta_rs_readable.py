@@ -53,7 +53,9 @@ def read_model_by_spark(spark, path: str, projection) -> list[dict]:
 def assert_delta_rs_reads_what_spark_reads(spark, lake: Lake) -> None:
     for spec in LOG_TABLES:
         path = lake.table_path(spec)
-        assert deltalake.DeltaTable(path).to_pyarrow_table().num_rows == spark.read.format("delta").load(path).count(), path
+        assert (
+            deltalake.DeltaTable(path).to_pyarrow_table().num_rows == spark.read.format("delta").load(path).count()
+        ), path
     for projection in PROJECTIONS.values():
         path = lake.table_path(projection_spec(projection))
         spark_rows = read_model_by_spark(spark, path, projection)
@@ -93,9 +95,16 @@ def test_a_projection_table_with_deletion_vectors_of_an_earlier_release_is_upgra
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
     some_ref = spark.read.format("delta").load(path).select("partition_ref").first()["partition_ref"]
     same_row = spark.read.format("delta").load(path).where(F.col("partition_ref") == some_ref)
-    (DeltaTable.forPath(spark, path).alias("t").merge(same_row.alias("s"), "t.partition_ref = s.partition_ref")
-     .whenMatchedUpdateAll().execute())
-    assert DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]["numTargetDeletionVectorsAdded"] == "1"
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(same_row.alias("s"), "t.partition_ref = s.partition_ref")
+        .whenMatchedUpdateAll()
+        .execute()
+    )
+    assert (
+        DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]["numTargetDeletionVectorsAdded"] == "1"
+    )
     with pytest.raises(Exception, match="deletionVectors"):
         deltalake.DeltaTable(path).to_pyarrow_table()
     append_events(spark, lake, events[250:])
@@ -109,7 +118,9 @@ def test_a_projection_table_with_deletion_vectors_of_an_earlier_release_is_upgra
     spark_rows = read_model_by_spark(spark, path, partition_state)
     assert read_model_by_delta_rs(path, partition_state) == spark_rows
     rebuilt = partition_state.build(spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)))
-    rebuilt_rows = sorted((row.asDict(recursive=True) for row in rebuilt.select(*partition_state.schema.fieldNames()).collect()),
-                          key=lambda row: row["partition_ref"])
+    rebuilt_rows = sorted(
+        (row.asDict(recursive=True) for row in rebuilt.select(*partition_state.schema.fieldNames()).collect()),
+        key=lambda row: row["partition_ref"],
+    )
     assert spark_rows == rebuilt_rows
     assert refresh_projection(spark, lake, partition_state, RAW_EVENT_LOG, rule=FOLD).upgrades == ()

@@ -62,7 +62,10 @@ def test_a_projection_lags_from_the_first_raw_commit_with_data_it_does_not_refle
     since = commit_time(spark, raw_path, appended_at)
     lag = projection_lag(spark, lake, JOB_RUNS, now=since + timedelta(minutes=5))
     assert (lag.fresh, lag.behind_since_version, lag.behind_since, lag.lag) == (
-        False, appended_at, since, timedelta(minutes=5)
+        False,
+        appended_at,
+        since,
+        timedelta(minutes=5),
     )
     # The other projections were never refreshed: behind since the log's first data commit.
     never = projection_lag(spark, lake, PROJECTIONS["partition_state"])

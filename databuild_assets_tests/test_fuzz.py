@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from databuild_assets.events.schema import EVENT_TYPES, event_from_row, normalize_event
+from databuild_assets.events.schema import event_from_row, normalize_event
 from databuild_assets.events.validation import MAX_LINE_BYTES, event_error, parse_line
 from databuild_assets.ingest.landing import (
     _Ledger,
@@ -26,7 +26,7 @@ from databuild_assets.ingest.landing import (
     list_landing_files,
     read_landing_lines,
 )
-from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing
 
@@ -34,12 +34,28 @@ from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_eve
 BASE_EVENTS = ONE_EVENT_OF_EACH_TYPE + list(generate_events(60, seed=5))
 
 MUTATIONS = (
-    "none", "truncate", "flip_type", "drop_field", "wrong_enum", "invalid_utf8", "long_string",
-    "deep_nesting", "unknown_field", "duplicate_key", "crlf", "not_an_object", "random_bytes",
+    "none",
+    "truncate",
+    "flip_type",
+    "drop_field",
+    "wrong_enum",
+    "invalid_utf8",
+    "long_string",
+    "deep_nesting",
+    "unknown_field",
+    "duplicate_key",
+    "crlf",
+    "not_an_object",
+    "random_bytes",
 )
 _OTHER_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
-    st.text(max_size=20), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )
 
 
@@ -82,10 +98,14 @@ def mutated_lines(draw, event_id: str | None = None) -> tuple[str, bytes]:
     elif mutation == "wrong_enum":
         payload = event["event_type"]
         if payload in ("partition_event", "job_event", "build_request_event"):
-            code = draw(st.one_of(st.integers(min_value=8, max_value=2**31 - 1), st.integers(max_value=-1, min_value=-(2**31))))
+            code = draw(
+                st.one_of(st.integers(min_value=8, max_value=2**31 - 1), st.integers(max_value=-1, min_value=-(2**31)))
+            )
             event = _set(event, (payload, "status_code"), code)
         else:
-            event = _set(event, ("event_type",), draw(st.sampled_from(["PARTITION_EVENT", "partition", "", "job_events"])))
+            event = _set(
+                event, ("event_type",), draw(st.sampled_from(["PARTITION_EVENT", "partition", "", "job_events"]))
+            )
     elif mutation == "long_string":
         size = draw(st.sampled_from([10_000, 200_000, MAX_LINE_BYTES + 1]))
         event = _set(event, draw(st.sampled_from([("event_id",), ("build_request_id",)])), "x" * size)
@@ -97,7 +117,11 @@ def mutated_lines(draw, event_id: str | None = None) -> tuple[str, bytes]:
         line = line[: draw(st.integers(min_value=1, max_value=len(line) - 1))]
     elif mutation == "invalid_utf8":
         at = draw(st.integers(min_value=0, max_value=len(line)))
-        line = line[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80\x80", b"\xf8\x88\x80\x80\x80"])) + line[at:]
+        line = (
+            line[:at]
+            + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80\x80", b"\xf8\x88\x80\x80\x80"]))
+            + line[at:]
+        )
     elif mutation == "deep_nesting":
         depth = draw(st.sampled_from([10, 1_000, 100_000]))
         line = text.replace('"event_id"', '"nested": ' + "[" * depth + "]" * depth + ', "event_id"', 1).encode()
@@ -106,7 +130,9 @@ def mutated_lines(draw, event_id: str | None = None) -> tuple[str, bytes]:
     elif mutation == "crlf":
         line = line + b"\r"
     elif mutation == "not_an_object":
-        line = json.dumps(draw(st.one_of(st.lists(st.integers(), max_size=3), st.integers(), st.text(max_size=10), st.none()))).encode()
+        line = json.dumps(
+            draw(st.one_of(st.lists(st.integers(), max_size=3), st.integers(), st.text(max_size=10), st.none()))
+        ).encode()
     elif mutation == "random_bytes":
         line = draw(st.binary(max_size=200)).replace(b"\n", b" ")
     return mutation, line
@@ -122,7 +148,14 @@ def test_parse_line_never_raises_and_says_why_a_mutated_line_is_bad(mutated):
     assert (event is None) != (reason is None)
     if event is not None:
         assert event_error(event) is None
-        assert mutation not in ("truncate", "invalid_utf8", "deep_nesting", "not_an_object", "unknown_field", "wrong_enum")
+        assert mutation not in (
+            "truncate",
+            "invalid_utf8",
+            "deep_nesting",
+            "not_an_object",
+            "unknown_field",
+            "wrong_enum",
+        )
     else:
         assert isinstance(reason, str) and reason.strip()
         assert mutation != "none", reason
@@ -133,7 +166,9 @@ def test_parse_line_never_raises_and_says_why_a_mutated_line_is_bad(mutated):
 
 def test_a_json_duplicate_key_keeps_the_last_value_in_validation():
     # Spark's from_json must then store the same value: the fuzz below checks the round trip.
-    event, reason = parse_line(json.dumps(partition_event_at("first")).replace('"event_id"', '"event_id": "x", "event_id"', 1))
+    event, reason = parse_line(
+        json.dumps(partition_event_at("first")).replace('"event_id"', '"event_id": "x", "event_id"', 1)
+    )
     assert (reason, event["event_id"]) == (None, "first")
 
 
@@ -142,7 +177,9 @@ def test_an_escaped_lone_surrogate_is_refused_and_a_surrogate_pair_is_kept():
     lone = json.dumps(partition_event_at("lone", ref="data/lone")).replace('"data/lone"', '"data/\\ud800"')
     pair = json.dumps(partition_event_at("pair", ref="data/pair")).replace('"data/pair"', '"data/\\ud83d\\ude00"')
 
-    assert parse_line(lone)[1] == "not valid JSON text: a string holds an unpaired UTF-16 surrogate escape (e.g. \\ud800)"
+    assert (
+        parse_line(lone)[1] == "not valid JSON text: a string holds an unpaired UTF-16 surrogate escape (e.g. \\ud800)"
+    )
     event, reason = parse_line(pair)
     assert (reason, event["partition_event"]["partition_ref"]) == (None, "data/\U0001f600")
 
@@ -153,8 +190,11 @@ def test_a_json_syntax_reason_reads_as_one_phrase():
 
 def _differences(found: dict, expected: dict) -> list[tuple]:
     """(key, found, expected) for every key where the two differ, values cut short to be readable."""
-    return [(key, str(found.get(key))[:300], str(expected.get(key))[:300])
-            for key in sorted(set(found) | set(expected), key=str) if found.get(key) != expected.get(key)]
+    return [
+        (key, str(found.get(key))[:300], str(expected.get(key))[:300])
+        for key in sorted(set(found) | set(expected), key=str)
+        if found.get(key) != expected.get(key)
+    ]
 
 
 def _expected_from_content(content: bytes) -> tuple[dict[int, str], dict[str, dict]]:
@@ -174,8 +214,12 @@ def _expected_from_content(content: bytes) -> tuple[dict[int, str], dict[str, di
 
 # Few examples of many lines each (every example is a Spark ingestion); no shrinking: a failing
 # file is reported whole, which is readable enough and takes seconds, not minutes.
-@settings(max_examples=int(os.environ.get("FUZZ_SPARK_EXAMPLES", 4)), deadline=None, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=int(os.environ.get("FUZZ_SPARK_EXAMPLES", 4)),
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(st.tuples(st.integers(min_value=0, max_value=40), st.booleans()), min_size=60, max_size=80), st.data())
 def test_ingesting_a_file_of_mutated_lines_never_crashes_and_every_line_is_accounted_for(spark, plan, data):
     # Each line: a mutation of a valid event whose event_id is its number (some repeat: redeliveries).
@@ -193,12 +237,20 @@ def test_ingesting_a_file_of_mutated_lines_never_crashes_and_every_line_is_accou
         quarantined = spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()
         reasons = {row.line_number: row.reason for row in quarantined}
         pieces = content.split(b"\n")
-        assert _differences(reasons, expected_bad) == [], [pieces[n - 1][:300] for n, *_ in _differences(reasons, expected_bad)]
+        assert _differences(reasons, expected_bad) == [], [
+            pieces[n - 1][:300] for n, *_ in _differences(reasons, expected_bad)
+        ]
         assert all(bytes(row.raw_line) == pieces[row.line_number - 1] for row in quarantined)
-        stored = {row.event_id: event_from_row(row)
-                  for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()}
+        stored = {
+            row.event_id: event_from_row(row)
+            for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()
+        }
         assert _differences(stored, expected_good) == []
-        assert (result.lines_read, result.accepted, result.quarantined) == (len(lines), len(expected_good), len(expected_bad))
+        assert (result.lines_read, result.accepted, result.quarantined) == (
+            len(lines),
+            len(expected_good),
+            len(expected_bad),
+        )
         assert result.lines_read == result.accepted + result.duplicates + result.quarantined
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -281,11 +333,14 @@ def test_files_that_are_not_json_lines_at_all_are_quarantined_line_by_line(spark
 
     result = ingest_landing_files(spark, lake)
 
-    reasons = {(Path(r.source_file).name, r.line_number): r.reason
-               for r in spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()}
+    reasons = {
+        (Path(r.source_file).name, r.line_number): r.reason
+        for r in spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()
+    }
     assert reasons == {
         ("array.json", 1): "not valid JSON: Expecting value at column 2",
-        ("array.json", 2): "not valid JSON: Extra data at column " + str(len(json.dumps(partition_event_at("in-array"))) + 1),
+        ("array.json", 2): "not valid JSON: Extra data at column "
+        + str(len(json.dumps(partition_event_at("in-array"))) + 1),
         ("array.json", 3): "not valid JSON: Expecting value at column 1",
         ("table.jsonl", 1): "not valid JSON: Expecting value at column 1",
         ("table.jsonl", 2): "not valid JSON: Expecting value at column 1",
@@ -330,6 +385,10 @@ def test_a_byte_range_without_a_line_count_stops_the_read_and_names_the_file():
     """A file that grew after its lines were counted is split into ranges the count did not see:
     numbering those lines from 0 would be wrong, so the read stops."""
     batch = pa.RecordBatch.from_pydict({"path": ["file:/landing/a%20b.jsonl"], "range_start": [4096], "raw": [b"{}"]})
-    lines = _number_and_validate(iter([batch]), range_starts={}, sources={"file:/landing/a%20b.jsonl": "file:/landing/a b.jsonl"}, sizes={})
-    with pytest.raises(RuntimeError, match="^file:/landing/a b.jsonl: Spark read a byte range at 4096 that the line count did not see"):
+    lines = _number_and_validate(
+        iter([batch]), range_starts={}, sources={"file:/landing/a%20b.jsonl": "file:/landing/a b.jsonl"}, sizes={}
+    )
+    with pytest.raises(
+        RuntimeError, match="^file:/landing/a b.jsonl: Spark read a byte range at 4096 that the line count did not see"
+    ):
         list(lines)

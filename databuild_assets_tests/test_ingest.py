@@ -47,9 +47,15 @@ def test_raw_log_is_partitioned_by_utc_event_date_and_carries_schema_version(spa
     write_landing(lake, "a.jsonl", [partition_event_at("late-evening", offset_ns=-1), partition_event_at("midnight")])
     ingest_landing_files(spark, lake)
 
-    dates = {r.event_id: str(r.event_date) for r in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()}
+    dates = {
+        r.event_id: str(r.event_date) for r in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()
+    }
     assert dates == {"late-evening": "2025-11-17", "midnight": "2025-11-18"}
-    assert sorted(os.listdir(lake.table_path(RAW_EVENT_LOG))) == ["_delta_log", "event_date=2025-11-17", "event_date=2025-11-18"]
+    assert sorted(os.listdir(lake.table_path(RAW_EVENT_LOG))) == [
+        "_delta_log",
+        "event_date=2025-11-17",
+        "event_date=2025-11-18",
+    ]
     assert check_schema_version(spark, lake.table_path(RAW_EVENT_LOG)) == 1
 
 
@@ -61,10 +67,15 @@ def test_each_kind_of_bad_line_is_quarantined_with_its_own_reason_and_good_lines
         4: {**partition_event_at("x2"), "job_event": {"job_run_id": "jr", "status_code": 1}},
         5: {k: v for k, v in partition_event_at("x3").items() if k != "build_request_id"},
         6: {**partition_event_at("x4"), "timestamp": "yesterday"},
-        7: {**partition_event_at("x5"), "partition_event": {"partition_ref": "p", "status_code": 4, "status_name": "PARTITION_FAILED"}},
+        7: {
+            **partition_event_at("x5"),
+            "partition_event": {"partition_ref": "p", "status_code": 4, "status_name": "PARTITION_FAILED"},
+        },
         8: {**partition_event_at("x6"), "partition_event": {"partition_ref": "p", "status_code": 9}},
         9: "",
-        10: json.dumps({**partition_event_at("x7"), "partition_event": {"partition_ref": "p" * MAX_LINE_BYTES, "status_code": 4}}),
+        10: json.dumps(
+            {**partition_event_at("x7"), "partition_event": {"partition_ref": "p" * MAX_LINE_BYTES, "status_code": 4}}
+        ),
         11: b'{"event_id": "\xff\xfe"}',
     }
     lines = [good] + [bad_lines[n] for n in range(2, 12)] + [partition_event_at("good-2", 1)]
@@ -75,12 +86,12 @@ def test_each_kind_of_bad_line_is_quarantined_with_its_own_reason_and_good_lines
     assert quarantine(spark, lake) == {
         2: "not valid JSON: Expecting value at column 1",
         3: "event_type 'mystery_event' names no payload (one of: build_request_event, partition_event, job_event, "
-           "delegation_event, job_graph_event, partition_invalidation_event, task_cancel_event, build_cancel_event)",
+        "delegation_event, job_graph_event, partition_invalidation_event, task_cancel_event, build_cancel_event)",
         4: "event_type is 'partition_event' but job_event is also set; exactly one payload must be set",
         5: "missing required field 'build_request_id'",
         6: 'timestamp must be an integer, got string "yesterday"',
         7: "partition_event.status_name 'PARTITION_FAILED' does not match status_code 4 (PARTITION_AVAILABLE); "
-           "the code is authoritative",
+        "the code is authoritative",
         8: "partition_event.status_code 9 is not a PartitionStatus (0..6)",
         9: "empty line: expected one event as a JSON object",
         10: f"line is {len(bad_lines[10]):,} bytes, over the 1,048,576-byte limit for one event",
@@ -114,7 +125,9 @@ def test_ingesting_the_same_files_twice_adds_nothing(spark, lake):
 def test_a_new_file_is_ingested_and_an_event_id_already_in_the_log_is_skipped_and_counted(spark, lake):
     write_landing(lake, "a.jsonl", [partition_event_at("a1"), partition_event_at("a2", 1)])
     ingest_landing_files(spark, lake)
-    write_landing(lake, "b.jsonl", [partition_event_at("a2", 1), partition_event_at("b1", 2), partition_event_at("b1", 2)])
+    write_landing(
+        lake, "b.jsonl", [partition_event_at("a2", 1), partition_event_at("b1", 2), partition_event_at("b1", 2)]
+    )
 
     result = ingest_landing_files(spark, lake)
 

@@ -30,7 +30,9 @@ from databuild_assets_tests.support import REPO_ROOT, AppenderProcess, lakehouse
 
 def _in_another_process(lake: Lake, code: str) -> str:
     script = f"from databuild_assets.log import open_event_log\nlog = open_event_log('delta://{lake.root}')\n{code}"
-    return subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def test_an_append_is_read_at_once_by_the_same_log_and_by_a_log_in_another_process(lake: Lake) -> None:
@@ -133,18 +135,32 @@ def test_the_query_command_prints_the_answer_as_json_on_either_backend(tmp_path:
 
     answers = []
     for uri in (f"delta://{lake.root}", f"sqlite://{tmp_path}/bel.db"):
-        run = subprocess.run([*command, uri, "get_latest_partition_status", "data/a"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [*command, uri, "get_latest_partition_status", "data/a"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         answers.append(json.loads(run.stdout))
     assert answers[0] == answers[1]
     assert answers[0]["status_name"] == "PARTITION_AVAILABLE" and answers[0]["build_request_id"] == "br-1"
 
-    listed = subprocess.run([*command, f"delta://{lake.root}", "list_events", 'filter={"event_types": ["partition_event"]}',
-                             "limit=5"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [*command, f"delta://{lake.root}", "list_events", 'filter={"event_types": ["partition_event"]}', "limit=5"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [event["event_id"] for event in json.loads(listed.stdout)["events"]] == ["e2"]
 
-    wrong = subprocess.run([*command, f"delta://{lake.root}", "list_build_requests", "status=NOT_A_STATUS"],
-                           cwd=REPO_ROOT, capture_output=True, text=True)
+    wrong = subprocess.run(
+        [*command, f"delta://{lake.root}", "list_build_requests", "status=NOT_A_STATUS"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not valid" in wrong.stderr
 
 
@@ -152,7 +168,9 @@ def test_a_log_larger_than_max_events_is_refused_naming_the_spark_backend(lake: 
     with DeltaRsEventLog(lake) as log:
         log.append_events([partition_event(f"e{i}", i, "br-1", "data/a", P.PARTITION_BUILDING) for i in range(3)])
 
-    with pytest.raises(ReplicaTooLargeError, match=r"holds 3 rows, more than the 2 .*open_event_log\(uri, spark=spark\)"):
+    with pytest.raises(
+        ReplicaTooLargeError, match=r"holds 3 rows, more than the 2 .*open_event_log\(uri, spark=spark\)"
+    ):
         open_event_log(f"delta://{lake.root}", max_events=2)
     with open_event_log(f"delta://{lake.root}", max_events=3) as log:
         assert log.get_activity_summary().total_events == 3

@@ -75,13 +75,19 @@ def test_landing_retention_never_deletes_a_file_not_yet_ingested(spark, lake):
     in_flight = land(landing, ".c.jsonl", build("br-c", OTHER, 50))
     kept = {path: path.read_bytes() for path in (grown, new, planned, in_flight)}
 
-    delete_now = {"ops": {"vacuum_tables": {"config": {"landing_retention_days": 0, "landing_retention_mode": "delete"}}}}
+    delete_now = {
+        "ops": {"vacuum_tables": {"config": {"landing_retention_days": 0, "landing_retention_mode": "delete"}}}
+    }
     run = vacuum_job.execute_in_process(run_config=delete_now, resources={"lakehouse": lakehouse_for(lake)})
 
     assert not ingested.exists()
     assert {path: path.read_bytes() for path in kept} == kept
     metadata = output_metadata(run)
-    assert (metadata["landing_files_deleted"], metadata["landing_files_archived"], metadata["landing_files_not_ingested"]) == (1, 0, 2)
+    assert (
+        metadata["landing_files_deleted"],
+        metadata["landing_files_archived"],
+        metadata["landing_files_not_ingested"],
+    ) == (1, 0, 2)
     # Exactly once still: the replay takes p, a new batch takes b; neither a nor g is read again.
     again = ingest_landing_files(spark, lake)
     assert sorted(Path(path).name for path in again.files) == ["b.jsonl", "p.jsonl"]
@@ -126,7 +132,12 @@ def test_a_retention_with_an_unknown_mode_or_a_negative_age_is_refused_and_chang
 def test_erasure_rewrites_an_ingested_landing_file_without_its_lines_and_the_report_counts_them(spark, lake):
     bad_with_value = '{"event_id": "broken", "partition_event": {"partition_ref": ' + json.dumps(REF)  # cut short
     bad_without = "not json at all"
-    mixed_lines = build("br-b", OTHER, 0)[:1] + build("br-a", REF, 10) + [bad_with_value, bad_without] + build("br-b", OTHER, 0)[1:]
+    mixed_lines = (
+        build("br-b", OTHER, 0)[:1]
+        + build("br-a", REF, 10)
+        + [bad_with_value, bad_without]
+        + build("br-b", OTHER, 0)[1:]
+    )
     mixed = land(lake.landing, "mixed.jsonl", mixed_lines)
     only_erased = land(lake.landing, "only.jsonl", build("br-c", REF, 20))
     ingest_landing_files(spark, lake)
@@ -139,7 +150,11 @@ def test_erasure_rewrites_an_ingested_landing_file_without_its_lines_and_the_rep
     run = compaction_job.execute_in_process(resources=resources)
 
     metadata = output_metadata(run)
-    assert (metadata["landing_files_rewritten"], metadata["landing_files_removed"], metadata["landing_lines_removed"]) == (1, 1, 7)
+    assert (
+        metadata["landing_files_rewritten"],
+        metadata["landing_files_removed"],
+        metadata["landing_lines_removed"],
+    ) == (1, 1, 7)
     assert metadata["landing_files_not_ingested"] == 1
     rewritten = Path(lake.landing_archive) / "mixed.jsonl"
     kept_lines = build("br-b", OTHER, 0) + [bad_without]

@@ -9,18 +9,18 @@ from dagster import Definitions, validate_run_config
 from delta.tables import DeltaTable
 
 from databuild_assets.definitions import defs as project_defs
-from databuild_assets.ingest.writer import append_events
-from databuild_assets.maintenance.compaction import PurgeVerificationError, compact, purge_events
-from databuild_assets.maintenance.erasure_report import erasure_report
-from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure
-from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
 from databuild_assets.defs.maintenance.jobs import (
     compaction_job,
     erasure_report_job,
     vacuum_job,
 )
 from databuild_assets.ingest.landing import ensure_ingest_tables
+from databuild_assets.ingest.writer import append_events
+from databuild_assets.maintenance.compaction import PurgeVerificationError, compact, purge_events
+from databuild_assets.maintenance.erasure_report import erasure_report
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure
+from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
 from databuild_assets.projections.refresh_all import refresh_all_projections
@@ -47,6 +47,7 @@ def live_parquet_rows_holding(spark, path: str, value: str) -> int:
     if not files:
         return 0
     from pyspark.sql import functions as F
+
     rows = spark.read.parquet(*files).select(F.to_json(F.struct("*")).alias("row"))
     return rows.where(F.col("row").contains(value)).count()
 
@@ -62,7 +63,9 @@ def test_an_erasure_request_with_an_unknown_key_or_missing_fields_is_refused_and
     assert read_tombstones(spark, lake) == []
 
 
-def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and_job_events_that_list_it(spark, two_builds):
+def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and_job_events_that_list_it(
+    spark, two_builds
+):
     lake = two_builds
     refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
@@ -174,7 +177,11 @@ def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_va
     findings = erasure_report(spark, lake)
     assert {f.table for f in findings} >= {RAW_EVENT_LOG.name, FILTERED_EVENT_LOG.name, "partition_state"}
     assert TOMBSTONES.name not in {f.table for f in findings}
-    assert [(f.table, f.rows_in_data_files, f.delta_log_mentions) for f in findings if f.rows_in_data_files or f.delta_log_mentions] == []
+    assert [
+        (f.table, f.rows_in_data_files, f.delta_log_mentions)
+        for f in findings
+        if f.rows_in_data_files or f.delta_log_mentions
+    ] == []
 
 
 def output_metadata(run) -> dict:
@@ -227,9 +234,16 @@ def test_the_schedules_and_the_erase_jobs_config_validate():
         for name in ("compaction_schedule", "vacuum_schedule")
         for schedule in [project_defs.resolve_schedule_def(name)]
     }
-    assert schedules == {"compaction_schedule": ("0 3 * * *", "compaction_job"), "vacuum_schedule": ("0 4 * * 0", "vacuum_job")}
+    assert schedules == {
+        "compaction_schedule": ("0 3 * * *", "compaction_job"),
+        "vacuum_schedule": ("0 4 * * 0", "vacuum_job"),
+    }
     erase = project_defs.resolve_job_def("erase_job")
-    request = {"ops": {"tombstones": {"config": {"key": "partition_ref", "value": REF, "actor": "alice", "reason": "ticket 7"}}}}
+    request = {
+        "ops": {
+            "tombstones": {"config": {"key": "partition_ref", "value": REF, "actor": "alice", "reason": "ticket 7"}}
+        }
+    }
     assert validate_run_config(erase, request)
     vacuum = project_defs.resolve_job_def("vacuum_job")
     assert validate_run_config(vacuum, {"ops": {"vacuum_tables": {"config": {"retention_hours": 200}}}})
@@ -243,7 +257,9 @@ def test_the_delta_query_api_hides_tombstoned_events_from_the_moment_the_tombsto
     assert [e["event_id"] for e in bel.get_build_request_events("br-a")] == ["br-a-1", "br-a-2", "br-a-3"]
     assert {b.build_request_id for b in bel.list_build_requests()} == {"br-a", "br-b"}
 
-    request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 8")  # no refresh, no compaction
+    request_erasure(
+        spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 8"
+    )  # no refresh, no compaction
 
     assert bel.get_build_request_events("br-a") == []
     assert bel.get_partition_events(REF) == []

@@ -37,7 +37,7 @@ def test_a_lake_root_whose_parent_folder_is_missing_is_refused_and_nothing_is_cr
     before = tree(tmp_path)
 
     with pytest.raises(LakeRootError) as refused:
-        LakehouseResource(lake_root=str(root)).lake
+        _ = LakehouseResource(lake_root=str(root)).lake
 
     message = str(refused.value)
     assert f"lake root {root} does not exist, nor does its parent folder {root.parent}" in message
@@ -51,7 +51,7 @@ def test_a_lake_root_that_is_a_file_is_refused_and_left_alone(tmp_path):
     before = tree(tmp_path)
 
     with pytest.raises(LakeRootError, match=rf"lake root {root} is a file, not a folder; fix DATABUILD_LAKE_ROOT"):
-        LakehouseResource(lake_root=str(root)).lake
+        _ = LakehouseResource(lake_root=str(root)).lake
 
     assert tree(tmp_path) == before
 
@@ -75,8 +75,21 @@ def test_a_lake_root_this_user_cannot_write_is_refused(tmp_path):
         if os.geteuid() == 0:
             script = "import sys; from databuild_assets.runtime.lake import Lake; Lake(sys.argv[1]).ensure_root()"
             child = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script, str(root)],
-                cwd=shared, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=120,
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    sys.executable,
+                    "-c",
+                    script,
+                    str(root),
+                ],
+                cwd=shared,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert child.returncode != 0
             error, uid = child.stderr, 65534
@@ -84,7 +97,9 @@ def test_a_lake_root_this_user_cannot_write_is_refused(tmp_path):
             with pytest.raises(LakeRootError) as refused:
                 Lake(str(root)).ensure_root()
             error, uid = f"LakeRootError: {refused.value}", os.geteuid()
-        assert f"LakeRootError: lake root {root} is not writable by this user (uid {uid}); nothing was written." in error
+        assert (
+            f"LakeRootError: lake root {root} is not writable by this user (uid {uid}); nothing was written." in error
+        )
         assert "Give this user write access to it (chown/chmod), or fix DATABUILD_LAKE_ROOT" in error
         assert tree(shared) == before
     finally:
@@ -203,7 +218,9 @@ def _start_spark_in_a_new_process(workdir: Path, **environment: str) -> subproce
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **environment}
-    return subprocess.run([sys.executable, "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_no_java_is_named_with_how_to_install_it(tmp_path):

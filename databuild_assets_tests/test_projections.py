@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sqlite3
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -59,11 +59,11 @@ def events_frame(spark: SparkSession, events: list[dict[str, Any]]) -> DataFrame
 def raw_log_frame(spark: SparkSession, events: list[dict[str, Any]]) -> DataFrame:
     """The events as raw_event_log rows: EVENT_SCHEMA plus event_date, source_file, source_line
     and ingested_at, which the projections must ignore."""
-    ingested_at = datetime(2026, 11, 18, tzinfo=timezone.utc)
+    ingested_at = datetime(2026, 11, 18, tzinfo=UTC)
     rows = []
     for line, event in enumerate(events, start=1):
         row = normalize_event(event)
-        row["event_date"] = datetime.fromtimestamp(event["timestamp"] // 10**9, timezone.utc).date()
+        row["event_date"] = datetime.fromtimestamp(event["timestamp"] // 10**9, UTC).date()
         row["source_file"] = "landing/workload.jsonl"
         row["source_line"] = line
         row["ingested_at"] = ingested_at
@@ -551,7 +551,10 @@ def splits(events: list[dict[str, Any]]) -> dict[str, tuple[list[dict], list[dic
     in_order = sorted(range(len(events)), key=lambda i: (events[i]["timestamp"], events[i]["event_id"]))
     recent = set(in_order[len(in_order) * 3 // 4 :]) | {i for i in in_order if rng.random() < 0.02}
     return {
-        "random 30%": ([e for e, c in zip(events, chosen) if not c], [e for e, c in zip(events, chosen) if c]),
+        "random 30%": (
+            [e for e, c in zip(events, chosen, strict=True) if not c],
+            [e for e, c in zip(events, chosen, strict=True) if c],
+        ),
         "latest quarter and late arrivals": (
             [e for i, e in enumerate(events) if i not in recent],
             [e for i, e in enumerate(events) if i in recent],

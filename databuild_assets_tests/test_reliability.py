@@ -16,7 +16,12 @@ import os
 
 import pytest
 
-from databuild_assets_tests.reliability_scenarios import Worker, processes_in_group, run_concurrency_scenario, run_crash_scenario
+from databuild_assets_tests.reliability_scenarios import (
+    Worker,
+    processes_in_group,
+    run_concurrency_scenario,
+    run_crash_scenario,
+)
 
 scenario = pytest.mark.skipif(
     os.environ.get("DATABUILD_SLOW_TESTS") != "1",
@@ -46,8 +51,10 @@ def test_two_writer_processes_racing_ingestion_refresh_and_compaction_lose_and_d
 
 def test_a_kill_takes_the_workers_jvm_too(tmp_path):
     # The runner's kill must not leave a JVM behind that keeps writing after the "crash".
-    worker = Worker(["crash-ingest", "--lake", str(tmp_path / "lake"), "--batches", "1", "--per-batch", "5"],
-                    tmp_path / "worker.log")
+    worker = Worker(
+        ["crash-ingest", "--lake", str(tmp_path / "lake"), "--batches", "1", "--per-batch", "5"],
+        tmp_path / "worker.log",
+    )
     assert worker.wait_for("ready", 600)["event"] == "ready"
     group = worker.process.pid
 
@@ -56,4 +63,3 @@ def test_a_kill_takes_the_workers_jvm_too(tmp_path):
     worker.kill()  # returns once the group is gone, or raises naming the pids still running
 
     assert processes_in_group(group) == []
-

@@ -13,7 +13,12 @@ from delta.tables import DeltaTable
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from databuild_assets.ingest.writer import append_events
-from databuild_assets.runtime.delta_tables import SchemaVersionError, check_schema_version, current_version, ensure_table
+from databuild_assets.runtime.delta_tables import (
+    SchemaVersionError,
+    check_schema_version,
+    current_version,
+    ensure_table,
+)
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.schema_upgrade import (
     SchemaDowngradeError,
@@ -52,8 +57,12 @@ def rows_by_event_id(frame) -> list[dict]:
 def without_new_field(rows: list[dict]) -> list[dict]:
     """The rows as v1 knew them: the new field taken out of each partition_event payload."""
     return [
-        {**row, "partition_event": None if row["partition_event"] is None
-         else {k: v for k, v in row["partition_event"].items() if k != NEW_FIELD.name}}
+        {
+            **row,
+            "partition_event": None
+            if row["partition_event"] is None
+            else {k: v for k, v in row["partition_event"].items() if k != NEW_FIELD.name},
+        }
         for row in rows
     ]
 
@@ -99,7 +108,10 @@ def test_the_upgrade_adds_the_field_in_place_keeps_every_row_and_records_version
     path = lake.table_path(RAW_EVENT_LOG)
 
     assert (result.from_version, result.to_version, result.added_fields, result.rows) == (
-        1, 2, ("partition_event.attempt",), 11,
+        1,
+        2,
+        ("partition_event.attempt",),
+        11,
     )
     table = spark.read.format("delta").load(path)
     assert table.schema.simpleString() == RAW_EVENT_LOG_V2.simpleString()  # the field where v2 declares it
@@ -110,7 +122,8 @@ def test_the_upgrade_adds_the_field_in_place_keeps_every_row_and_records_version
     # Two metadata commits, no data file rewritten.
     history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
     assert [(row["version"], row["operation"]) for row in history[-2:]] == [
-        (result.commits[0], "ADD COLUMNS"), (result.commits[1], "SET TBLPROPERTIES"),
+        (result.commits[0], "ADD COLUMNS"),
+        (result.commits[1], "SET TBLPROPERTIES"),
     ]
     assert all(row["operationMetrics"].get("numFiles") in (None, "0") for row in history[-2:])
 
@@ -170,14 +183,19 @@ def test_upgrading_again_changes_nothing(spark, upgraded):
 def test_a_change_that_is_not_additive_is_refused_and_changes_nothing(spark, v1_lake, tmp_path):
     lake = copy_of(v1_lake, tmp_path)
     path = lake.table_path(RAW_EVENT_LOG)
-    retyped = StructType([
-        StructField("status_code", StringType()) if f.name == "status_code" else f
-        for f in RAW_EVENT_LOG_V2["job_event"].dataType.fields
-    ])
-    target = StructType([
-        StructField("job_event", retyped, True) if f.name == "job_event" else f
-        for f in RAW_EVENT_LOG_V2.fields if f.name != "source_line"
-    ])
+    retyped = StructType(
+        [
+            StructField("status_code", StringType()) if f.name == "status_code" else f
+            for f in RAW_EVENT_LOG_V2["job_event"].dataType.fields
+        ]
+    )
+    target = StructType(
+        [
+            StructField("job_event", retyped, True) if f.name == "job_event" else f
+            for f in RAW_EVENT_LOG_V2.fields
+            if f.name != "source_line"
+        ]
+    )
     before = tree(Path(lake.root))
 
     with pytest.raises(SchemaUpgradeError) as refused:

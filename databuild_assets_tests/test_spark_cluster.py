@@ -83,8 +83,9 @@ class StandaloneCluster:
     def _start(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")
         command = [_java(), "-Xmx256m", "-cp", f"{self.spark_home}/jars/*", *args]
-        self.processes.append(subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+        self.processes.append(
+            subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
         log.close()
 
     def state(self) -> dict:
@@ -92,14 +93,34 @@ class StandaloneCluster:
             return json.load(response)
 
     def start(self) -> None:
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--webui-port", str(self.ui_port))
-        self._start("worker", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
-                    "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(self.worker_ui_port),
-                    "--work-dir", str(self.workdir / "work"))
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        self._start(
+            "worker",
+            "org.apache.spark.deploy.worker.Worker",
+            self.url,
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--webui-port",
+            str(self.worker_ui_port),
+            "--work-dir",
+            str(self.workdir / "work"),
+        )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
-            for process, name in zip(self.processes, ("master", "worker")):
+            for process, name in zip(self.processes, ("master", "worker"), strict=True):
                 if process.poll() is not None:
                     raise RuntimeError(f"the Spark {name} exited ({process.returncode}): see {self.workdir / name}.log")
             try:
@@ -145,10 +166,26 @@ def test_ingestion_projections_and_compaction_on_a_standalone_cluster_give_the_s
     started = time.monotonic()
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.Popen(
-            [sys.executable, "-m", "databuild_assets_tests.cluster_scenario", "--master", cluster.url,
-             "--lake", str(cluster_lake), "--events", str(N_EVENTS), "--app-name", APP_NAME,
-             "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.executor.memory=1g"],
-            stdout=stdout, stderr=stderr, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+            [
+                sys.executable,
+                "-m",
+                "databuild_assets_tests.cluster_scenario",
+                "--master",
+                cluster.url,
+                "--lake",
+                str(cluster_lake),
+                "--events",
+                str(N_EVENTS),
+                "--app-name",
+                APP_NAME,
+                "--conf",
+                f"spark.pyspark.python={sys.executable}",
+                "--conf",
+                "spark.executor.memory=1g",
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
             start_new_session=True,
         )
     finished: list[float] = []
@@ -197,4 +234,3 @@ def test_ingestion_projections_and_compaction_on_a_standalone_cluster_give_the_s
         for table, digest in local["result"][stage].items():
             assert result[stage][table] == digest, (stage, table)
     assert result == local["result"]
-

@@ -7,7 +7,7 @@ past views must answer the same (events erased since stay hidden: erased stays e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -23,7 +23,16 @@ from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
-from databuild_assets_tests.bel_cases import BR, J, P, build_request_event, ids, job_event, one_build_events, partition_event
+from databuild_assets_tests.bel_cases import (
+    BR,
+    J,
+    P,
+    build_request_event,
+    ids,
+    job_event,
+    one_build_events,
+    partition_event,
+)
 
 # br-2 builds data/b with job-2 (batch A, one_build_events, has br-1 building data/a and br-2's request).
 BATCH_B = [
@@ -77,8 +86,9 @@ def history(spark, tmp_path_factory) -> History:
     said_after_erasure = answers(log)
     compact(spark, lake)
     after_compaction = current_version(spark, path)
-    return History(lake, log, log_commits(spark, lake)[0][0], after_a, after_b, after_compaction,
-                   said_after_a, said_after_erasure)
+    return History(
+        lake, log, log_commits(spark, lake)[0][0], after_a, after_b, after_compaction, said_after_a, said_after_erasure
+    )
 
 
 def test_as_of_a_version_answers_what_the_log_answered_then(history):
@@ -121,7 +131,8 @@ def test_projections_as_of_a_version_are_computed_from_the_log_then(history):
     assert statuses(history.log.as_of(version=history.empty)) == {}
     assert statuses(history.log.as_of(version=history.after_a))["data/a"] == "PARTITION_AVAILABLE"
     assert build_statuses(history.log.as_of(version=history.after_a)) == {
-        "br-1": "BUILD_REQUEST_COMPLETED", "br-2": "BUILD_REQUEST_RECEIVED",
+        "br-1": "BUILD_REQUEST_COMPLETED",
+        "br-2": "BUILD_REQUEST_RECEIVED",
     }
     assert build_statuses(history.log.as_of(version=history.after_b))["br-2"] == "BUILD_REQUEST_COMPLETED"
     job_runs = history.log.as_of(version=history.after_b).projection("job_runs").select("job_run_id").collect()
@@ -130,21 +141,25 @@ def test_projections_as_of_a_version_are_computed_from_the_log_then(history):
 
 def test_a_timestamp_reads_the_last_commit_at_or_before_it(spark, history):
     commit_ms = dict(log_commits(spark, history.lake))
-    at_a = datetime.fromtimestamp(commit_ms[history.after_a] / 1000, timezone.utc)
-    at_b = datetime.fromtimestamp(commit_ms[history.after_b] / 1000, timezone.utc)
+    at_a = datetime.fromtimestamp(commit_ms[history.after_a] / 1000, UTC)
+    at_b = datetime.fromtimestamp(commit_ms[history.after_b] / 1000, UTC)
 
     assert resolve_log_version(spark, history.lake, timestamp=at_a) == history.after_a
     assert resolve_log_version(spark, history.lake, timestamp=at_a + (at_b - at_a) / 2) == history.after_a
     assert resolve_log_version(spark, history.lake, timestamp=at_b.isoformat()) == history.after_b
-    assert resolve_log_version(spark, history.lake, timestamp=at_b.replace(tzinfo=None)) == history.after_b  # naive: UTC
+    assert (
+        resolve_log_version(spark, history.lake, timestamp=at_b.replace(tzinfo=None)) == history.after_b
+    )  # naive: UTC
     assert history.log.as_of(timestamp=at_a).list_events(limit=100).events == history.said_after_a["events"]
 
 
 def test_a_version_or_timestamp_outside_the_history_is_refused(spark, history):
     path = history.lake.table_path(RAW_EVENT_LOG)
-    first_commit = datetime.fromtimestamp(log_commits(spark, history.lake)[0][1] / 1000, timezone.utc)
+    first_commit = datetime.fromtimestamp(log_commits(spark, history.lake)[0][1] / 1000, UTC)
 
-    with pytest.raises(TimeTravelError, match=rf"{path} has no version 999 to read: versions 0\.\.{history.after_compaction} "):
+    with pytest.raises(
+        TimeTravelError, match=rf"{path} has no version 999 to read: versions 0\.\.{history.after_compaction} "
+    ):
         history.log.as_of(version=999)
     with pytest.raises(TimeTravelError, match=rf"{path} had no commit yet at "):
         history.log.as_of(timestamp=first_commit - timedelta(days=1))

@@ -28,13 +28,20 @@ RUN_TIMEOUT_S = 600
 UI_TIMEOUT_MS = 60_000
 
 # A real tombstone request, as the README tells an operator to type it.
-TOMBSTONE_REQUEST = {"key": "partition_ref", "value": "data/users/id=42", "actor": "alice@example.com", "reason": "ticket 1234"}
+TOMBSTONE_REQUEST = {
+    "key": "partition_ref",
+    "value": "data/users/id=42",
+    "actor": "alice@example.com",
+    "reason": "ticket 1234",
+}
 
 
 def _skip_reason() -> str | None:
     if os.environ.get("DATABUILD_UI_TEST") != "1":
-        return (f"the UI test (dagster dev + headless Chromium, several minutes) runs only with "
-                f"DATABUILD_UI_TEST=1: run `{UI_TEST_COMMAND}`")
+        return (
+            f"the UI test (dagster dev + headless Chromium, several minutes) runs only with "
+            f"DATABUILD_UI_TEST=1: run `{UI_TEST_COMMAND}`"
+        )
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -61,8 +68,9 @@ def landed(tmp_path_factory):
     """A temporary home and lake, with a tiny landing workload (a few bad and redelivered lines)."""
     workdir = tmp_path_factory.mktemp("ui")
     server = DagsterDev(workdir)
-    summary = write_landing_files(server.lake_root / "landing", 300, seed=11, events_per_file=300,
-                                  bad_line_rate=0.02, duplicate_rate=0.02)
+    summary = write_landing_files(
+        server.lake_root / "landing", 300, seed=11, events_per_file=300, bad_line_rate=0.02, duplicate_rate=0.02
+    )
     return server, summary
 
 
@@ -121,8 +129,15 @@ def screenshot(page: Page, name: str) -> Path:
 def expected_asset_names() -> list[str]:
     names = sorted(key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys())
     # The definitions themselves are checked elsewhere; this guards the test from checking nothing.
-    assert {"raw_event_log", "event_quarantine", "tombstones", "filtered_event_log",
-            "partition_state", "job_runs", "build_requests"} <= set(names)
+    assert {
+        "raw_event_log",
+        "event_quarantine",
+        "tombstones",
+        "filtered_event_log",
+        "partition_state",
+        "job_runs",
+        "build_requests",
+    } <= set(names)
     return names
 
 
@@ -251,7 +266,9 @@ def test_the_erase_jobs_launchpad_accepts_a_tombstone_request(page: Page):
     expect(page.get_by_text(re.compile(r'unexpected config entry "valu"'))).to_be_visible()
     screenshot(page, "3-erase-launchpad-refused")
 
-    type_config("ops:\n  tombstones:\n    config:\n" + "".join(f"      {k}: {v}\n" for k, v in TOMBSTONE_REQUEST.items()))
+    type_config(
+        "ops:\n  tombstones:\n    config:\n" + "".join(f"      {k}: {v}\n" for k, v in TOMBSTONE_REQUEST.items())
+    )
     expect(page.get_by_text("No errors", exact=True)).to_be_visible()
     expect(page.get_by_text(re.compile("unexpected config entry"))).to_have_count(0)
     expect(page.get_by_role("button", name="Launch Run")).to_be_enabled()

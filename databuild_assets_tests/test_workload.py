@@ -66,11 +66,17 @@ def test_a_5000_event_workload_has_all_eight_event_types(events):
 
 
 def test_a_5000_event_workload_has_every_lifecycle_status(events):
-    seen = {(event["event_type"], event[event["event_type"]]["status_code"])
-            for event in events if event["event_type"] in STATUS_ENUMS}
+    seen = {
+        (event["event_type"], event[event["event_type"]]["status_code"])
+        for event in events
+        if event["event_type"] in STATUS_ENUMS
+    }
     for event_type, enum in STATUS_ENUMS.items():
-        expected = {(event_type, member.value) for member in enum if member.name not in (
-            "BUILD_REQUEST_UNKNOWN", "PARTITION_UNKNOWN", "JOB_UNKNOWN")}
+        expected = {
+            (event_type, member.value)
+            for member in enum
+            if member.name not in ("BUILD_REQUEST_UNKNOWN", "PARTITION_UNKNOWN", "JOB_UNKNOWN")
+        }
         assert expected <= seen
 
 
@@ -91,7 +97,7 @@ def test_build_requests_overlap_in_time(events):
         span = spans.setdefault(event["build_request_id"], [event["timestamp"], event["timestamp"]])
         span[1] = event["timestamp"]
     ordered = sorted(spans.values())
-    overlapping = sum(1 for before, after in zip(ordered, ordered[1:]) if after[0] < before[1])
+    overlapping = sum(1 for before, after in itertools.pairwise(ordered) if after[0] < before[1])
     assert overlapping > len(ordered) // 10
 
 
@@ -101,10 +107,12 @@ def test_events_of_a_build_request_and_of_a_job_run_are_in_causal_order(events):
     for event in events:
         if event["event_type"] == "build_request_event":
             build_statuses[event["build_request_id"]].append(
-                (event["timestamp"], event["build_request_event"]["status_name"]))
+                (event["timestamp"], event["build_request_event"]["status_name"])
+            )
         elif event["event_type"] == "job_event":
             job_statuses[event["job_event"]["job_run_id"]].append(
-                (event["timestamp"], event["job_event"]["status_name"]))
+                (event["timestamp"], event["job_event"]["status_name"])
+            )
 
     terminal = {"BUILD_REQUEST_COMPLETED", "BUILD_REQUEST_FAILED", "BUILD_REQUEST_CANCELLED"}
     for statuses in build_statuses.values():
@@ -128,7 +136,8 @@ def test_delegations_point_to_a_build_request_building_that_partition_at_the_tim
         if event["event_type"] == "partition_event":
             payload = event["partition_event"]
             partition_events[payload["partition_ref"], event["build_request_id"]].append(
-                (event["timestamp"], payload["status_name"]))
+                (event["timestamp"], payload["status_name"])
+            )
     delegations = [event for event in events if event["event_type"] == "delegation_event"]
 
     assert delegations
@@ -160,8 +169,11 @@ def test_partition_refs_and_job_configs_look_like_databuild_ones(events):
     refs = {event["partition_event"]["partition_ref"] for event in events if event["event_type"] == "partition_event"}
     assert any(ref.startswith("data/sales/daily/date=2026-11-") and "/region=" in ref for ref in refs)
 
-    job = next(event["job_event"] for event in events
-               if event["event_type"] == "job_event" and event["job_event"]["status_name"] == "JOB_COMPLETED")
+    job = next(
+        event["job_event"]
+        for event in events
+        if event["event_type"] == "job_event" and event["job_event"]["status_name"] == "JOB_COMPLETED"
+    )
     assert job["job_label"].startswith("//jobs:")
     config = json.loads(job["config"])
     assert [output["str"] for output in config["outputs"]] == job["target_partitions"]
@@ -171,8 +183,9 @@ def test_partition_refs_and_job_configs_look_like_databuild_ones(events):
     [manifest] = json.loads(job["manifests"])
     assert manifest["outputs"] == config["outputs"] and manifest["start_time"] <= manifest["end_time"]
     assert set(manifest) == {"outputs", "inputs", "start_time", "end_time", "task", "metadata"}
-    graph = json.loads(next(event["job_graph_event"]["job_graph"] for event in events
-                            if event["event_type"] == "job_graph_event"))
+    graph = json.loads(
+        next(event["job_graph_event"]["job_graph"] for event in events if event["event_type"] == "job_graph_event")
+    )
     assert graph["nodes"] and all(node["job"]["label"].startswith("//jobs:") for node in graph["nodes"])
 
 
@@ -185,22 +198,32 @@ def test_landing_lines_are_compact_json_of_the_generated_events(tmp_path):
 
 
 def test_bad_lines_are_rejected_good_lines_accepted_and_counts_reconcile(tmp_path):
-    summary = write_landing_files(tmp_path, 6_000, seed=2, events_per_file=1_500,
-                                  bad_line_rate=0.05, duplicate_rate=0.03)
+    summary = write_landing_files(
+        tmp_path, 6_000, seed=2, events_per_file=1_500, bad_line_rate=0.05, duplicate_rate=0.03
+    )
 
     lines = read_lines(summary.files)
     parsed = [parse_line(line) for line in lines]
     good = [event for event, _reason in parsed if event is not None]
     reasons = [reason for event, reason in parsed if event is None]
-    assert summary.lines_written == len(lines) == summary.events_written + summary.bad_lines_written \
-        + summary.duplicate_lines_written
+    assert (
+        summary.lines_written
+        == len(lines)
+        == summary.events_written + summary.bad_lines_written + summary.duplicate_lines_written
+    )
     assert summary.events_written == 6_000
     assert len(reasons) == summary.bad_lines_written > 200
     assert len(good) == summary.events_written + summary.duplicate_lines_written
     assert len({event["event_id"] for event in good}) == summary.events_written
     # Every kind of bad line is there.
-    kinds = {"not valid JSON", "names no payload", "is not a", "does not match", "missing required field 'event_id'",
-             "empty line"}
+    kinds = {
+        "not valid JSON",
+        "names no payload",
+        "is not a",
+        "does not match",
+        "missing required field 'event_id'",
+        "empty line",
+    }
     assert all(any(kind in reason for reason in reasons) for kind in kinds), Counter(reasons).most_common(20)
 
 
@@ -267,10 +290,27 @@ def test_generation_streams_instead_of_building_the_whole_list():
 
 
 def test_command_line_writes_files_and_prints_a_summary(tmp_path, capsys):
-    main(["--out", str(tmp_path), "--events", "1200", "--seed", "3", "--events-per-file", "500",
-          "--bad-line-rate", "0.01", "--duplicate-rate", "0.01"])
+    main(
+        [
+            "--out",
+            str(tmp_path),
+            "--events",
+            "1200",
+            "--seed",
+            "3",
+            "--events-per-file",
+            "500",
+            "--bad-line-rate",
+            "0.01",
+            "--duplicate-rate",
+            "0.01",
+        ]
+    )
 
     output = capsys.readouterr().out
     assert output.startswith("wrote 1,200 events") and output.count("\n") == 1
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "events-00000.jsonl", "events-00001.jsonl", "events-00002.jsonl"]
+        "events-00000.jsonl",
+        "events-00001.jsonl",
+        "events-00002.jsonl",
+    ]

@@ -92,15 +92,30 @@ class DagsterDev:
         self.dagster_home.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / "dagster.yaml", self.dagster_home / "dagster.yaml")
         dagster = Path(sys.executable).with_name("dagster")
-        command = [str(dagster), "dev", "-w", str(REPO_ROOT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.port)]
+        command = [
+            str(dagster),
+            "dev",
+            "-w",
+            str(REPO_ROOT / "workspace.yaml"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+        ]
         log = open(self.log_path, "wb")
         # A session of its own: dagster dev spawns a webserver, a daemon and a code server, and
         # each run is one more process (with its JVM); stop() ends the whole group. SIGINT is
         # restored first: a test started in the background inherits it ignored, and dagster dev
         # shuts down cleanly only on SIGINT.
         self.process = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_sigint,
+            command,
+            cwd=REPO_ROOT,
+            env=self.environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
         )
         log.close()
 

@@ -69,7 +69,7 @@ class CatalogSettings:
         return list(self.owners_by_group.get(group or "", self.default_owners))
 
     @classmethod
-    def from_env(cls) -> "CatalogSettings":
+    def from_env(cls) -> CatalogSettings:
         """Defaults, overridden by DATABUILD_ASSET_OWNERS ("event_log=team:ingest;projections=
         team:analytics,alice@example.com;*=team:databuild": owners by group, `*` for the rest),
         DATABUILD_PROJECTION_MAX_LAG_MINUTES and DATABUILD_FRESHNESS_CRON."""
@@ -82,7 +82,9 @@ class CatalogSettings:
             except ValueError:
                 minutes = -1.0
             if not minutes >= 0:
-                raise CatalogSettingsError(f"{MAX_LAG_ENV}={lag!r} is not a number of minutes >= 0; e.g. {MAX_LAG_ENV}=60")
+                raise CatalogSettingsError(
+                    f"{MAX_LAG_ENV}={lag!r} is not a number of minutes >= 0; e.g. {MAX_LAG_ENV}=60"
+                )
         return cls(
             owners_by_group=owners,
             default_owners=default,
@@ -101,7 +103,8 @@ def parse_owners(text: str, default: tuple[str, ...]) -> tuple[dict[str, tuple[s
         bad = [owner for owner in owners if not _OWNER.match(owner)]
         if not equals or not group.strip() or not owners or bad:
             raise CatalogSettingsError(
-                f"{OWNERS_ENV}: cannot read {entry!r}" + (f" (not an email or team:name: {', '.join(bad)})" if bad else "")
+                f"{OWNERS_ENV}: cannot read {entry!r}"
+                + (f" (not an email or team:name: {', '.join(bad)})" if bad else "")
                 + f"; write group=owner[,owner] entries separated by ';', e.g. "
                 f"{OWNERS_ENV}='event_log=team:ingest;*=team:databuild'"
             )
@@ -133,7 +136,7 @@ def catalog_metadata(name: str, lake: Lake) -> dict:
 def in_catalog(assets: Iterable, lake: Lake, settings: CatalogSettings) -> list:
     """`assets` (AssetSpecs and AssetsDefinitions) with their catalog metadata and their group's owners.
 
-        assets = in_catalog([landing_files, ingested_event_log], Lake.from_env(), CatalogSettings.from_env())
+    assets = in_catalog([landing_files, ingested_event_log], Lake.from_env(), CatalogSettings.from_env())
     """
 
     def entry(spec: AssetSpec) -> AssetSpec:

@@ -72,8 +72,9 @@ def column_description(table: str, field: StructField) -> str | None:
     return field.metadata.get("comment") or COLUMN_DESCRIPTIONS.get(table, {}).get(field.name)
 
 
-def table_column(table: str, field: StructField, *, unique: bool = False, partition: bool = False,
-                 type_name: str | None = None) -> TableColumn:
+def table_column(
+    table: str, field: StructField, *, unique: bool = False, partition: bool = False, type_name: str | None = None
+) -> TableColumn:
     """One column: Spark's type as Spark SQL spells it (`struct<...>`, `array<string>`), its
     nullability, whether it is unique or the partition column, and its description."""
     return TableColumn(
@@ -89,7 +90,7 @@ def table_column(table: str, field: StructField, *, unique: bool = False, partit
 def table_schema(spec: TableSpec, unique: Iterable[str] = (), extra: Iterable[TableColumn] = ()) -> TableSchema:
     """The Dagster TableSchema of `spec`'s columns, in table order, then `extra` columns.
 
-        table_schema(RAW_EVENT_LOG, unique=["event_id"])
+    table_schema(RAW_EVENT_LOG, unique=["event_id"])
     """
     unique = set(unique)
     columns = [
@@ -97,7 +98,6 @@ def table_schema(spec: TableSpec, unique: Iterable[str] = (), extra: Iterable[Ta
         for field in spec.schema.fields
     ]
     return TableSchema(columns=[*columns, *extra])
-
 
 
 def projection_table_schema(projection: Projection) -> TableSchema:
@@ -111,11 +111,19 @@ def projection_table_schema(projection: Projection) -> TableSchema:
         projection_spec(projection),
         unique=[projection.key],
         extra=[
-            TableColumn(STATE, "struct", tags=internal,
-                        description="Internal: the mergeable aggregates this row is computed from, which "
-                        "refreshes fold new events into. Not part of the read model; its layout may change "
-                        "between releases."),
-            TableColumn(STATE_LOG_VERSION, "bigint", tags=internal,
-                        description="Internal: the log version this row was last computed at."),
+            TableColumn(
+                STATE,
+                "struct",
+                tags=internal,
+                description="Internal: the mergeable aggregates this row is computed from, which "
+                "refreshes fold new events into. Not part of the read model; its layout may change "
+                "between releases.",
+            ),
+            TableColumn(
+                STATE_LOG_VERSION,
+                "bigint",
+                tags=internal,
+                description="Internal: the log version this row was last computed at.",
+            ),
         ],
     )

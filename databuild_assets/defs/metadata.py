@@ -23,5 +23,7 @@ def preview(frame: DataFrame, limit: int = 5) -> MetadataValue:
     """The first `limit` rows as a Dagster table (values shown as text)."""
     rows = frame.limit(limit).collect()
     schema = TableSchema(columns=[TableColumn(name, "string") for name in frame.columns])
-    records = [TableRecord({name: None if row[name] is None else str(row[name]) for name in frame.columns}) for row in rows]
+    records = [
+        TableRecord({name: None if row[name] is None else str(row[name]) for name in frame.columns}) for row in rows
+    ]
     return MetadataValue.table(records=records, schema=schema)

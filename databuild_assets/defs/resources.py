@@ -20,15 +20,21 @@ class LakehouseResource(LazyPySparkResource):
     from this machine to a cluster and object storage.
     """
 
-    master: str = Field(default=DEFAULT_MASTER, description="Spark master URL: local[*], spark://host:7077, yarn, k8s://...")
-    lake_root: str = Field(default=DEFAULT_LAKE_ROOT, description="Root of the lake: a local folder or s3a://bucket/prefix.")
+    master: str = Field(
+        default=DEFAULT_MASTER, description="Spark master URL: local[*], spark://host:7077, yarn, k8s://..."
+    )
+    lake_root: str = Field(
+        default=DEFAULT_LAKE_ROOT, description="Root of the lake: a local folder or s3a://bucket/prefix."
+    )
     shuffle_partitions: int = Field(default=8, description="spark.sql.shuffle.partitions; raise it on a cluster.")
     driver_memory: str = Field(default="4g", description="spark.driver.memory (local mode: all of Spark's memory).")
     extra_spark_config: dict[str, str] = Field(default_factory=dict, description="Any other Spark settings; they win.")
-    spark_config: dict[str, Any] = Field(default_factory=dict, description="Computed from the fields above; leave empty.")
+    spark_config: dict[str, Any] = Field(
+        default_factory=dict, description="Computed from the fields above; leave empty."
+    )
 
     @classmethod
-    def from_env(cls) -> "LakehouseResource":
+    def from_env(cls) -> LakehouseResource:
         """Defaults, overridden by DATABUILD_SPARK_MASTER, DATABUILD_LAKE_ROOT,
         DATABUILD_SPARK_SHUFFLE_PARTITIONS, DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF."""
         settings = SparkSettings.from_env()
@@ -62,4 +68,3 @@ class LakehouseResource(LazyPySparkResource):
     def spark_session(self) -> SparkSession:
         self._init_session()
         return self._spark_session
-

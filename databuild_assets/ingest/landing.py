@@ -24,8 +24,9 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from functools import partial
 
 import pyarrow as pa
 from delta.tables import DeltaTable
@@ -61,8 +62,13 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 # What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it.
 _LINES_ARROW = pa.schema(
-    [("source_file", pa.string()), ("line_number", pa.int64()), ("line", pa.string()),
-     ("raw_line", pa.binary()), ("reason", pa.string())]
+    [
+        ("source_file", pa.string()),
+        ("line_number", pa.int64()),
+        ("line", pa.string()),
+        ("raw_line", pa.binary()),
+        ("reason", pa.string()),
+    ]
 )
 _LINES_SCHEMA = from_arrow_schema(_LINES_ARROW)
 
@@ -170,7 +176,9 @@ def split_incomplete(
     complete, incomplete = [], []
     for landing_file in files:
         age_s = now_s - landing_file.modified_ms / 1000
-        if still_being_written(age_s, settle_seconds, lambda: ends_with_newline(spark, landing_file.path, landing_file.size)):
+        if still_being_written(
+            age_s, settle_seconds, partial(ends_with_newline, spark, landing_file.path, landing_file.size)
+        ):
             incomplete.append(landing_file)
         else:
             complete.append(landing_file)
@@ -193,7 +201,10 @@ def _number_and_validate(
     for batch in batches:
         columns: dict[str, list] = {name: [] for name in _LINES_ARROW.names}
         for path, range_start, raw in zip(
-            batch.column("path").to_pylist(), batch.column("range_start").to_pylist(), batch.column("raw").to_pylist()
+            batch.column("path").to_pylist(),
+            batch.column("range_start").to_pylist(),
+            batch.column("raw").to_pylist(),
+            strict=True,
         ):
             position = at.get((path, range_start))
             if position is None:
@@ -251,10 +262,14 @@ def read_raw_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     (`path`, as Spark names it), the start of the byte range read (`range_start`) and the line's
     exact bytes (`raw`, valid UTF-8 or not). Lines end at a newline only, as JSON Lines says: a
     carriage return stays in its line."""
-    return spark.read.option("lineSep", "\n").text(paths).select(
-        F.col("_metadata.file_path").alias("path"),
-        F.col("_metadata.file_block_start").alias("range_start"),
-        F.col("value").cast("binary").alias("raw"),
+    return (
+        spark.read.option("lineSep", "\n")
+        .text(paths)
+        .select(
+            F.col("_metadata.file_path").alias("path"),
+            F.col("_metadata.file_block_start").alias("range_start"),
+            F.col("value").cast("binary").alias("raw"),
+        )
     )
 
 
@@ -318,11 +333,7 @@ def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> D
     """
     with commit_lock(log_path):
         target = DeltaTable.forPath(spark, log_path).alias("log")
-        return (
-            target.merge(events.alias("new"), "log.event_id = new.event_id")
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
+        return target.merge(events.alias("new"), "log.event_id = new.event_id").whenNotMatchedInsertAll().execute()
 
 
 class _Ledger:
@@ -344,8 +355,12 @@ class _Ledger:
 
     def planned_sizes(self, batch_id: int) -> dict[str, int]:
         """The size each file of batch `batch_id` had when it was planned: what the batch reads."""
-        rows = (self.spark.read.format("delta").load(self.path)
-                .where((F.col("batch_id") == batch_id) & (F.col("stage") == "planned")).collect())
+        rows = (
+            self.spark.read.format("delta")
+            .load(self.path)
+            .where((F.col("batch_id") == batch_id) & (F.col("stage") == "planned"))
+            .collect()
+        )
         return {row.file_path: row.file_size for row in rows if row.file_size is not None}
 
     def plan(self, new_files: list[LandingFile], rows: list) -> tuple[int, list[str]] | None:
@@ -369,7 +384,8 @@ class _Ledger:
                 "batch_id long, stage string, file_path string, file_size long",
             ).withColumn("recorded_at", F.current_timestamp())
             metrics = (
-                DeltaTable.forPath(self.spark, self.path).alias("ledger")
+                DeltaTable.forPath(self.spark, self.path)
+                .alias("ledger")
                 .merge(planned.alias("plan"), "ledger.batch_id = plan.batch_id")
                 .whenNotMatchedInsert(values={c: f"plan.{c}" for c in planned.columns})
                 .execute()
@@ -383,8 +399,17 @@ class _Ledger:
 
     def record_committed(self, result: BatchResult) -> None:
         row = self.spark.createDataFrame(
-            [(result.batch_id, "committed", result.lines_read, result.accepted, result.duplicates,
-              result.quarantined, result.log_version)],
+            [
+                (
+                    result.batch_id,
+                    "committed",
+                    result.lines_read,
+                    result.accepted,
+                    result.duplicates,
+                    result.quarantined,
+                    result.log_version,
+                )
+            ],
             "batch_id long, stage string, lines_read long, accepted long, duplicates long, "
             "quarantined long, log_version long",
         ).withColumn("recorded_at", F.current_timestamp())
@@ -395,16 +420,20 @@ def _batch_commit(spark: SparkSession, log_path: str, batch_id: int) -> tuple[in
     """(version, rows inserted) of the raw log commit batch `batch_id` made, if it made one."""
     marker = json.dumps({"ingest_batch": batch_id})
     for limit in (50, None):  # recent commits first: a batch looks itself up right after committing
-        history = DeltaTable.forPath(spark, log_path).history(limit) if limit else DeltaTable.forPath(
-            spark, log_path
-        ).history()
+        history = (
+            DeltaTable.forPath(spark, log_path).history(limit)
+            if limit
+            else DeltaTable.forPath(spark, log_path).history()
+        )
         row = history.where(F.col("userMetadata") == marker).select("version", "operationMetrics").first()
         if row is not None:
             return row["version"], int(row["operationMetrics"].get("numTargetRowsInserted", 0))
     return None
 
 
-def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str], replayed: bool = False) -> BatchResult:
+def write_batch(
+    spark: SparkSession, lake: Lake, batch_id: int, files: list[str], replayed: bool = False
+) -> BatchResult:
     """Step 2 for one planned batch: quarantine its bad lines and merge its good events.
 
     Safe to run again for the same batch: both commits carry (app id, batch_id), which Delta
@@ -419,22 +448,37 @@ def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str]
     sizes = _Ledger(spark, lake).planned_sizes(batch_id)
     lines = read_landing_lines(session, files, sizes).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        counts = {row["bad"]: row["count"] for row in lines.groupBy(F.col("reason").isNotNull().alias("bad")).count().collect()}
+        counts = {
+            row["bad"]: row["count"]
+            for row in lines.groupBy(F.col("reason").isNotNull().alias("bad")).count().collect()
+        }
         good_lines, quarantined = counts.get(False, 0), counts.get(True, 0)
         log.info("batch %d: %d files, %d lines, %d bad", batch_id, len(files), good_lines + quarantined, quarantined)
 
         bad = lines.where("reason IS NOT NULL").select(
-            "source_file", "line_number", "reason", "line", "raw_line",
-            F.lit(batch_id).cast("long").alias("ingest_batch"), F.current_timestamp().alias("quarantined_at"),
+            "source_file",
+            "line_number",
+            "reason",
+            "line",
+            "raw_line",
+            F.lit(batch_id).cast("long").alias("ingest_batch"),
+            F.current_timestamp().alias("quarantined_at"),
         )
-        (bad.write.format("delta").mode("append")
-            .option("txnAppId", QUARANTINE_APP_ID).option("txnVersion", batch_id)
-            .save(lake.table_path(EVENT_QUARANTINE)))
+        (
+            bad.write.format("delta")
+            .mode("append")
+            .option("txnAppId", QUARANTINE_APP_ID)
+            .option("txnVersion", batch_id)
+            .save(lake.table_path(EVENT_QUARANTINE))
+        )
 
         events = events_from_lines(lines.where("reason IS NULL"))
         unique_events = first_of_each_event_id(events)
-        batch_settings = {_TXN_APP_ID: EVENTS_APP_ID, _TXN_VERSION: str(batch_id),
-                          USER_METADATA: json.dumps({"ingest_batch": batch_id})}
+        batch_settings = {
+            _TXN_APP_ID: EVENTS_APP_ID,
+            _TXN_VERSION: str(batch_id),
+            USER_METADATA: json.dumps({"ingest_batch": batch_id}),
+        }
         with session_settings(session, batch_settings):
             retry_on_conflict(
                 lambda: merge_new_events(session, log_path, unique_events),
@@ -454,7 +498,11 @@ def write_batch(spark: SparkSession, lake: Lake, batch_id: int, files: list[str]
         )
         log.info(
             "batch %d: %d accepted, %d duplicates skipped, %d quarantined; raw log at version %d",
-            batch_id, result.accepted, result.duplicates, result.quarantined, version,
+            batch_id,
+            result.accepted,
+            result.duplicates,
+            result.quarantined,
+            version,
         )
         return result
     finally:
@@ -474,8 +522,9 @@ def ingested_files(spark: SparkSession, lake: Lake) -> dict[str, IngestedFile]:
     rows = _Ledger(spark, lake).rows()
     committed = {row.batch_id: row.recorded_at for row in rows if row.stage == "committed"}
     return {
-        row.file_path: IngestedFile(row.file_path, row.file_size, row.batch_id, _epoch_ms(row.recorded_at),
-                                    _epoch_ms(committed[row.batch_id]))
+        row.file_path: IngestedFile(
+            row.file_path, row.file_size, row.batch_id, _epoch_ms(row.recorded_at), _epoch_ms(committed[row.batch_id])
+        )
         for row in rows
         if row.stage == "planned" and row.batch_id in committed
     }
@@ -521,7 +570,8 @@ def ingest_landing_files(
             "landing file %s is not ingested yet: %s; it may still be being written. It is ingested once it "
             "ends with a newline, or once unchanged for %.0f s. Writers should write under a name starting "
             "with '.' or '_' and rename when done.",
-            landing_file.path, "it is empty" if landing_file.size == 0 else "its last line has no newline",
+            landing_file.path,
+            "it is empty" if landing_file.size == 0 else "its last line has no newline",
             settle_seconds,
         )
     planned = ledger.plan(complete, ledger_rows)

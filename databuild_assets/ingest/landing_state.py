@@ -11,6 +11,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from databuild_assets.ingest.landing import DEFAULT_SETTLE_SECONDS, LANDING_SUFFIXES, still_being_written
@@ -34,7 +35,9 @@ def _ends_with_newline_on_disk(path: str, size: int) -> bool:
         return handle.read(1) == b"\n"
 
 
-def landing_state(landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, now_s: float | None = None) -> LandingState | None:
+def landing_state(
+    landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, now_s: float | None = None
+) -> LandingState | None:
     """The fingerprint of the landing folder, or None when it holds no landing file. No JVM.
 
     Any file added, grown or touched changes it, whatever its modification time (a file moved in
@@ -50,8 +53,11 @@ def landing_state(landing: str, settle_seconds: float = DEFAULT_SETTLE_SECONDS, 
         if not entry.is_file() or entry.name.startswith((".", "_")) or not entry.name.endswith(LANDING_SUFFIXES):
             continue
         stat = entry.stat()
-        waits = still_being_written(now_s - stat.st_mtime_ns / 1e9, settle_seconds,
-                                    lambda: _ends_with_newline_on_disk(entry.path, stat.st_size))
+        waits = still_being_written(
+            now_s - stat.st_mtime_ns / 1e9,
+            settle_seconds,
+            partial(_ends_with_newline_on_disk, entry.path, stat.st_size),
+        )
         digest.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0{int(waits)}\n".encode())
         files, waiting = files + 1, waiting + waits
     return LandingState(digest.hexdigest()[:32], files, waiting) if files else None

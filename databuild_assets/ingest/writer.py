@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.events.validation import InvalidEventError, event_error
-from databuild_assets.ingest.landing import ensure_ingest_tables, events_from_lines, first_of_each_event_id, merge_new_events
+from databuild_assets.ingest.landing import (
+    ensure_ingest_tables,
+    events_from_lines,
+    first_of_each_event_id,
+    merge_new_events,
+)
 from databuild_assets.runtime.delta_tables import retry_on_conflict
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 
@@ -69,8 +75,10 @@ def append_events(
     # As JSON text, so that rows take exactly the path landing files take (from_json with
     # the one event schema) and both writers store identical rows for identical events.
     lines = spark.createDataFrame(
-        [(f"writer:{writer}", index + 1, json.dumps({c: event.get(c) for c in EVENT_COLUMNS}))
-         for index, event in enumerate(events)],
+        [
+            (f"writer:{writer}", index + 1, json.dumps({c: event.get(c) for c in EVENT_COLUMNS}))
+            for index, event in enumerate(events)
+        ],
         "source_file string, line_number long, line string",
     )
     unique_events = first_of_each_event_id(events_from_lines(lines))

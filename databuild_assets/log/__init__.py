@@ -34,7 +34,8 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
     A `delta` URI opens the JVM-free backend (`DeltaRsEventLog`, a local lake; `max_events=`
     bounds the log it holds in memory) unless `spark=` (a SparkSession with Delta configured) is
     given, which opens the Spark backend (`DeltaEventLog`, any Hadoop filesystem). Both take
-    `writer=`, the name appends are recorded under. Raises ValueError for a URI no backend accepts, naming the accepted forms.
+    `writer=`, the name appends are recorded under.
+    Raises ValueError for a URI no backend accepts, naming the accepted forms.
 
         with open_event_log("sqlite:///var/lib/databuild/bel.db") as log:
             log.list_build_requests(limit=20)

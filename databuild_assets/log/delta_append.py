@@ -24,7 +24,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -53,7 +53,7 @@ def writable_by_fast_append(protocol: Any, schema_json: str) -> bool:
 
 def _stat(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, str):
@@ -99,19 +99,27 @@ def append_files(
         groups.setdefault(tuple(_partition_text(key[name]) for name in partition_by), []).append(index)
     for values, indexes in groups.items():
         part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
-        folder = "/".join(f"{name}={value}" for name, value in zip(partition_by, values))
-        relative = f"{folder}/part-00000-{uuid.uuid4()}-c000.snappy.parquet" if folder else f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        folder = "/".join(f"{name}={value}" for name, value in zip(partition_by, values, strict=True))
+        relative = (
+            f"{folder}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            if folder
+            else f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        )
         full = os.path.join(table_path, relative)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         pq.write_table(part, full, compression="snappy")
-        actions.append({"add": {
-            "path": relative,
-            "partitionValues": dict(zip(partition_by, values)),
-            "size": os.path.getsize(full),
-            "modificationTime": now_ms,
-            "dataChange": True,
-            "stats": _statistics(part, stats_columns),
-        }})
+        actions.append(
+            {
+                "add": {
+                    "path": relative,
+                    "partitionValues": dict(zip(partition_by, values, strict=True)),
+                    "size": os.path.getsize(full),
+                    "modificationTime": now_ms,
+                    "dataChange": True,
+                    "stats": _statistics(part, stats_columns),
+                }
+            }
+        )
     info = {
         "timestamp": now_ms,
         "operation": "WRITE",

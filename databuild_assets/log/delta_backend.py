@@ -27,7 +27,6 @@ from databuild_assets.events.enums import (
 from databuild_assets.events.schema import EVENT_COLUMNS, event_from_row
 from databuild_assets.events.validation import require_valid
 from databuild_assets.ingest.writer import append_events as write_events
-from databuild_assets.log.time_travel import ReadOnlyEventLogError, resolve_log_version
 from databuild_assets.log.interface import (
     ActivitySummary,
     AppendResult,
@@ -42,11 +41,12 @@ from databuild_assets.log.interface import (
     encode_cursor,
     status_counts,
 )
+from databuild_assets.log.time_travel import ReadOnlyEventLogError, resolve_log_version
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones, visible_events
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projections
 from databuild_assets.runtime.delta_tables import check_schema_version, current_version, latest_version_on_disk
-from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones, visible_events
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake, is_local
 
 # The log table that `_visible_log` reads (minus what tombstones match, at once). Projections are
@@ -265,7 +265,10 @@ class DeltaEventLog(BuildEventLog):
             self._projection_states.update(dict.fromkeys(stale, refreshed_state))
         # The read model's columns only: the tables also keep each row's fold state.
         specs = [projection_spec(PROJECTIONS[name]) for name in names]
-        return [spark.read.format("delta").load(self.lake.table_path(spec)).select(*spec.schema.fieldNames()) for spec in specs]
+        return [
+            spark.read.format("delta").load(self.lake.table_path(spec)).select(*spec.schema.fieldNames())
+            for spec in specs
+        ]
 
     def projection(self, name: str) -> DataFrame:
         """The projection `name` (partition_state, job_runs or build_requests) as a DataFrame:

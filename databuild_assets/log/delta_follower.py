@@ -80,7 +80,9 @@ class DeltaFollower:
         """Whether the table has a first commit (or a checkpoint, if its early commits aged out)."""
         if self._version is not None:
             return True
-        return os.path.isdir(self._log_dir) and any(name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir))
+        return os.path.isdir(self._log_dir) and any(
+            name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir)
+        )
 
     def moved(self) -> bool:
         """Whether a commit after `version` exists (always true before the first load of a

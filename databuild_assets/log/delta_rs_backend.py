@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import deltalake
@@ -64,7 +64,9 @@ def _values_by_key(records: pa.Table) -> dict[str, set[str]]:
     """{key: values} of every erasure request in the tombstones table (applied or not: an
     applied one still hides an event that arrives again)."""
     values: dict[str, set[str]] = {}
-    for record, key, value in zip(*(records.column(name).to_pylist() for name in ("record", "key", "value"))):
+    for record, key, value in zip(
+        *(records.column(name).to_pylist() for name in ("record", "key", "value")), strict=True
+    ):
         if record == "requested":
             values.setdefault(key, set()).add(value)
     return values
@@ -117,7 +119,11 @@ class DeltaRsEventLog(BuildEventLog):
         if self._log.moved():
             changes = self._log.changes()
             if changes is None:
-                self._reload("opened" if self._log.version is None else "a new protocol or schema, or commits no longer in the log")
+                self._reload(
+                    "opened"
+                    if self._log.version is None
+                    else "a new protocol or schema, or commits no longer in the log"
+                )
             elif not self._apply(changes.added, changes.removed):
                 self._reload("a data file of a commit is gone (vacuumed)")
         return self._store()
@@ -192,12 +198,12 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _rows(self, indexed_events: Iterable[tuple[int, dict[str, Any]]]) -> pa.Table:
         """Raw log rows of canonical events, as the Spark writer stores them (source "writer:<name>")."""
-        ingested_at = datetime.now(timezone.utc)
+        ingested_at = datetime.now(UTC)
         rows = []
         for index, event in indexed_events:
             row = dict(event)
             row.update(
-                event_date=datetime.fromtimestamp(event["timestamp"] // _NS_PER_DAY * 86_400, timezone.utc).date(),
+                event_date=datetime.fromtimestamp(event["timestamp"] // _NS_PER_DAY * 86_400, UTC).date(),
                 source_file=f"writer:{self.writer}",
                 source_line=index + 1,
                 ingested_at=ingested_at,
@@ -229,13 +235,23 @@ class DeltaRsEventLog(BuildEventLog):
         stats_columns = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
         if stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json()):
             partition_by = table.metadata().partition_columns
-            append_files(self._log_path, latest + 1, rows, partition_by, stats_columns.split(","),
-                         {"userMetadata": user_metadata})
+            append_files(
+                self._log_path,
+                latest + 1,
+                rows,
+                partition_by,
+                stats_columns.split(","),
+                {"userMetadata": user_metadata},
+            )
             return
         if table.version() != latest:
             table.update_incremental()  # to the latest commit: the one this append follows
-        write_deltalake(table, rows, mode="append",
-                        commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}))
+        write_deltalake(
+            table,
+            rows,
+            mode="append",
+            commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
+        )
 
     # -- reads: the replica's, once it has caught up --------------------------------------------
 

@@ -274,7 +274,7 @@ class BuildEventLog(ABC):
     def append_event(self, event: Mapping[str, Any]) -> AppendResult:
         """Append one event; the same as `append_events([event])`.
 
-            log.append_event({"event_id": "e1", "timestamp": 1, "build_request_id": "br1", ...})
+        log.append_event({"event_id": "e1", "timestamp": 1, "build_request_id": "br1", ...})
         """
         return self.append_events([event])
 
@@ -320,9 +320,7 @@ class BuildEventLog(ABC):
         Raises ValueError if end_ns < start_ns."""
 
     @abstractmethod
-    def list_events(
-        self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000
-    ) -> EventPage:
+    def list_events(self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000) -> EventPage:
         """Up to `limit` events matching `filter`, after the cursor `since` (from the start when
         None): page through, or tail, the log.
 
@@ -373,7 +371,7 @@ class BuildEventLog(ABC):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: a backend holding nothing has nothing to release)
         """Release the backend's resources; the log is unusable afterwards."""
 
     def __enter__(self) -> BuildEventLog:

@@ -35,7 +35,9 @@ class MigrationResult:
     log_version: int
 
 
-def migrate_sqlite_to_delta(spark: SparkSession, sqlite_uri: str, lake: Lake, chunk: int = DEFAULT_CHUNK) -> MigrationResult:
+def migrate_sqlite_to_delta(
+    spark: SparkSession, sqlite_uri: str, lake: Lake, chunk: int = DEFAULT_CHUNK
+) -> MigrationResult:
     """Append every event of the SQLite log at `sqlite_uri` to the lake's raw event log."""
     if not sqlite_uri.startswith("sqlite:"):
         raise ValueError(f"migrate reads a SQLite BEL (sqlite:///path/to/bel.db), not {sqlite_uri!r}")
@@ -46,7 +48,11 @@ def migrate_sqlite_to_delta(spark: SparkSession, sqlite_uri: str, lake: Lake, ch
             page = source.list_events(since=cursor, limit=chunk)
             if page.events:
                 result = append_events(spark, lake, page.events, writer=f"migrate:{sqlite_uri}")
-                read, accepted, duplicates = read + len(page.events), accepted + result.accepted, duplicates + result.duplicates
+                read, accepted, duplicates = (
+                    read + len(page.events),
+                    accepted + result.accepted,
+                    duplicates + result.duplicates,
+                )
                 commits += 1
                 log.info("migrated %d events so far (%d new, %d already in the log)", read, accepted, duplicates)
             cursor = page.next_cursor

@@ -92,7 +92,7 @@ def event_rows(events: pa.Table) -> list[tuple]:
         rows = connection.sql(_EVENT_ROWS_SQL).to_arrow_table()
     finally:
         connection.close()
-    return list(zip(*(column.to_pylist() for column in rows.columns)))
+    return list(zip(*(column.to_pylist() for column in rows.columns), strict=True))
 
 
 def _json_path_value(path: str) -> str:
@@ -158,8 +158,12 @@ class EventLogReplica(SqliteEventLog):
                 # at the end, as sqlite_backend's bulk load does.
                 drop_event_indexes(connection)
                 connection.executemany(f"INSERT OR IGNORE INTO main.events ({_ROW_COLUMNS}) {insert}", rows)
-                connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.hidden_event_ids)")
-                connection.execute(f"INSERT INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters)
+                connection.execute(
+                    "DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.hidden_event_ids)"
+                )
+                connection.execute(
+                    f"INSERT INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters
+                )
                 connection.execute("INSERT OR IGNORE INTO temp.hidden_event_ids SELECT event_id FROM temp.leaving")
                 connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)")
                 connection.execute("DELETE FROM temp.leaving")
@@ -172,13 +176,16 @@ class EventLogReplica(SqliteEventLog):
                     " OR event_id IN (SELECT event_id FROM temp.hidden_event_ids)"
                 )
                 connection.execute(
-                    f"INSERT OR IGNORE INTO temp.hidden_event_ids SELECT event_id FROM temp.staged_events AS e WHERE {rule}",
+                    f"INSERT OR IGNORE INTO temp.hidden_event_ids "
+                    f" SELECT event_id FROM temp.staged_events AS e WHERE {rule}",
                     parameters,
                 )
                 connection.execute(
                     "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM temp.hidden_event_ids)"
                 )
-                connection.execute(f"INSERT INTO main.events ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM temp.staged_events")
+                connection.execute(
+                    f"INSERT INTO main.events ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM temp.staged_events"
+                )
                 added = "temp.staged_events"
             accepted = connection.execute(f"SELECT COUNT(*) FROM {added}").fetchone()[0]
             for statement in _MARK_DIRTY:
@@ -224,7 +231,9 @@ class EventLogReplica(SqliteEventLog):
         for statement in _MARK_DIRTY:
             connection.execute(statement.format(rows=leaving))
         connection.execute("DELETE FROM event_listed_partitions WHERE event_id IN (SELECT event_id FROM temp.leaving)")
-        dropped = connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)").rowcount
+        dropped = connection.execute(
+            "DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)"
+        ).rowcount
         connection.execute("DELETE FROM temp.leaving")
         refresh_dirty_projections(connection)
         return dropped

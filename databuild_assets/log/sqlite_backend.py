@@ -22,24 +22,6 @@ from databuild_assets.events.enums import (
 )
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
 from databuild_assets.events.validation import require_valid
-from databuild_assets.log.sqlite_schema import (
-    ACTIVE_BUILDS_FOR_PARTITION,
-    BUILD_REQUEST_FIELDS,
-    DIRTY_TABLES,
-    EVENT_COLUMNS_SQL,
-    EVENT_INDEXES,
-    INSERT_EVENT,
-    IN_ORDER,
-    JOB_RUN_COUNTS_OF_BUILD_REQUESTS,
-    LIST_PARTITIONS_TRIGGER,
-    PARTITION_COUNTS_OF_BUILD_REQUESTS,
-    PARTITION_EVENTS,
-    PARTITION_SUMMARY_FIELDS,
-    REFRESHES,
-    SCHEMA,
-    SQLITE_SCHEMA_VERSION,
-    select_listed_partitions,
-)
 from databuild_assets.log.interface import (
     ActivitySummary,
     AppendResult,
@@ -54,6 +36,25 @@ from databuild_assets.log.interface import (
     encode_cursor,
     status_counts,
 )
+from databuild_assets.log.sqlite_schema import (
+    ACTIVE_BUILDS_FOR_PARTITION,
+    BUILD_REQUEST_FIELDS,
+    DIRTY_TABLES,
+    EVENT_COLUMNS_SQL,
+    EVENT_INDEXES,
+    IN_ORDER,
+    INSERT_EVENT,
+    JOB_RUN_COUNTS_OF_BUILD_REQUESTS,
+    LIST_PARTITIONS_TRIGGER,
+    PARTITION_COUNTS_OF_BUILD_REQUESTS,
+    PARTITION_EVENTS,
+    PARTITION_SUMMARY_FIELDS,
+    REFRESHES,
+    SCHEMA,
+    SQLITE_SCHEMA_VERSION,
+    select_listed_partitions,
+)
+
 
 def _event_from_row(row: tuple[str, int, str, str, str]) -> dict[str, Any]:
     event_id, timestamp, build_request_id, event_type, payload = row
@@ -409,7 +410,7 @@ class SqliteEventLog(BuildEventLog):
             job_run_counts = self._counts_by_build_request(JOB_RUN_COUNTS_OF_BUILD_REQUESTS, page_ids)
         summaries = []
         for row in rows:
-            fields = dict(zip(BUILD_REQUEST_FIELDS, row))
+            fields = dict(zip(BUILD_REQUEST_FIELDS, row, strict=True))
             build_request_id, ended_at = fields["build_request_id"], fields["ended_at"]
             fields.update(
                 status_name=BuildRequestStatus(fields["status_code"]).name,
@@ -436,7 +437,7 @@ class SqliteEventLog(BuildEventLog):
         ).fetchall()
         summaries = []
         for row in rows:
-            fields = dict(zip(PARTITION_SUMMARY_FIELDS, row))
+            fields = dict(zip(PARTITION_SUMMARY_FIELDS, row, strict=True))
             fields.update(
                 status_name=PartitionStatus(fields["status_code"]).name,
                 is_available=bool(fields["is_available"]),

@@ -34,6 +34,7 @@ _JOB_CANCELLED = int(JobStatus.JOB_CANCELLED)
 # Tables
 # ---------------------------------------------------------------------------------------------
 
+
 def select_listed_partitions(row: str, source: str = "") -> str:
     """SELECT (partition_ref, timestamp, event_id) for the refs that the event `row` lists."""
     return f"""

@@ -14,7 +14,7 @@ table is append-only, so today's tombstones include every earlier one).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -39,7 +39,7 @@ def _epoch_ms(moment: datetime | str) -> int:
     if isinstance(moment, str):
         moment = datetime.fromisoformat(moment.replace("Z", "+00:00"))
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
@@ -62,11 +62,15 @@ def resolve_log_version(
         resolve_log_version(spark, lake, timestamp="2026-11-18T09:00:00Z")
     """
     if (version is None) == (timestamp is None):
-        raise ValueError("give exactly one of version= (a raw log version) and timestamp= (a datetime or ISO 8601 text)")
+        raise ValueError(
+            "give exactly one of version= (a raw log version) and timestamp= (a datetime or ISO 8601 text)"
+        )
     commits = log_commits(spark, lake)
     first, last = commits[0], commits[-1]
-    available = (f"versions {first[0]}..{last[0]} are in its history, committed "
-                 f"{_iso(first[1])} .. {_iso(last[1])} (older ones are cleaned up after delta.logRetentionDuration)")
+    available = (
+        f"versions {first[0]}..{last[0]} are in its history, committed "
+        f"{_iso(first[1])} .. {_iso(last[1])} (older ones are cleaned up after delta.logRetentionDuration)"
+    )
     path = lake.table_path(RAW_EVENT_LOG)
     if version is not None:
         if version not in {v for v, _ in commits}:
@@ -80,7 +84,7 @@ def resolve_log_version(
 
 
 def _iso(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)

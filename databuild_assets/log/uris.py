@@ -1,8 +1,8 @@
 """Event log URIs, parsed in one place: which backend a URI names and where its log lives.
 
-    sqlite:///var/lib/databuild/bel.db     the SQLite file (sqlite:///:memory: for a private one)
-    delta:///data/lake                     a lake root on this machine (or .../lake/tables/raw_event_log)
-    delta+s3a://bucket/lake                a lake root on a Hadoop filesystem (Spark only)
+sqlite:///var/lib/databuild/bel.db     the SQLite file (sqlite:///:memory: for a private one)
+delta:///data/lake                     a lake root on this machine (or .../lake/tables/raw_event_log)
+delta+s3a://bucket/lake                a lake root on a Hadoop filesystem (Spark only)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class EventLogUri:
 def parse_event_log_uri(uri: str) -> EventLogUri:
     """The backend and location `uri` names; ValueError naming the accepted forms otherwise.
 
-        parse_event_log_uri("delta:///data/lake/tables/raw_event_log").location  # "/data/lake"
+    parse_event_log_uri("delta:///data/lake/tables/raw_event_log").location  # "/data/lake"
     """
     scheme, separator, rest = uri.partition("://") if isinstance(uri, str) else ("", "", "")
     backend = scheme.lower().partition("+")[0]

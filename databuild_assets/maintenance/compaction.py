@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import NamedTuple
 
 from delta.tables import DeltaTable
@@ -50,7 +50,13 @@ from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import TableSize, current_version, ensure_table, retry_on_conflict, table_size
+from databuild_assets.runtime.delta_tables import (
+    TableSize,
+    current_version,
+    ensure_table,
+    retry_on_conflict,
+    table_size,
+)
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
     FILTERED_EVENT_LOG,
@@ -110,7 +116,8 @@ def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) ->
     def delete() -> Row:
         with commit_lock(path):
             return (
-                DeltaTable.forPath(spark, path).alias("t")
+                DeltaTable.forPath(spark, path)
+                .alias("t")
                 .merge(event_ids.alias("erase"), "t.event_id = erase.event_id")
                 .whenMatchedDelete()
                 .execute()
@@ -153,7 +160,13 @@ def purge_events(
                     f"{expected.rows} rows (checksum {expected.checksum}) and none matching. The table is unchanged."
                 )
             deleted = _delete_by_event_id(spark, path, ids)
-            log.info("%s: purged %d rows for %d tombstones (dry run at v%d verified)", spec.name, deleted, len(per_tombstone), version)
+            log.info(
+                "%s: purged %d rows for %d tombstones (dry run at v%d verified)",
+                spec.name,
+                deleted,
+                len(per_tombstone),
+                version,
+            )
         finally:
             ids.unpersist()
             _drop_dir(spark, clone)
@@ -167,13 +180,22 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
     path = lake.table_path(EVENT_QUARANTINE)
     if not tombstones or not DeltaTable.isDeltaTable(spark, path):
         return 0
-    lines = spark.read.format("delta").load(path).where(text_mentions(F.col("line"), tombstones)).select("source_file", "line_number").distinct()
+    lines = (
+        spark.read.format("delta")
+        .load(path)
+        .where(text_mentions(F.col("line"), tombstones))
+        .select("source_file", "line_number")
+        .distinct()
+    )
     metrics = retry_on_conflict(
-        lambda: DeltaTable.forPath(spark, path).alias("q")
-        .merge(lines.alias("erase"), "q.source_file = erase.source_file AND q.line_number = erase.line_number")
-        .whenMatchedDelete()
-        .execute()
-        .first(),
+        lambda: (
+            DeltaTable.forPath(spark, path)
+            .alias("q")
+            .merge(lines.alias("erase"), "q.source_file = erase.source_file AND q.line_number = erase.line_number")
+            .whenMatchedDelete()
+            .execute()
+            .first()
+        ),
         what=f"purge erased values from {path}",
     )
     return int(metrics["num_deleted_rows"])
@@ -206,10 +228,11 @@ def rearrived(spark: SparkSession, lake: Lake, applied: list[Tombstone]) -> list
     try:
         if rows.isEmpty():
             return []
-        found = {row.tombstone_id for row in matching_event_ids(rows, applied).select("tombstone_id").distinct().collect()}
+        found = {
+            row.tombstone_id for row in matching_event_ids(rows, applied).select("tombstone_id").distinct().collect()
+        }
         back = [t for t in applied if t.tombstone_id in found]
-        log.warning("%d applied tombstones match events that arrived after their purge; purging those again",
-                    len(back))
+        log.warning("%d applied tombstones match events that arrived after their purge; purging those again", len(back))
         return back
     finally:
         rows.unpersist()
@@ -228,8 +251,11 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     tombstones = read_tombstones(spark, lake, tombstones_version)
     pending = [t for t in tombstones if t.pending]
     to_purge = pending + rearrived(spark, lake, [t for t in tombstones if not t.pending])
-    tables = [spec for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES, *PROJECTION_TABLES)
-              if DeltaTable.isDeltaTable(spark, lake.table_path(spec))]
+    tables = [
+        spec
+        for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES, *PROJECTION_TABLES)
+        if DeltaTable.isDeltaTable(spark, lake.table_path(spec))
+    ]
     before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
     purged: dict[str, dict[str, int]] = {}
 
@@ -241,7 +267,7 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         purged[EVENT_QUARANTINE.name] = {"lines": purge_quarantine(spark, lake, to_purge)}
         refresh_all_projections(spark, lake)
 
-    closed_before = datetime.now(timezone.utc).date() - timedelta(days=open_days - 1)
+    closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1)
     compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
     # Every tombstone, not only the pending ones: a landing file ingested after a tombstone was
     # applied may hold its values too. Before record_applied: if it fails, they stay pending.
@@ -251,8 +277,11 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     per_tombstone = {t.tombstone_id: purged.get(RAW_EVENT_LOG.name, {}).get(t.tombstone_id, 0) for t in to_purge}
     results = tuple(
         TableCompaction(
-            spec.name, before[spec.name], table_size(spark, lake.table_path(spec)),
-            sum(v for k, v in purged.get(spec.name, {}).items()), compacted[spec.name],
+            spec.name,
+            before[spec.name],
+            table_size(spark, lake.table_path(spec)),
+            sum(v for k, v in purged.get(spec.name, {}).items()),
+            compacted[spec.name],
         )
         for spec in tables
     )

@@ -11,8 +11,8 @@ per folder. The tombstones table itself is skipped: it must keep the values to k
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -27,23 +27,35 @@ _CHUNK_BYTES = 1 << 20
 
 # Where an erased value can live outside data files, and the setting that keeps it out.
 OUTSIDE_DATA_FILES = (
-    ("Delta log statistics (min/max per file, in commits and checkpoints)",
-     "delta.dataSkippingStatsColumns limits statistics to timestamp, event_type and ingested_at; "
-     "unlisted tables keep none (delta.dataSkippingNumIndexedCols=0)"),
-    ("commit information (operation parameters, userMetadata)",
-     "purges and refreshes MERGE on event_id from a computed key set, so no predicate names a value; "
-     "userMetadata carries versions and counts only"),
-    ("commit history until log retention",
-     "delta.logRetentionDuration = 7 days; older commits and checkpoints are cleaned up at checkpoints"),
+    (
+        "Delta log statistics (min/max per file, in commits and checkpoints)",
+        "delta.dataSkippingStatsColumns limits statistics to timestamp, event_type and ingested_at; "
+        "unlisted tables keep none (delta.dataSkippingNumIndexedCols=0)",
+    ),
+    (
+        "commit information (operation parameters, userMetadata)",
+        "purges and refreshes MERGE on event_id from a computed key set, so no predicate names a value; "
+        "userMetadata carries versions and counts only",
+    ),
+    (
+        "commit history until log retention",
+        "delta.logRetentionDuration = 7 days; older commits and checkpoints are cleaned up at checkpoints",
+    ),
     ("change data files (_change_data)", "delta.enableChangeDataFeed = false on every table"),
-    ("deletion vectors (rows only marked deleted)",
-     "delta.enableDeletionVectors = false on every table: deletes and updates rewrite files; a refresh "
-     "drops the feature from a projection an earlier release gave it, purging its marked rows"),
+    (
+        "deletion vectors (rows only marked deleted)",
+        "delta.enableDeletionVectors = false on every table: deletes and updates rewrite files; a refresh "
+        "drops the feature from a projection an earlier release gave it, purging its marked rows",
+    ),
     ("the tombstones table", "holds each value on purpose: it is what keeps the value hidden"),
-    ("landing files not ingested yet (new, or in a batch not committed)",
-     "scanned (rows = lines); compaction rewrites a landing file only after ingestion has read it"),
-    ("Dagster's run storage (materialization previews)",
-     "previews show the newest rows; delete old runs in the UI or wipe DAGSTER_HOME's storage"),
+    (
+        "landing files not ingested yet (new, or in a batch not committed)",
+        "scanned (rows = lines); compaction rewrites a landing file only after ingestion has read it",
+    ),
+    (
+        "Dagster's run storage (materialization previews)",
+        "previews show the newest rows; delete old runs in the UI or wipe DAGSTER_HOME's storage",
+    ),
 )
 
 
@@ -78,19 +90,27 @@ def erasure_report(spark: SparkSession, lake: Lake, tombstones: list[Tombstone] 
         if table == TOMBSTONES.name:
             continue
         data_files = _files(spark, path, (".parquet",), in_log=False)
-        rows = (spark.read.option("mergeSchema", "true").parquet(*data_files)
-                .select(F.to_json(F.struct("*")).alias("row")) if data_files else None)
+        rows = (
+            spark.read.option("mergeSchema", "true").parquet(*data_files).select(F.to_json(F.struct("*")).alias("row"))
+            if data_files
+            else None
+        )
         log_files = _files(spark, path, (".json", ".parquet", ".crc"), in_log=True)
         log_text = spark.read.text(log_files).select(F.col("value").alias("text")) if log_files else None
         for tombstone in tombstones:
             # The value as a whole JSON string, as a column holds it, and escaped once more, as it
             # appears inside a JSON text column (a job config naming a partition).
             needle, nested = json_string_forms(tombstone.value)
-            in_rows = (rows.where(F.col("row").contains(needle) | F.col("row").contains(nested)).count()
-                       if rows is not None else 0)
+            in_rows = (
+                rows.where(F.col("row").contains(needle) | F.col("row").contains(nested)).count()
+                if rows is not None
+                else 0
+            )
             # Checkpoints are Parquet: their text is searched raw, for the value itself.
             in_log = log_text.where(F.col("text").contains(tombstone.value)).count() if log_text is not None else 0
-            findings.append(ErasureFinding(tombstone.tombstone_id, tombstone.key, table, len(data_files), in_rows, in_log))
+            findings.append(
+                ErasureFinding(tombstone.tombstone_id, tombstone.key, table, len(data_files), in_rows, in_log)
+            )
     findings.extend(_file_findings(spark, lake, tombstones, [path for _, path in tables]))
     return findings
 
@@ -156,7 +176,9 @@ def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) 
     return counts
 
 
-def _file_findings(spark: SparkSession, lake: Lake, tombstones: list[Tombstone], table_paths: list[str]) -> list[ErasureFinding]:
+def _file_findings(
+    spark: SparkSession, lake: Lake, tombstones: list[Tombstone], table_paths: list[str]
+) -> list[ErasureFinding]:
     forms = {t.tombstone_id: tuple(form.encode("utf-8") for form in json_string_forms(t.value)) for t in tombstones}
     findings = []
     for folder, paths in sorted(_files_outside_tables(spark, lake, table_paths).items()):
@@ -164,14 +186,19 @@ def _file_findings(spark: SparkSession, lake: Lake, tombstones: list[Tombstone],
         for path in paths:
             for tombstone_id, count in lines_holding(_chunks(spark, path), forms).items():
                 lines[tombstone_id] += count
-        findings.extend(ErasureFinding(t.tombstone_id, t.key, folder, len(paths), lines[t.tombstone_id], 0) for t in tombstones)
+        findings.extend(
+            ErasureFinding(t.tombstone_id, t.key, folder, len(paths), lines[t.tombstone_id], 0) for t in tombstones
+        )
     return findings
 
 
 def format_report(findings: list[ErasureFinding]) -> str:
     lines = [f"{'tombstone':38} {'key':16} {'table or folder':20} {'files':>6} {'rows':>6} {'log':>5}"]
     for f in findings:
-        lines.append(f"{f.tombstone_id:38} {f.key:16} {f.table:20} {f.data_files_scanned:6} {f.rows_in_data_files:6} {f.delta_log_mentions:5}")
+        lines.append(
+            f"{f.tombstone_id:38} {f.key:16} {f.table:20} {f.data_files_scanned:6}"
+            f" {f.rows_in_data_files:6} {f.delta_log_mentions:5}"
+        )
     lines.append("")
     lines.append("Where a value can remain outside data files, and what keeps it out:")
     lines.extend(f"- {where}: {setting}" for where, setting in OUTSIDE_DATA_FILES)

@@ -22,7 +22,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
-from databuild_assets.runtime.commits import LogVersionsUnavailable, latest_commit_metadata, log_changes, read_rows_added
+from databuild_assets.runtime.commits import (
+    LogVersionsUnavailable,
+    latest_commit_metadata,
+    log_changes,
+    read_rows_added,
+)
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
@@ -33,7 +38,6 @@ from databuild_assets.runtime.delta_tables import (
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def _recorded(spark: SparkSession, path: str) -> dict | None:
 def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) -> FilteredLogResult:
     """Bring filtered_event_log up to the current raw log and tombstones.
 
-        result = refresh_filtered_log(spark, Lake("/data/lake"))
+    result = refresh_filtered_log(spark, Lake("/data/lake"))
     """
     session = spark.newSession()  # userMetadata is a session setting: keep it off other threads
     raw_path, path = lake.table_path(RAW_EVENT_LOG), lake.table_path(FILTERED_EVENT_LOG)
@@ -68,9 +72,18 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
     metadata = json.dumps({"raw_log_version": raw_version, "tombstones_version": tombstones_version})
 
     def done(mode: str, reason: str, inserted: int = 0, deleted: int = 0) -> FilteredLogResult:
-        result = FilteredLogResult(mode, reason, raw_version, tombstones_version, inserted, deleted, current_version(session, path))
-        log.info("filtered_event_log: %s (%s): +%d -%d rows, raw log v%d, tombstones v%d",
-                 mode, reason, inserted, deleted, raw_version, tombstones_version)
+        result = FilteredLogResult(
+            mode, reason, raw_version, tombstones_version, inserted, deleted, current_version(session, path)
+        )
+        log.info(
+            "filtered_event_log: %s (%s): +%d -%d rows, raw log v%d, tombstones v%d",
+            mode,
+            reason,
+            inserted,
+            deleted,
+            raw_version,
+            tombstones_version,
+        )
         return result
 
     reason = "full rebuild requested" if full else None
@@ -90,26 +103,40 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
             else:
                 known = {t.tombstone_id for t in read_tombstones(session, lake, tombstones_before)}
                 new_tombstones = [t for t in tombstones if t.tombstone_id not in known]
-                inserts = (visible_events(read_rows_added(session, raw_path, raw_at, changes), tombstones)
-                           if changes.added_files else raw_at.limit(0)).withColumn("_action", F.lit("insert"))
+                inserts = (
+                    visible_events(read_rows_added(session, raw_path, raw_at, changes), tombstones)
+                    if changes.added_files
+                    else raw_at.limit(0)
+                ).withColumn("_action", F.lit("insert"))
                 current = session.read.format("delta").load(path)
-                deletes = (current.where(event_matches(new_tombstones)).select("event_id")
-                           if new_tombstones else current.limit(0).select("event_id")).withColumn("_action", F.lit("delete"))
+                deletes = (
+                    current.where(event_matches(new_tombstones)).select("event_id")
+                    if new_tombstones
+                    else current.limit(0).select("event_id")
+                ).withColumn("_action", F.lit("delete"))
                 source = inserts.unionByName(deletes, allowMissingColumns=True)
                 columns = FILTERED_EVENT_LOG.schema.fieldNames()
                 with session_settings(session, {USER_METADATA: metadata}):
                     metrics = retry_on_conflict(
-                        lambda: DeltaTable.forPath(session, path).alias("log")
-                        .merge(source.alias("change"), "log.event_id = change.event_id")
-                        .whenMatchedDelete(condition="change._action = 'delete'")
-                        .whenNotMatchedInsert(condition="change._action = 'insert'",
-                                              values={c: f"change.`{c}`" for c in columns})
-                        .execute()
-                        .first(),
+                        lambda: (
+                            DeltaTable.forPath(session, path)
+                            .alias("log")
+                            .merge(source.alias("change"), "log.event_id = change.event_id")
+                            .whenMatchedDelete(condition="change._action = 'delete'")
+                            .whenNotMatchedInsert(
+                                condition="change._action = 'insert'", values={c: f"change.`{c}`" for c in columns}
+                            )
+                            .execute()
+                            .first()
+                        ),
                         what=f"refresh filtered_event_log at {path}",
                     )
-                return done("incremental", f"{len(changes.added_files)} raw files added, {len(new_tombstones)} new tombstones",
-                            int(metrics["num_inserted_rows"]), int(metrics["num_deleted_rows"]))
+                return done(
+                    "incremental",
+                    f"{len(changes.added_files)} raw files added, {len(new_tombstones)} new tombstones",
+                    int(metrics["num_inserted_rows"]),
+                    int(metrics["num_deleted_rows"]),
+                )
     ensure_table(session, path, FILTERED_EVENT_LOG)
     rows = visible_events(raw_at, tombstones)
     rows.write.format("delta").mode("overwrite").option("userMetadata", metadata).save(path)

@@ -152,14 +152,20 @@ def landing_inventory(spark: SparkSession, lake: Lake) -> LandingInventory:
         log.warning(
             "landing file %s is not retained or rewritten: ingestion batch %d read %d bytes of it, and it is now %d "
             "bytes and modified since. Those bytes were never ingested (a path is ingested once): land them "
-            "under a new name, then remove this file.", landing_file.path, record.batch_id, record.size, landing_file.size,
+            "under a new name, then remove this file.",
+            landing_file.path,
+            record.batch_id,
+            record.size,
+            landing_file.size,
         )
     return LandingInventory(tuple(ingested), tuple(not_ingested), tuple(changed), tuple(archived))
 
 
 def _check_retention(retention_days: float, mode: str) -> None:
     if mode not in RETENTION_MODES:
-        raise LandingFilesError(f"landing retention mode {mode!r} is not one of {', '.join(RETENTION_MODES)}; nothing was changed")
+        raise LandingFilesError(
+            f"landing retention mode {mode!r} is not one of {', '.join(RETENTION_MODES)}; nothing was changed"
+        )
     if retention_days < 0:
         raise LandingFilesError(f"landing retention of {retention_days} days is negative; nothing was changed")
 
@@ -183,7 +189,10 @@ def _fsync_dir(path: str) -> None:
 
 
 def retain_landing_files(
-    spark: SparkSession, lake: Lake, retention_days: float | None, mode: str = DEFAULT_RETENTION_MODE,
+    spark: SparkSession,
+    lake: Lake,
+    retention_days: float | None,
+    mode: str = DEFAULT_RETENTION_MODE,
     now_ms: int | None = None,
 ) -> LandingRetentionResult:
     """Move (mode "archive") or delete (mode "delete") the landing files ingested at least
@@ -239,28 +248,49 @@ def retain_landing_files(
                 _fsync_dir(local_folder)
 
     result = LandingRetentionResult(
-        mode, retention_days, tuple(archived), tuple(deleted), bytes_deleted, len(inventory.not_ingested),
-        tuple(f.path for f, _ in inventory.changed), len(inventory.ingested) - len(landing_due), tuple(conflicts),
+        mode,
+        retention_days,
+        tuple(archived),
+        tuple(deleted),
+        bytes_deleted,
+        len(inventory.not_ingested),
+        tuple(f.path for f, _ in inventory.changed),
+        len(inventory.ingested) - len(landing_due),
+        tuple(conflicts),
     )
     log.info(
         "landing retention (%s after %s days): %d archived, %d deleted (%d bytes); kept %d not ingested, %d younger, "
-        "%d changed since ingestion, %d already in the archive", mode, retention_days, len(archived), len(deleted),
-        bytes_deleted, result.not_ingested, result.younger, len(result.changed), len(conflicts),
+        "%d changed since ingestion, %d already in the archive",
+        mode,
+        retention_days,
+        len(archived),
+        len(deleted),
+        bytes_deleted,
+        result.not_ingested,
+        result.younger,
+        len(result.changed),
+        len(conflicts),
     )
     return result
 
 
-def _matching_lines(spark: SparkSession, paths: list[str], tombstones: list[Tombstone]) -> dict[str, tuple[int, set[int]]]:
+def _matching_lines(
+    spark: SparkSession, paths: list[str], tombstones: list[Tombstone]
+) -> dict[str, tuple[int, set[int]]]:
     """For each of `paths` holding a line a tombstone matches: (lines in the file, those lines' numbers).
 
     A good line matches by the event rule (`event_matches` on the event it parses to, as the
     raw log holds it); a bad line, which has no fields, when its text contains a value (the
     rule that purges the quarantine). Lines are numbered as ingestion numbers them.
     """
-    lines = read_landing_lines(spark, paths).select(
-        "source_file", "line_number", "reason", "line", F.from_json("line", EVENT_SCHEMA).alias("event")
-    ).select("source_file", "line_number", "reason", "line", "event.*")
-    matched = F.when(F.col("reason").isNull(), event_matches(tombstones)).otherwise(text_mentions(F.col("line"), tombstones))
+    lines = (
+        read_landing_lines(spark, paths)
+        .select("source_file", "line_number", "reason", "line", F.from_json("line", EVENT_SCHEMA).alias("event"))
+        .select("source_file", "line_number", "reason", "line", "event.*")
+    )
+    matched = F.when(F.col("reason").isNull(), event_matches(tombstones)).otherwise(
+        text_mentions(F.col("line"), tombstones)
+    )
     per_file = (
         lines.groupBy("source_file")
         .agg(F.count(F.lit(1)).alias("lines"), F.collect_list(F.when(matched, F.col("line_number"))).alias("matched"))
@@ -348,14 +378,24 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
             log.error("%s", error)
             failures.append(str(error))
             continue
-        log.info("erasure: %s -> %s, %d of %d lines removed", path, rewrites[-1].target or "(removed: every line erased)",
-                 rewrites[-1].lines_removed, lines)
+        log.info(
+            "erasure: %s -> %s, %d of %d lines removed",
+            path,
+            rewrites[-1].target or "(removed: every line erased)",
+            rewrites[-1].lines_removed,
+            lines,
+        )
     if failures:
         raise LandingFilesError(f"{len(failures)} landing files still hold erased lines: " + " | ".join(failures))
     result = LandingErasureResult(len(paths), tuple(rewrites), **not_read)
-    log.info("erasure in landing files: %d read, %d rewritten, %d removed, %d lines removed; %d not ingested yet "
-             "(not read)", result.files_scanned, result.files_rewritten, result.files_removed, result.lines_removed,
-             result.not_ingested)
+    log.info(
+        "erasure in landing files: %d read, %d rewritten, %d removed, %d lines removed; %d not ingested yet (not read)",
+        result.files_scanned,
+        result.files_rewritten,
+        result.files_removed,
+        result.lines_removed,
+        result.not_ingested,
+    )
     return result
 
 

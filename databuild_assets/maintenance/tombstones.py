@@ -18,7 +18,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -57,7 +57,10 @@ def validate_request(key: str, value: str, actor: str, reason: str) -> None:
         problems.append(f"key {key!r} is not one of {', '.join(TOMBSTONE_KEYS)}")
     for name, given in (("value", value), ("actor", actor), ("reason", reason)):
         if not isinstance(given, str) or not given.strip():
-            problems.append(f"{name} is empty: a tombstone needs the {name} {'to erase' if name == 'value' else 'for the audit record'}")
+            problems.append(
+                f"{name} is empty: a tombstone needs the {name}"
+                f" {'to erase' if name == 'value' else 'for the audit record'}"
+            )
     if problems:
         raise TombstoneError("erasure request refused, nothing written: " + "; ".join(problems))
 
@@ -67,7 +70,7 @@ def request_erasure(spark: SparkSession, lake: Lake, key: str, value: str, actor
     validate_request(key, value, actor, reason)
     path = lake.table_path(TOMBSTONES)
     ensure_table(spark, path, TOMBSTONES)
-    tombstone = Tombstone(str(uuid.uuid4()), key, value, actor, reason, datetime.now(timezone.utc))
+    tombstone = Tombstone(str(uuid.uuid4()), key, value, actor, reason, datetime.now(UTC))
     _append(spark, path, [tombstone], "requested")
     log.info("tombstone %s recorded: %s by %s (%s)", tombstone.tombstone_id, key, actor, reason)
     return tombstone
@@ -77,9 +80,10 @@ def record_applied(spark: SparkSession, lake: Lake, tombstones: list[Tombstone],
     """Append an "applied" record for each tombstone compaction purged (one commit)."""
     if not tombstones:
         return
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     applied = [
-        Tombstone(t.tombstone_id, t.key, t.value, t.actor, t.reason, t.requested_at, now, log_version) for t in tombstones
+        Tombstone(t.tombstone_id, t.key, t.value, t.actor, t.reason, t.requested_at, now, log_version)
+        for t in tombstones
     ]
     _append(spark, lake.table_path(TOMBSTONES), applied, "applied")
 
@@ -90,10 +94,16 @@ def _append(spark: SparkSession, path: str, tombstones: list[Tombstone], record:
         for t in tombstones
     ]
     frame = spark.createDataFrame(rows, TOMBSTONES.schema)
-    (frame.write.format("delta").mode("append")
+    (
+        frame.write.format("delta")
+        .mode("append")
         # The audit trail says who and how many, never the erased values themselves.
-        .option("userMetadata", json.dumps({"tombstones": record, "count": len(rows), "actors": sorted({t.actor for t in tombstones})}))
-        .save(path))
+        .option(
+            "userMetadata",
+            json.dumps({"tombstones": record, "count": len(rows), "actors": sorted({t.actor for t in tombstones})}),
+        )
+        .save(path)
+    )
 
 
 def read_tombstones(spark: SparkSession, lake: Lake, version: int | None = None) -> list[Tombstone]:
@@ -110,8 +120,16 @@ def read_tombstones(spark: SparkSession, lake: Lake, version: int | None = None)
         if r.record == "requested":
             done = applied.get(r.tombstone_id)
             tombstones.append(
-                Tombstone(r.tombstone_id, r.key, r.value, r.actor, r.reason, r.requested_at,
-                          done.applied_at if done else None, done.applied_log_version if done else None)
+                Tombstone(
+                    r.tombstone_id,
+                    r.key,
+                    r.value,
+                    r.actor,
+                    r.reason,
+                    r.requested_at,
+                    done.applied_at if done else None,
+                    done.applied_log_version if done else None,
+                )
             )
     return sorted(tombstones, key=lambda t: (t.requested_at, t.tombstone_id))
 

@@ -76,7 +76,8 @@ def vacuum_lake(
     if retention_hours < DELTA_SAFE_RETENTION_HOURS:
         log.warning(
             "vacuum with retention %s hours, below Delta's safe %s hours: override given (allow_short_retention)",
-            retention_hours, DELTA_SAFE_RETENTION_HOURS,
+            retention_hours,
+            DELTA_SAFE_RETENTION_HOURS,
         )
         session.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     results = []

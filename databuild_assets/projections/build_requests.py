@@ -34,8 +34,8 @@ from databuild_assets.projections.projection import (
     event_with,
     first,
     fold_state,
-    latest,
     later,
+    latest,
     merge_first,
     merge_latest,
     merge_map,
@@ -118,7 +118,10 @@ def _run_fields() -> dict[str, tuple[Column, Merge]]:
     event_type = F.col("event_type")
     return {
         "first": (first(event_with(build_request_id=F.col(KEY))), merge_first),
-        "status": (latest(event_with(status_code=F.col("job_event.status_code")), event_type == "job_event"), merge_latest),
+        "status": (
+            latest(event_with(status_code=F.col("job_event.status_code")), event_type == "job_event"),
+            merge_latest,
+        ),
         "cancel": (latest(event_with(), event_type == "task_cancel_event"), merge_latest),
     }
 
@@ -208,10 +211,8 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
     )
     # Their maps: the stored entries of runs not touched, and the touched runs they now own.
     stored_affected = stored_states_of(stored, affected).localCheckpoint()  # read twice below
-    kept = (
-        stored_affected
-        .select(F.col(KEY), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "run"))
-        .join(runs.select("job_run_id"), "job_run_id", "left_anti")
+    kept = stored_affected.select(F.col(KEY), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "run")).join(
+        runs.select("job_run_id"), "job_run_id", "left_anti"
     )
     run_maps = _run_maps(kept.unionByName(runs.select(KEY, "job_run_id", "run")))
     merged = _merge_local(fields)(_without_runs(F.col(f"old.{STATE}")), F.col(f"new.{STATE}"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -43,9 +43,11 @@ class ProjectionLag:
         return self.behind_since_version is None
 
 
-def projection_lag(spark: SparkSession, lake: Lake, projection: Projection, now: datetime | None = None) -> ProjectionLag:
+def projection_lag(
+    spark: SparkSession, lake: Lake, projection: Projection, now: datetime | None = None
+) -> ProjectionLag:
     """How far `projection` (refreshed from the filtered log) lags the raw log at `now` (UTC)."""
-    now = datetime.now(timezone.utc) if now is None else now
+    now = datetime.now(UTC) if now is None else now
     raw_path = lake.table_path(RAW_EVENT_LOG)
     if not DeltaTable.isDeltaTable(spark, raw_path):
         return ProjectionLag(projection.name, None, None, None, None, timedelta(0))
@@ -66,7 +68,8 @@ def raw_version_reflected(spark: SparkSession, lake: Lake, filtered_version: int
     if not DeltaTable.isDeltaTable(spark, path):
         return None
     rows = (
-        DeltaTable.forPath(spark, path).history()
+        DeltaTable.forPath(spark, path)
+        .history()
         .where(F.col("version") <= filtered_version)
         .where(F.col("userMetadata").contains("raw_log_version"))
         .orderBy(F.col("version").desc())
@@ -106,16 +109,19 @@ def first_data_commit_after(spark: SparkSession, path: str, version: int, latest
                 low = middle
         return high
     except LogVersionsUnavailable:
-        oldest = DeltaTable.forPath(spark, path).history().where(F.col("version") > version).agg(F.min("version")).first()
+        oldest = (
+            DeltaTable.forPath(spark, path).history().where(F.col("version") > version).agg(F.min("version")).first()
+        )
         return oldest[0]
 
 
 def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
     """When the table's commit `version` was made (UTC), as Delta's history gives it."""
     millis = (
-        DeltaTable.forPath(spark, path).history()
+        DeltaTable.forPath(spark, path)
+        .history()
         .where(F.col("version") == version)
         .select(F.unix_millis("timestamp").alias("millis"))
         .first()["millis"]
     )
-    return datetime.fromtimestamp(millis / 1000, timezone.utc)
+    return datetime.fromtimestamp(millis / 1000, UTC)

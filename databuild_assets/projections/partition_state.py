@@ -20,8 +20,8 @@ from databuild_assets.projections.projection import (
     column,
     event_with,
     fold_state,
-    latest,
     later,
+    latest,
     merge_latest,
     merge_sum,
     status_name,
@@ -97,7 +97,9 @@ def _state() -> tuple[Column, Merge]:
                 merge_latest,
             ),
             "job_run": (
-                latest(event_with(job_run_id=partition["job_run_id"]), is_partition & partition["job_run_id"].isNotNull()),
+                latest(
+                    event_with(job_run_id=partition["job_run_id"]), is_partition & partition["job_run_id"].isNotNull()
+                ),
                 merge_latest,
             ),
             "available": (latest(from_request, is_available), merge_latest),

@@ -53,11 +53,16 @@ def projection_table_stats(spark: SparkSession, lake: Lake, projection: Projecti
     enum = STATUS_ENUMS[projection.name]
     low, high = min(enum).value, max(enum).value
     unknown_status = ~F.col("status_code").between(low, high) | F.col("status_code").isNull()
-    stats = spark.read.format("delta").load(path).agg(
-        F.count("*").alias("rows"),
-        F.countDistinct(projection.key).alias("keys"),
-        F.sum(F.when(unknown_status, 1).otherwise(0)).alias("bad_status"),
-    ).first()
+    stats = (
+        spark.read.format("delta")
+        .load(path)
+        .agg(
+            F.count("*").alias("rows"),
+            F.countDistinct(projection.key).alias("keys"),
+            F.sum(F.when(unknown_status, 1).otherwise(0)).alias("bad_status"),
+        )
+        .first()
+    )
     processed = processed_log_version(spark, path, projection.name)
     log_path = lake.table_path(PROJECTION_SOURCE)
     keys_in_log_then = None

@@ -8,9 +8,9 @@ commits since their last run appended, and to rebuild in full when a commit remo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from typing import Callable
 from urllib.parse import unquote
 
 from delta.tables import DeltaTable
@@ -65,7 +65,12 @@ def log_changes(spark: SparkSession, log_path: str, from_version: int, to_versio
             removed_data = True
         metadata_changed |= "metaData" in action
     return LogChanges(
-        tuple(added), tuple(partition_values), removed_data, tuple(paths), deletion_vectors, metadata_changed,
+        tuple(added),
+        tuple(partition_values),
+        removed_data,
+        tuple(paths),
+        deletion_vectors,
+        metadata_changed,
         added_bytes,
     )
 
@@ -75,7 +80,9 @@ def rows_added(log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
     frame = log_at_version
     partition_columns = sorted({column for values in changes.partition_values for column in values})
     for column in partition_columns:
-        frame = frame.where(F.col(column).cast("string").isin(sorted({v.get(column) for v in changes.partition_values})))
+        frame = frame.where(
+            F.col(column).cast("string").isin(sorted({v.get(column) for v in changes.partition_values}))
+        )
     return frame.where(F.col("_metadata.file_name").isin(list(changes.added_files)))
 
 
@@ -87,20 +94,24 @@ def read_rows_added(spark: SparkSession, log_path: str, log_at_version: DataFram
     deletion vector on them and no column mapping (physical column names); our tables use
     neither (runtime/lake.py). Otherwise it is `rows_added`. Partition columns, which Delta
     keeps in the add actions and not in the files, are added from them."""
-    if (not changes.added_paths or changes.deletion_vectors or changes.metadata_changed
-            or _column_mapping(spark, log_path)):
+    if (
+        not changes.added_paths
+        or changes.deletion_vectors
+        or changes.metadata_changed
+        or _column_mapping(spark, log_path)
+    ):
         return rows_added(log_at_version, changes)
     partition_columns = sorted({column for values in changes.partition_values for column in values})
     data_schema = StructType([field for field in log_at_version.schema if field.name not in partition_columns])
     files_by_partition: dict[tuple, list[str]] = {}
-    for path, values in zip(changes.added_paths, changes.partition_values):
+    for path, values in zip(changes.added_paths, changes.partition_values, strict=True):
         files_by_partition.setdefault(tuple(values.get(column) for column in partition_columns), []).append(
             f"{log_path.rstrip('/')}/{path}"
         )
     frames = []
     for values, files in sorted(files_by_partition.items(), key=lambda item: str(item[0])):
         frame = spark.read.schema(data_schema).parquet(*files)
-        for column, value in zip(partition_columns, values):
+        for column, value in zip(partition_columns, values, strict=True):
             frame = frame.withColumn(column, F.lit(value).cast(log_at_version.schema[column].dataType))
         frames.append(frame.select(*log_at_version.columns))
     return reduce(DataFrame.unionByName, frames)

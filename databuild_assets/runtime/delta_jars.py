@@ -71,8 +71,16 @@ def fetch(directory: Path | None = None) -> list[str]:
     bundled = spark_bundled_artifacts()
     with tempfile.TemporaryDirectory() as staging:
         subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-f",
+                str(POM),
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={staging}",
+                "-DincludeScope=runtime",
+            ],
             check=True,
         )
         needed = [jar for jar in Path(staging).glob("*.jar") if _artifact_id(jar.name) not in bundled]

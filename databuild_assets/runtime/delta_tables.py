@@ -8,11 +8,11 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from delta.exceptions import (
     ConcurrentAppendException,
@@ -110,6 +110,7 @@ def drop_deletion_vectors(spark: SparkSession, path: str, name: str) -> None:
     table from that commit on, while time travel to an older version still needs them. Retried
     on a conflict; a retry does not redo the steps already committed.
     """
+
     def drop() -> None:
         with commit_lock(path):
             if DELETION_VECTORS_FEATURE in read_table_properties(spark, path):  # not dropped by an earlier attempt
@@ -260,7 +261,11 @@ def retry_on_conflict(write: Callable[[], T], *, what: str, attempts: int = 8, b
             delay = base_delay_s * (2 ** (attempt - 1)) * (0.5 + random.random())
             log.warning(
                 "%s: %s on attempt %d/%d; retrying in %.2fs",
-                what, type(conflict).__name__, attempt, attempts, delay,
+                what,
+                type(conflict).__name__,
+                attempt,
+                attempts,
+                delay,
             )
             time.sleep(delay)
     raise AssertionError("unreachable")

@@ -30,6 +30,7 @@ class LakeRootError(RuntimeError):
     """The lake root cannot be used (its parent is missing, it is not a folder, not writable);
     nothing was created."""
 
+
 SCHEMA_VERSION_PROPERTY = "databuild.schemaVersion"
 
 # Properties every table of ours carries, chosen so an erased value leaves no copy behind
@@ -136,7 +137,7 @@ class Lake:
             object.__setattr__(self, "root", "/" + self.root.removeprefix("file:").lstrip("/"))
 
     @classmethod
-    def from_env(cls) -> "Lake":
+    def from_env(cls) -> Lake:
         """The root from DATABUILD_LAKE_ROOT, else the repo's git-ignored `.lake/`."""
         return cls(os.environ.get("DATABUILD_LAKE_ROOT", DEFAULT_LAKE_ROOT))
 
@@ -157,7 +158,7 @@ class Lake:
         files it rewrites (maintenance/landing_files.py). Ingestion never reads it."""
         return self.path("landing_archive")
 
-    def ensure_root(self) -> "Lake":
+    def ensure_root(self) -> Lake:
         """This lake, its local root checked (and created when only its last folder is missing).
 
         A root whose parent folder is missing is refused rather than created with every parent:
@@ -185,14 +186,17 @@ class Lake:
             try:
                 root.mkdir(parents=self.root == DEFAULT_LAKE_ROOT, exist_ok=True)
             except OSError as error:
-                raise LakeRootError(f"lake root {root} cannot be created ({error.strerror}); {fix}, or create it "
-                                    "with write access for this user") from error
+                raise LakeRootError(
+                    f"lake root {root} cannot be created ({error.strerror}); {fix}, or create it "
+                    "with write access for this user"
+                ) from error
         elif not os.access(root, os.W_OK | os.X_OK):
             raise LakeRootError(
                 f"lake root {root} is not writable by this user (uid {os.geteuid()}); nothing was written. "
                 f"Give this user write access to it (chown/chmod), or {fix}."
             )
         return self
+
 
 FILTERED_EVENT_LOG = TableSpec(
     "filtered_event_log",

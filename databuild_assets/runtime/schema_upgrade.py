@@ -109,7 +109,9 @@ def _additions(current: StructType, target: StructType, where: tuple[str, ...], 
         elif isinstance(existing.dataType, StructType) and isinstance(field.dataType, StructType):
             additions += _additions(existing.dataType, field.dataType, (*where, field.name), problems)
         elif not _same_type(existing.dataType, field.dataType):
-            problems.append(f"{path} changes type from {existing.dataType.simpleString()} to {field.dataType.simpleString()}")
+            problems.append(
+                f"{path} changes type from {existing.dataType.simpleString()} to {field.dataType.simpleString()}"
+            )
         previous = field.name
     return additions
 
@@ -120,8 +122,9 @@ def conform_to_schema(frame: DataFrame, schema: StructType) -> DataFrame:
 
         events_v2 = conform_to_schema(spark.read.format("delta").load(path), EVENT_SCHEMA_V2)
     """
-    return frame.select(*(_conformed(F.col(f"`{f.name}`"), _field_type(frame.schema, f.name), f).alias(f.name)
-                          for f in schema.fields))
+    return frame.select(
+        *(_conformed(F.col(f"`{f.name}`"), _field_type(frame.schema, f.name), f).alias(f.name) for f in schema.fields)
+    )
 
 
 def _field_type(struct: StructType, name: str) -> DataType | None:
@@ -132,8 +135,12 @@ def _conformed(value: Column, current: DataType | None, target: StructField) -> 
     if current is None:
         return F.lit(None).cast(target.dataType)
     if isinstance(current, StructType) and isinstance(target.dataType, StructType):
-        inner = F.struct(*(_conformed(value.getField(f.name), _field_type(current, f.name), f).alias(f.name)
-                           for f in target.dataType.fields))
+        inner = F.struct(
+            *(
+                _conformed(value.getField(f.name), _field_type(current, f.name), f).alias(f.name)
+                for f in target.dataType.fields
+            )
+        )
         return F.when(value.isNull(), F.lit(None)).otherwise(inner)  # an unset payload stays unset
     return value.cast(target.dataType) if not _same_type(current, target.dataType) else value
 
@@ -142,7 +149,9 @@ def _count_at(spark: SparkSession, path: str, version: int) -> int:
     return spark.read.format("delta").option("versionAsOf", version).load(path).count()
 
 
-def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructType, target_version: int) -> SchemaUpgrade:
+def upgrade_table_schema(
+    spark: SparkSession, path: str, target_schema: StructType, target_version: int
+) -> SchemaUpgrade:
     """Bring the Delta table at `path` to `target_schema` and record `target_version`.
 
     One commit adds every new column and nested field (ALTER TABLE ADD COLUMNS; no data file is
@@ -185,8 +194,10 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
     with commit_lock(path), session_settings(session, {USER_METADATA: metadata}):
         if additions:
             columns = ", ".join(addition.sql() for addition in additions)
-            retry_on_conflict(lambda: session.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
-                              what=f"add {', '.join(a.path for a in additions)} to {path}")
+            retry_on_conflict(
+                lambda: session.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
+                what=f"add {', '.join(a.path for a in additions)} to {path}",
+            )
         retry_on_conflict(
             lambda: session.sql(
                 f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{SCHEMA_VERSION_PROPERTY}' = '{target_version}')"
@@ -195,8 +206,12 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
         )
 
     ours = sorted(
-        row["version"] for row in DeltaTable.forPath(session, path).history().where(F.col("version") > before)
-        .select("version", "userMetadata").collect()
+        row["version"]
+        for row in DeltaTable.forPath(session, path)
+        .history()
+        .where(F.col("version") > before)
+        .select("version", "userMetadata")
+        .collect()
         if upgrade_id in (row["userMetadata"] or "")
     )
     for version in ours:
@@ -206,10 +221,17 @@ def upgrade_table_schema(spark: SparkSession, path: str, target_schema: StructTy
                 f"{path}: the schema upgrade's commit {version} changed the row count from {rows_before} to "
                 f"{rows_after}; RESTORE TABLE delta.`{path}` TO VERSION AS OF {version - 1} and report it"
             )
-    log.info("%s: schema version %d -> %d, added %s (commits %s)", path, found, target_version,
-             [a.path for a in additions], ours)
-    return SchemaUpgrade(path, found, target_version, tuple(a.path for a in additions),
-                         _count_at(session, path, ours[-1]), tuple(ours))
+    log.info(
+        "%s: schema version %d -> %d, added %s (commits %s)",
+        path,
+        found,
+        target_version,
+        [a.path for a in additions],
+        ours,
+    )
+    return SchemaUpgrade(
+        path, found, target_version, tuple(a.path for a in additions), _count_at(session, path, ours[-1]), tuple(ours)
+    )
 
 
 __all__ = [

@@ -10,9 +10,9 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from dagster_pyspark.resources import spark_session_from_config
 from pyspark import SparkContext
@@ -55,7 +55,7 @@ class SparkSettings:
     extra_config: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "SparkSettings":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> SparkSettings:
         """Settings from DATABUILD_SPARK_MASTER, DATABUILD_SPARK_SHUFFLE_PARTITIONS,
         DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF ("key=value,key=value")."""
         return cls(

@@ -7,8 +7,8 @@ The same seed always gives the same bytes. `catalogue.py` holds the datasets the
 builds, `simulation.py` the build requests, `landing_files.py` the files.
 """
 
-from databuild_assets.workload.landing_files import DEFAULT_LATE_ARRIVAL_RATE, WorkloadSummary, write_landing_files
 from databuild_assets.workload.event_stream import DEFAULT_START_NS, generate_events
+from databuild_assets.workload.landing_files import DEFAULT_LATE_ARRIVAL_RATE, WorkloadSummary, write_landing_files
 
 __all__ = [
     "DEFAULT_LATE_ARRIVAL_RATE",

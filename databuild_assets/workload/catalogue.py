@@ -41,8 +41,22 @@ class Dataset:
 # build requests needs (see `domains_for`): a busier deployment has a bigger catalog, so the
 # mix of events stays alike from a thousand events to ten million.
 DOMAINS = (
-    "sales", "orders", "payments", "refunds", "shipments", "returns", "subscriptions", "ad_clicks",
-    "sessions", "reviews", "promotions", "support_tickets", "loyalty", "pricing", "marketplace", "catalog",
+    "sales",
+    "orders",
+    "payments",
+    "refunds",
+    "shipments",
+    "returns",
+    "subscriptions",
+    "ad_clicks",
+    "sessions",
+    "reviews",
+    "promotions",
+    "support_tickets",
+    "loyalty",
+    "pricing",
+    "marketplace",
+    "catalog",
 )
 _EVENTS_PER_DAY_PER_DOMAIN = 25_000
 _SPARK = (("SPARK_MASTER", "k8s://spark-batch"),)
@@ -58,31 +72,72 @@ def dataset_index(domain: int, kind: int) -> int:
 
 def _domain_datasets(domain: str) -> tuple[Dataset, ...]:
     if domain == "sales":  # the flagship domain, with the names operators know
-        summary = Dataset("reports/revenue/date={date}", "//jobs:build_revenue_report", False, 600.0,
-                           _SPARK + (("JOB_MEMORY", "16g"),))
-        regional = Dataset("reports/stockouts/date={date}/region={dim}", "//jobs:detect_stockouts", False, 240.0,
-                            _SPARK + (("JOB_MEMORY", "4g"),))
+        summary = Dataset(
+            "reports/revenue/date={date}",
+            "//jobs:build_revenue_report",
+            False,
+            600.0,
+            _SPARK + (("JOB_MEMORY", "16g"),),
+        )
+        regional = Dataset(
+            "reports/stockouts/date={date}/region={dim}",
+            "//jobs:detect_stockouts",
+            False,
+            240.0,
+            _SPARK + (("JOB_MEMORY", "4g"),),
+        )
     else:
-        summary = Dataset(f"reports/{domain}_summary/date={{date}}", f"//jobs:build_{domain}_summary", False, 400.0,
-                           _SPARK + (("JOB_MEMORY", "8g"),))
-        regional = Dataset(f"reports/{domain}_anomalies/date={{date}}/region={{dim}}",
-                            f"//jobs:detect_{domain}_anomalies", False, 200.0, _SPARK + (("JOB_MEMORY", "4g"),))
+        summary = Dataset(
+            f"reports/{domain}_summary/date={{date}}",
+            f"//jobs:build_{domain}_summary",
+            False,
+            400.0,
+            _SPARK + (("JOB_MEMORY", "8g"),),
+        )
+        regional = Dataset(
+            f"reports/{domain}_anomalies/date={{date}}/region={{dim}}",
+            f"//jobs:detect_{domain}_anomalies",
+            False,
+            200.0,
+            _SPARK + (("JOB_MEMORY", "4g"),),
+        )
     return (
-        Dataset(f"data/raw/{domain}/date={{date}}/region={{dim}}", f"//jobs:ingest_{domain}", False, 150.0,
-                 (("SOURCE_BUCKET", f"s3://exports-{domain.replace('_', '-')}"), ("JOB_MEMORY", "2g"))),
-        Dataset(f"data/{domain}/daily/date={{date}}/region={{dim}}", f"//jobs:aggregate_{domain}_daily", False, 420.0,
-                 _SPARK + (("JOB_MEMORY", "8g"),)),
+        Dataset(
+            f"data/raw/{domain}/date={{date}}/region={{dim}}",
+            f"//jobs:ingest_{domain}",
+            False,
+            150.0,
+            (("SOURCE_BUCKET", f"s3://exports-{domain.replace('_', '-')}"), ("JOB_MEMORY", "2g")),
+        ),
+        Dataset(
+            f"data/{domain}/daily/date={{date}}/region={{dim}}",
+            f"//jobs:aggregate_{domain}_daily",
+            False,
+            420.0,
+            _SPARK + (("JOB_MEMORY", "8g"),),
+        ),
         summary,
         regional,
     )
 
 
 DATASETS = (
-    Dataset("data/raw/fx_rates/date={date}", "//jobs:ingest_fx_rates", False, 20.0,
-             (("FX_API_URL", "https://fx.internal/v2/rates"), ("JOB_MEMORY", "512m"))),
-    Dataset("data/inventory/snapshot/date={date}/warehouse={dim}", "//jobs:snapshot_inventory", True, 300.0,
-             (("WMS_DSN", "postgres://wms-replica/wms"), ("JOB_MEMORY", "4g"))),
+    Dataset(
+        "data/raw/fx_rates/date={date}",
+        "//jobs:ingest_fx_rates",
+        False,
+        20.0,
+        (("FX_API_URL", "https://fx.internal/v2/rates"), ("JOB_MEMORY", "512m")),
+    ),
+    Dataset(
+        "data/inventory/snapshot/date={date}/warehouse={dim}",
+        "//jobs:snapshot_inventory",
+        True,
+        300.0,
+        (("WMS_DSN", "postgres://wms-replica/wms"), ("JOB_MEMORY", "4g")),
+    ),
 ) + tuple(dataset for domain in DOMAINS for dataset in _domain_datasets(domain))
+
 
 class PartitionKey(NamedTuple):
     """One partition of the catalogue; `Dataset.ref_template` turns it into its partition_ref."""
@@ -118,7 +173,11 @@ def downstream_of(key: PartitionKey, n_domains: int) -> list[PartitionKey]:
     """The partitions built directly from `key` (the inverse of `inputs_of`) in the first `n_domains` domains."""
     dataset, date, dim = key
     if dataset == FX_RATES:
-        return [PartitionKey(dataset_index(domain, DAILY), date, region) for domain in range(n_domains) for region in REGIONS]
+        return [
+            PartitionKey(dataset_index(domain, DAILY), date, region)
+            for domain in range(n_domains)
+            for region in REGIONS
+        ]
     if dataset == INVENTORY:
         return [PartitionKey(dataset_index(0, REGIONAL), date, REGION_OF_WAREHOUSE[dim])]
     kind = (dataset - 2) % 4

@@ -17,9 +17,7 @@ from databuild_assets.workload.simulation import BuildEvent, Simulation, check_w
 DEFAULT_START_NS = 1_794_960_000 * 1_000_000_000
 
 
-def generate_events(
-    n_events: int, seed: int = 0, days: int = 3, start_ns: int = DEFAULT_START_NS
-) -> Iterator[dict]:
+def generate_events(n_events: int, seed: int = 0, days: int = 3, start_ns: int = DEFAULT_START_NS) -> Iterator[dict]:
     """Yield exactly `n_events` valid DataBuild events (dicts shaped like the landing format), in
     time order, the same for the same arguments. Use it to feed a log or a benchmark directly.
 
@@ -61,8 +59,9 @@ def stream_events(n_events: int, seed: int, days: int, start_ns: int) -> Iterato
         build.sort(key=_timestamp)  # stable: events with the same timestamp keep their causal order
         if build[-1].timestamp > simulation.end_ns:
             raise AssertionError(
-                f"build request {build_request_id} ends after the window; _MAX_BUILD_SPAN_NS is too small")
-        del build[n_events - generated:]
+                f"build request {build_request_id} ends after the window; _MAX_BUILD_SPAN_NS is too small"
+            )
+        del build[n_events - generated :]
         for timestamp, event_type, payload in build:
             heapq.heappush(pending, StreamEvent(timestamp, sequence, event_type, payload, uuid4(rng), build_request_id))
             sequence += 1
@@ -73,8 +72,13 @@ def stream_events(n_events: int, seed: int, days: int, start_ns: int) -> Iterato
 
 def event_dict(item: StreamEvent) -> dict:
     timestamp, _sequence, event_type, payload, event_id, build_request_id = item
-    return {"event_id": event_id, "timestamp": timestamp, "build_request_id": build_request_id,
-            "event_type": event_type, event_type: payload}
+    return {
+        "event_id": event_id,
+        "timestamp": timestamp,
+        "build_request_id": build_request_id,
+        "event_type": event_type,
+        event_type: payload,
+    }
 
 
 def _timestamp(event: BuildEvent) -> int:

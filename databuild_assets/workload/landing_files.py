@@ -47,28 +47,56 @@ def _event_line(item: StreamEvent) -> str:
     if event_type == "partition_event":
         if "job_run_id" in p:
             body = '{"partition_ref":%s,"status_code":%d,"status_name":"%s","message":%s,"job_run_id":"%s"}' % (
-                _escape(p["partition_ref"]), p["status_code"], p["status_name"], _escape(p["message"]), p["job_run_id"])
+                _escape(p["partition_ref"]),
+                p["status_code"],
+                p["status_name"],
+                _escape(p["message"]),
+                p["job_run_id"],
+            )
         else:
             body = '{"partition_ref":%s,"status_code":%d,"status_name":"%s","message":%s}' % (
-                _escape(p["partition_ref"]), p["status_code"], p["status_name"], _escape(p["message"]))
+                _escape(p["partition_ref"]),
+                p["status_code"],
+                p["status_name"],
+                _escape(p["message"]),
+            )
     elif event_type == "job_event":
         config = _escaped_configs.get(p["config"])
         if config is None:
             if len(_escaped_configs) > 100_000:
                 _escaped_configs.clear()
             config = _escaped_configs[p["config"]] = _escape(p["config"])
-        body = '{"job_run_id":"%s","job_label":%s,"target_partitions":%s,"status_code":%d,"status_name":"%s",' \
-            '"message":%s,"config":%s%s}' % (
-                p["job_run_id"], _escape(p["job_label"]), _strings(p["target_partitions"]), p["status_code"],
-                p["status_name"], _escape(p["message"]), config,
-                ',"manifests":' + _escape(p["manifests"]) if "manifests" in p else "")
+        body = (
+            '{"job_run_id":"%s","job_label":%s,"target_partitions":%s,"status_code":%d,"status_name":"%s",'
+            '"message":%s,"config":%s%s}'
+            % (
+                p["job_run_id"],
+                _escape(p["job_label"]),
+                _strings(p["target_partitions"]),
+                p["status_code"],
+                p["status_name"],
+                _escape(p["message"]),
+                config,
+                ',"manifests":' + _escape(p["manifests"]) if "manifests" in p else "",
+            )
+        )
     elif event_type == "build_request_event":
         body = '{"status_code":%d,"status_name":"%s","requested_partitions":%s,"message":%s}' % (
-            p["status_code"], p["status_name"], _strings(p["requested_partitions"]), _escape(p["message"]))
+            p["status_code"],
+            p["status_name"],
+            _strings(p["requested_partitions"]),
+            _escape(p["message"]),
+        )
     else:
         body = encode_json(p)
     return '{"event_id":"%s","timestamp":%d,"build_request_id":"%s","event_type":"%s","%s":%s}\n' % (
-        event_id, timestamp, build_request_id, event_type, event_type, body)
+        event_id,
+        timestamp,
+        build_request_id,
+        event_type,
+        event_type,
+        body,
+    )
 
 
 @dataclass(frozen=True)
@@ -85,8 +113,13 @@ class WorkloadSummary:
 
 
 _BAD_KINDS = (
-    "not_json", "truncated", "unknown_event_type", "status_out_of_range", "status_name_mismatch",
-    "missing_event_id", "empty",
+    "not_json",
+    "truncated",
+    "unknown_event_type",
+    "status_out_of_range",
+    "status_name_mismatch",
+    "missing_event_id",
+    "empty",
 )
 _NOT_JSON = (
     "WARN bel-writer: flush failed, retrying batch {n}",
@@ -99,8 +132,10 @@ _STATUS_ENUMS = {"build_request_event": BuildRequestStatus, "partition_event": P
 
 # A status-bearing event to corrupt when a bad line is due before any such event was written.
 _FALLBACK_STATUS_EVENT = {
-    "event_id": "00000000-0000-4000-8000-000000000000", "timestamp": DEFAULT_START_NS,
-    "build_request_id": "00000000-0000-4000-8000-000000000000", "event_type": "build_request_event",
+    "event_id": "00000000-0000-4000-8000-000000000000",
+    "timestamp": DEFAULT_START_NS,
+    "build_request_id": "00000000-0000-4000-8000-000000000000",
+    "event_type": "build_request_event",
     "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": []},
 }
 
@@ -215,8 +250,11 @@ def write_landing_files(
     later in the same or a later file. Same arguments, same bytes.
     Example: `write_landing_files("/tmp/landing", 1_000_000, bad_line_rate=0.001, duplicate_rate=0.01)`.
     """
-    for name, rate in (("bad_line_rate", bad_line_rate), ("duplicate_rate", duplicate_rate),
-                       ("late_arrival_rate", late_arrival_rate)):
+    for name, rate in (
+        ("bad_line_rate", bad_line_rate),
+        ("duplicate_rate", duplicate_rate),
+        ("late_arrival_rate", late_arrival_rate),
+    ):
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"{name} is {rate}; it must be a fraction between 0 and 1")
     if events_per_file < 1:
@@ -231,8 +269,9 @@ def write_landing_files(
             "write each workload into an empty directory so that two workloads never mix"
         )
     # One generator per kind of noise, so that changing one rate leaves the rest of the output alone.
-    late_rng, duplicate_rng, bad_rng = (random.Random(f"databuild-workload/{seed}/{kind}")
-                                        for kind in ("late", "duplicate", "bad"))
+    late_rng, duplicate_rng, bad_rng = (
+        random.Random(f"databuild-workload/{seed}/{kind}") for kind in ("late", "duplicate", "bad")
+    )
     held: list[HeldLine] = []  # late events
     redeliveries: list[HeldLine] = []  # duplicates, the same way
     sequence = good = bad = duplicates = late = 0
@@ -244,8 +283,11 @@ def write_landing_files(
         files.write_good(line)
         good += 1
         if duplicate_rate and duplicate_rng.random() < duplicate_rate:
-            delay = duplicate_rng.randint(1, 1000) if duplicate_rng.random() < 0.7 else \
-                duplicate_rng.randint(1, events_per_file)
+            delay = (
+                duplicate_rng.randint(1, 1000)
+                if duplicate_rng.random() < 0.7
+                else duplicate_rng.randint(1, events_per_file)
+            )
             heapq.heappush(redeliveries, HeldLine(good + delay, sequence, line))
             sequence += 1
 
@@ -259,8 +301,11 @@ def write_landing_files(
         for item in stream_events(n_events, seed, days, start_ns):
             line = _event_line(item)
             if late_arrival_rate and late_rng.random() < late_arrival_rate:
-                delay = late_rng.randint(1, 200) if late_rng.random() < 0.5 else \
-                    late_rng.randint(events_per_file // 2 + 1, 2 * events_per_file)
+                delay = (
+                    late_rng.randint(1, 200)
+                    if late_rng.random() < 0.5
+                    else late_rng.randint(events_per_file // 2 + 1, 2 * events_per_file)
+                )
                 heapq.heappush(held, HeldLine(good + delay, sequence, line))
                 sequence += 1
                 late += 1
@@ -292,4 +337,3 @@ def write_landing_files(
         lines_written=good + bad + duplicates,
         late_arrivals=late,
     )
-

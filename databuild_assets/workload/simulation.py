@@ -256,7 +256,10 @@ class Simulation:
         domain = rng.choices(self.domain_indexes, cum_weights=self.domain_weights)[0]
         draw = rng.random()
         if draw < 0.22:
-            keys = [PartitionKey(dataset_index(domain, RAW), date, region) for region in rng.sample(REGIONS, rng.randint(1, 4))]
+            keys = [
+                PartitionKey(dataset_index(domain, RAW), date, region)
+                for region in rng.sample(REGIONS, rng.randint(1, 4))
+            ]
             if rng.random() < 0.3:
                 keys.append(PartitionKey(FX_RATES, date, ""))
             return keys, [], ""
@@ -322,23 +325,38 @@ class Simulation:
         n_requested = len(requested_refs)
 
         def request_status(ts: int, status: BuildRequestStatus, message: str) -> None:
-            payload = {"status_code": int(status), "status_name": _BR[status],
-                       "requested_partitions": list(requested_refs), "message": message}
+            payload = {
+                "status_code": int(status),
+                "status_name": _BR[status],
+                "requested_partitions": list(requested_refs),
+                "message": message,
+            }
             events.append(BuildEvent(ts, "build_request_event", payload))
 
-        def partition_status(ts: int, key: PartitionKey, status: PartitionStatus, message: str, job_run_id: str | None) -> None:
-            payload = {"partition_ref": self.ref(key), "status_code": int(status), "status_name": _PS[status],
-                       "message": message}
+        def partition_status(
+            ts: int, key: PartitionKey, status: PartitionStatus, message: str, job_run_id: str | None
+        ) -> None:
+            payload = {
+                "partition_ref": self.ref(key),
+                "status_code": int(status),
+                "status_name": _PS[status],
+                "message": message,
+            }
             if job_run_id is not None:
                 payload["job_run_id"] = job_run_id
             events.append(BuildEvent(ts, "partition_event", payload))
 
         t = arrival_ns
-        request_status(t, BuildRequestStatus.BUILD_REQUEST_RECEIVED,
-                       f"Build request received for {n_requested} partition{'s' if n_requested > 1 else ''}")
+        request_status(
+            t,
+            BuildRequestStatus.BUILD_REQUEST_RECEIVED,
+            f"Build request received for {n_requested} partition{'s' if n_requested > 1 else ''}",
+        )
         for key in invalidate:
             t += int(rng.uniform(0.001, 0.05) * _NS)
-            events.append(BuildEvent(t, "partition_invalidation_event", {"partition_ref": self.ref(key), "reason": reason}))
+            events.append(
+                BuildEvent(t, "partition_invalidation_event", {"partition_ref": self.ref(key), "reason": reason})
+            )
             self.attempts[key] = self.attempts[key]._replace(end_ns=t, available=False)
         t += int(rng.uniform(0.005, 0.2) * _NS)
         request_status(t, BuildRequestStatus.BUILD_REQUEST_PLANNING, "Starting build planning")
@@ -349,21 +367,32 @@ class Simulation:
         configs = [self.job_config(job) for job in jobs]
         nodes = ",".join(
             '{"job":{"label":"%s"},"config":%s}' % (DATASETS[job.dataset].job_label, config.config_json)
-            for job, config in zip(jobs, configs)
+            for job, config in zip(jobs, configs, strict=True)
         )
         job_graph = '{"label":{"label":"//:databuild_graph"},"outputs":%s,"nodes":[%s]}' % (
-            encode_json([{"str": ref} for ref in requested_refs]), nodes)
+            encode_json([{"str": ref} for ref in requested_refs]),
+            nodes,
+        )
         n_partitions = sum(len(job.outputs) for job in jobs)
-        events.append(BuildEvent(t_plan, "job_graph_event", {
-            "job_graph": job_graph,
-            "message": f"Planned {len(jobs)} jobs for {n_partitions} partitions, {len(delegated)} delegated",
-        }))
+        events.append(
+            BuildEvent(
+                t_plan,
+                "job_graph_event",
+                {
+                    "job_graph": job_graph,
+                    "message": f"Planned {len(jobs)} jobs for {n_partitions} partitions, {len(delegated)} delegated",
+                },
+            )
+        )
         t = t_plan
 
         if rng.random() < _DRY_RUN_RATE:  # `databuild analyze`: plan only
             t += int(rng.uniform(0.001, 0.05) * _NS)
-            request_status(t, BuildRequestStatus.BUILD_REQUEST_ANALYSIS_COMPLETED,
-                           f"Analysis completed: would run {len(jobs)} jobs for {n_partitions} partitions")
+            request_status(
+                t,
+                BuildRequestStatus.BUILD_REQUEST_ANALYSIS_COMPLETED,
+                f"Analysis completed: would run {len(jobs)} jobs for {n_partitions} partitions",
+            )
             return events
 
         t += int(rng.uniform(0.001, 0.05) * _NS)
@@ -374,16 +403,23 @@ class Simulation:
             owner = attempt.build_request_id
             t += int(rng.uniform(0.001, 0.02) * _NS)
             ref = self.ref(key)
-            events.append(BuildEvent(t, "delegation_event", {
-                "partition_ref": ref, "delegated_to_build_request_id": owner,
-                "message": f"Partition is already being built by build request {owner}",
-            }))
-            partition_status(t, key, PartitionStatus.PARTITION_DELEGATED, f"Delegated to build request {owner}",
-                             attempt.job_run_id)
+            events.append(
+                BuildEvent(
+                    t,
+                    "delegation_event",
+                    {
+                        "partition_ref": ref,
+                        "delegated_to_build_request_id": owner,
+                        "message": f"Partition is already being built by build request {owner}",
+                    },
+                )
+            )
+            partition_status(
+                t, key, PartitionStatus.PARTITION_DELEGATED, f"Delegated to build request {owner}", attempt.job_run_id
+            )
         t += int(rng.uniform(0.01, 0.5) * _NS)
         t_executing = t
-        request_status(t, BuildRequestStatus.BUILD_REQUEST_EXECUTING,
-                       f"Executing {len(jobs)} jobs")
+        request_status(t, BuildRequestStatus.BUILD_REQUEST_EXECUTING, f"Executing {len(jobs)} jobs")
 
         # Each job runs when its inputs are ready: built here, by a delegate, or already available.
         ready = {key: Readiness(attempt.end_ns, attempt.available) for key, attempt in delegated.items()}
@@ -405,13 +441,14 @@ class Simulation:
                 ready[key] = Readiness(job.end, ok)
 
         cancelled_at = None
-        last_end = max([job.end for job in jobs] + [ready[key].at for key in requested if key in delegated]
-                       + [t_executing])
+        last_end = max(
+            [job.end for job in jobs] + [ready[key].at for key in requested if key in delegated] + [t_executing]
+        )
         if jobs and rng.random() < _BUILD_CANCEL_RATE:
             cancelled_at = t_executing + int(rng.random() * (last_end - t_executing)) + 1
             last_end = self._cancel(jobs, cancelled_at, events)
 
-        for job, config in zip(jobs, configs):
+        for job, config in zip(jobs, configs, strict=True):
             self._emit_job(job, config, cancelled_at, events, partition_status)
             ok = job.outcome == JobStatus.JOB_COMPLETED
             for key in job.outputs:
@@ -425,11 +462,17 @@ class Simulation:
         if cancelled_at is not None:
             request_status(t, BuildRequestStatus.BUILD_REQUEST_CANCELLED, "Build request cancelled")
         elif failed:
-            request_status(t, BuildRequestStatus.BUILD_REQUEST_FAILED,
-                           f"Build request failed: {len(failed)} of {n_partitions + len(delegated)} partitions failed")
+            request_status(
+                t,
+                BuildRequestStatus.BUILD_REQUEST_FAILED,
+                f"Build request failed: {len(failed)} of {n_partitions + len(delegated)} partitions failed",
+            )
         else:
-            request_status(t, BuildRequestStatus.BUILD_REQUEST_COMPLETED,
-                           f"Build request completed: {n_requested} requested partitions available")
+            request_status(
+                t,
+                BuildRequestStatus.BUILD_REQUEST_COMPLETED,
+                f"Build request completed: {n_requested} requested partitions available",
+            )
         return events
 
     def _plan(
@@ -494,7 +537,8 @@ class Simulation:
             dataset = DATASETS[job.dataset]
             job.message = rng.choice(_FAILURE_MESSAGES).format(
                 source=self.ref(job.outputs[0]).replace("data/", "s3://lake/", 1),
-                memory=dict(dataset.env)["JOB_MEMORY"])
+                memory=dict(dataset.env)["JOB_MEMORY"],
+            )
         elif draw < _JOB_FAILURE_RATE + _JOB_TIMEOUT_RATE:
             job.outcome = JobStatus.JOB_CANCELLED
             timeout_s = rng.choice((600, 900, 1800))
@@ -529,17 +573,22 @@ class Simulation:
             last = max(last, job.end)
         return last
 
-    def _emit_job(self, job: _Job, config: JobConfig, cancelled_at: int | None, events: list,
-                  partition_status) -> None:
+    def _emit_job(self, job: _Job, config: JobConfig, cancelled_at: int | None, events: list, partition_status) -> None:
         """The events of `job` and of the partitions it builds."""
         label = DATASETS[job.dataset].job_label
         targets = [self.ref(key) for key in job.outputs]
         config_json = config.config_json
 
         def job_status(ts: int, status: JobStatus, message: str, manifests: str | None = None) -> None:
-            payload = {"job_run_id": job.job_run_id, "job_label": label, "target_partitions": list(targets),
-                       "status_code": int(status), "status_name": _JS[status], "message": message,
-                       "config": config_json}
+            payload = {
+                "job_run_id": job.job_run_id,
+                "job_label": label,
+                "target_partitions": list(targets),
+                "status_code": int(status),
+                "status_name": _JS[status],
+                "message": message,
+                "config": config_json,
+            }
             if manifests is not None:
                 payload["manifests"] = manifests
             events.append(BuildEvent(ts, "job_event", payload))
@@ -561,18 +610,33 @@ class Simulation:
                 job_status(job.running, JobStatus.JOB_RUNNING, "Job running")
                 partitions(job.running, PartitionStatus.PARTITION_BUILDING, "Building")
             if outcome == JobStatus.JOB_COMPLETED:
-                manifests = '[{"outputs":%s,"inputs":%s,"start_time":%d,"end_time":%d,"task":{"job":{"label":"%s"},' \
-                    '"config":%s},"metadata":{"rows_written":"%d","bytes_written":"%d"}}]' % (
-                        config.outputs_json, config.inputs_json, job.running // _NS, job.end // _NS, label, config_json,
-                        self.rng.randint(1_000, 5_000_000), self.rng.randint(100_000, 2_000_000_000))
+                manifests = (
+                    '[{"outputs":%s,"inputs":%s,"start_time":%d,"end_time":%d,"task":{"job":{"label":"%s"},'
+                    '"config":%s},"metadata":{"rows_written":"%d","bytes_written":"%d"}}]'
+                    % (
+                        config.outputs_json,
+                        config.inputs_json,
+                        job.running // _NS,
+                        job.end // _NS,
+                        label,
+                        config_json,
+                        self.rng.randint(1_000, 5_000_000),
+                        self.rng.randint(100_000, 2_000_000_000),
+                    )
+                )
                 job_status(job.end, JobStatus.JOB_COMPLETED, job.message, manifests)
                 partitions(job.end, PartitionStatus.PARTITION_AVAILABLE, "Partition available")
             elif outcome == JobStatus.JOB_FAILED:
                 job_status(job.end, JobStatus.JOB_FAILED, f"Job failed: {job.message}")
                 partitions(job.end, PartitionStatus.PARTITION_FAILED, f"Job failed: {job.message}")
             else:  # cancelled: by a timeout or with its build request
-                events.append(BuildEvent(job.cancelled_at, "task_cancel_event",
-                                         {"job_run_id": job.job_run_id, "reason": job.message.removeprefix("Cancelled: ")}))
+                events.append(
+                    BuildEvent(
+                        job.cancelled_at,
+                        "task_cancel_event",
+                        {"job_run_id": job.job_run_id, "reason": job.message.removeprefix("Cancelled: ")},
+                    )
+                )
                 job_status(job.end, JobStatus.JOB_CANCELLED, job.message)
                 partitions(job.end, PartitionStatus.PARTITION_FAILED, job.message)
 
@@ -584,5 +648,7 @@ def check_workload(n_events: int, days: int, start_ns: int) -> None:
     if days < 1:
         raise ValueError(f"days is {days}; the workload needs at least 1 day to spread its build requests over")
     if start_ns - days * _DAY_NS < 0:
-        raise ValueError(f"start_ns {start_ns} is too early: timestamps are Unix epoch nanoseconds, so the "
-                         f"{days}-day window must start after 1970")
+        raise ValueError(
+            f"start_ns {start_ns} is too early: timestamps are Unix epoch nanoseconds, so the "
+            f"{days}-day window must start after 1970"
+        )

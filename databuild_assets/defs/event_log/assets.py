@@ -21,10 +21,22 @@ landing_files = AssetSpec(
 
 @multi_asset(
     specs=[
-        AssetSpec(RAW_EVENT_LOG.name, description=RAW_EVENT_LOG.description, deps=[landing_files], group_name="event_log",
-                  kinds=TABLE_KINDS, tags={"databuild/layer": "raw", "databuild/erasure": "purged"}),
-        AssetSpec(EVENT_QUARANTINE.name, description=EVENT_QUARANTINE.description, deps=[landing_files], group_name="event_log",
-                  kinds=TABLE_KINDS, tags={"databuild/layer": "quarantine", "databuild/erasure": "purged"}),
+        AssetSpec(
+            RAW_EVENT_LOG.name,
+            description=RAW_EVENT_LOG.description,
+            deps=[landing_files],
+            group_name="event_log",
+            kinds=TABLE_KINDS,
+            tags={"databuild/layer": "raw", "databuild/erasure": "purged"},
+        ),
+        AssetSpec(
+            EVENT_QUARANTINE.name,
+            description=EVENT_QUARANTINE.description,
+            deps=[landing_files],
+            group_name="event_log",
+            kinds=TABLE_KINDS,
+            tags={"databuild/layer": "quarantine", "databuild/erasure": "purged"},
+        ),
     ],
     # One ingestion at a time: a second would only find the first one's files taken.
     pool="databuild_ingest",

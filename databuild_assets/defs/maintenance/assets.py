@@ -1,7 +1,5 @@
 """tombstones (erasure requests) and filtered_event_log (the log minus what they match)."""
 
-from typing import Optional
-
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
@@ -16,10 +14,10 @@ from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOM
 class ErasureRequest(Config):
     """An erasure request, as typed in the launchpad. Leave all empty to only report the table."""
 
-    key: Optional[str] = Field(default=None, description=f"What the value is: one of {', '.join(TOMBSTONE_KEYS)}.")
-    value: Optional[str] = Field(default=None, description="The value to erase, e.g. a partition_ref.")
-    actor: Optional[str] = Field(default=None, description="Who asks (kept in the audit record).")
-    reason: Optional[str] = Field(default=None, description="Why (kept in the audit record), e.g. a ticket.")
+    key: str | None = Field(default=None, description=f"What the value is: one of {', '.join(TOMBSTONE_KEYS)}.")
+    value: str | None = Field(default=None, description="The value to erase, e.g. a partition_ref.")
+    actor: str | None = Field(default=None, description="Who asks (kept in the audit record).")
+    reason: str | None = Field(default=None, description="Why (kept in the audit record), e.g. a ticket.")
 
 
 @asset(
@@ -30,7 +28,9 @@ class ErasureRequest(Config):
     # The audit record keeps each erased value on purpose; erasure scans everything else.
     tags={"databuild/layer": "audit", "databuild/erasure": "kept"},
 )
-def tombstones(context: AssetExecutionContext, config: ErasureRequest, lakehouse: LakehouseResource) -> MaterializeResult:
+def tombstones(
+    context: AssetExecutionContext, config: ErasureRequest, lakehouse: LakehouseResource
+) -> MaterializeResult:
     spark, lake = lakehouse.spark_session, lakehouse.lake
     given = {"key": config.key, "value": config.value, "actor": config.actor, "reason": config.reason}
     recorded = None
@@ -38,7 +38,9 @@ def tombstones(context: AssetExecutionContext, config: ErasureRequest, lakehouse
         # Refused requests raise TombstoneError before anything is written.
         validate_request(**{k: v or "" for k, v in given.items()})
         recorded = request_erasure(spark, lake, **given)
-        context.log.info(f"tombstone {recorded.tombstone_id}: {recorded.key} erased by {recorded.actor} ({recorded.reason})")
+        context.log.info(
+            f"tombstone {recorded.tombstone_id}: {recorded.key} erased by {recorded.actor} ({recorded.reason})"
+        )
     all_tombstones = read_tombstones(spark, lake)
     return MaterializeResult(
         metadata={
@@ -64,7 +66,9 @@ class FilteredLogConfig(Config):
     tags={"databuild/layer": "filtered", "databuild/erasure": "purged"},
     pool="filtered_event_log",
 )
-def filtered_event_log(context: AssetExecutionContext, config: FilteredLogConfig, lakehouse: LakehouseResource) -> MaterializeResult:
+def filtered_event_log(
+    context: AssetExecutionContext, config: FilteredLogConfig, lakehouse: LakehouseResource
+) -> MaterializeResult:
     spark, lake = lakehouse.spark_session, lakehouse.lake
     result = refresh_filtered_log(spark, lake, full=config.full_rebuild)
     context.log.info(f"filtered_event_log: {result.mode} ({result.reason}); +{result.inserted} -{result.deleted} rows")

@@ -3,7 +3,7 @@ landing files' retention), and the erasure report. Compaction and vacuum share t
 `lake_maintenance` pool: never both at once."""
 
 import os
-from typing import Literal, Optional
+from typing import Literal
 
 from dagster import (
     AssetMaterialization,
@@ -44,6 +44,7 @@ def _markdown_table(header: tuple[str, ...], rows: list[tuple]) -> MetadataValue
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return MetadataValue.md("\n".join(lines))
 
+
 # Records the tombstone, then hides its events at once: the filtered log and the projections.
 erase_job = define_asset_job(
     "erase_job",
@@ -53,7 +54,9 @@ erase_job = define_asset_job(
 
 
 class CompactionConfig(Config):
-    open_days: int = Field(default=2, description="Most recent event dates left out of bin-packing (writers may append).")
+    open_days: int = Field(
+        default=2, description="Most recent event dates left out of bin-packing (writers may append)."
+    )
 
 
 @op(pool="lake_maintenance")
@@ -83,25 +86,49 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
             },
         )
     landing = result.landing
-    context.log.info(f"tombstones applied: {len(result.applied)}; rows purged per tombstone: {result.rows_purged_per_tombstone}")
+    context.log.info(
+        f"tombstones applied: {len(result.applied)}; rows purged per tombstone: {result.rows_purged_per_tombstone}"
+    )
     context.log.info(
         f"landing files: {landing.files_scanned} ingested or archived files read, {landing.files_rewritten} rewritten "
-        f"into the archive, {landing.files_removed} removed (every line erased), {landing.lines_removed} lines removed; "
+        f"into the archive, {landing.files_removed} removed (every line erased), "
+        f"{landing.lines_removed} lines removed; "
         f"{landing.not_ingested} not ingested yet and {len(landing.changed)} changed since ingestion, not read"
     )
-    yield Output(None, metadata={
-        "tombstones_applied": MetadataValue.int(len(result.applied)),
-        "landing_files_rewritten": MetadataValue.int(landing.files_rewritten),
-        "landing_files_removed": MetadataValue.int(landing.files_removed),
-        "landing_lines_removed": MetadataValue.int(landing.lines_removed),
-        "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
-        "rows_purged_per_tombstone": MetadataValue.json(result.rows_purged_per_tombstone),
-        "tables": _markdown_table(
-            ("table", "files before", "files after", "bytes before", "bytes after", "rows purged", "files compacted"),
-            [(t.table, t.before.num_files, t.after.num_files, t.before.size_bytes, t.after.size_bytes,
-              t.rows_purged, t.files_compacted) for t in result.tables],
-        ),
-    })
+    yield Output(
+        None,
+        metadata={
+            "tombstones_applied": MetadataValue.int(len(result.applied)),
+            "landing_files_rewritten": MetadataValue.int(landing.files_rewritten),
+            "landing_files_removed": MetadataValue.int(landing.files_removed),
+            "landing_lines_removed": MetadataValue.int(landing.lines_removed),
+            "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
+            "rows_purged_per_tombstone": MetadataValue.json(result.rows_purged_per_tombstone),
+            "tables": _markdown_table(
+                (
+                    "table",
+                    "files before",
+                    "files after",
+                    "bytes before",
+                    "bytes after",
+                    "rows purged",
+                    "files compacted",
+                ),
+                [
+                    (
+                        t.table,
+                        t.before.num_files,
+                        t.after.num_files,
+                        t.before.size_bytes,
+                        t.after.size_bytes,
+                        t.rows_purged,
+                        t.files_compacted,
+                    )
+                    for t in result.tables
+                ],
+            ),
+        },
+    )
 
 
 @job(description="Daily: purge what tombstones match from every table, and bin-pack small files.")
@@ -114,7 +141,7 @@ def compaction_job():
 _MINIMUM_RETENTION_HOURS = float(os.environ.get("DATABUILD_VACUUM_MIN_RETENTION_HOURS", DEFAULT_RETENTION_HOURS))
 
 
-def _landing_retention_from_env() -> tuple[Optional[float], str]:
+def _landing_retention_from_env() -> tuple[float | None, str]:
     """DATABUILD_LANDING_RETENTION_DAYS (a number of days, or "off") and DATABUILD_LANDING_RETENTION_MODE."""
     days = os.environ.get("DATABUILD_LANDING_RETENTION_DAYS", str(DEFAULT_RETENTION_DAYS)).strip()
     mode = os.environ.get("DATABUILD_LANDING_RETENTION_MODE", DEFAULT_RETENTION_MODE).strip()
@@ -140,14 +167,15 @@ class VacuumConfig(Config):
         description="A shorter retention is refused unless allow_short_retention is set.",
     )
     allow_short_retention: bool = Field(default=False, description="Override the minimum (logged as a warning).")
-    landing_retention_days: Optional[float] = Field(
+    landing_retention_days: float | None = Field(
         default=_LANDING_RETENTION_DAYS,
         description="Ingested landing files older than this (days since their ingestion) are archived or deleted; "
         "null keeps them. Files not ingested yet are never touched.",
     )
     landing_retention_mode: Literal["archive", "delete"] = Field(
         default=_LANDING_RETENTION_MODE,
-        description="archive: move them to <lake root>/landing_archive; delete: delete them, and archived files as old.",
+        description="archive: move them to <lake root>/landing_archive; delete: delete them,"
+        " and archived files as old.",
     )
 
 
@@ -160,36 +188,53 @@ def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: 
             f"vacuum retention {config.retention_hours} h is below the minimum {config.minimum_retention_hours} h: "
             "override allow_short_retention is set"
         )
-    results = vacuum_lake(lakehouse.spark_session, lakehouse.lake, config.retention_hours,
-                          config.minimum_retention_hours, config.allow_short_retention)
+    results = vacuum_lake(
+        lakehouse.spark_session,
+        lakehouse.lake,
+        config.retention_hours,
+        config.minimum_retention_hours,
+        config.allow_short_retention,
+    )
     for table in results:
         if table.table in NOT_ASSETS:
             continue
         yield AssetMaterialization(
-            asset_key=table.table, description="vacuum",
-            metadata={"files_deleted": MetadataValue.int(table.files_deleted), "bytes_deleted": MetadataValue.int(table.bytes_deleted)},
+            asset_key=table.table,
+            description="vacuum",
+            metadata={
+                "files_deleted": MetadataValue.int(table.files_deleted),
+                "bytes_deleted": MetadataValue.int(table.bytes_deleted),
+            },
         )
-    landing = retain_landing_files(lakehouse.spark_session, lakehouse.lake, config.landing_retention_days,
-                                   config.landing_retention_mode)
+    landing = retain_landing_files(
+        lakehouse.spark_session, lakehouse.lake, config.landing_retention_days, config.landing_retention_mode
+    )
     context.log.info(
         f"landing retention ({landing.mode} after {landing.retention_days} days): {len(landing.archived)} archived, "
         f"{len(landing.deleted)} deleted; kept {landing.not_ingested} not ingested, {landing.younger} younger, "
         f"{len(landing.changed)} changed since ingestion, {len(landing.conflicts)} already in the archive"
     )
-    yield Output(None, metadata={
-        "landing_files_archived": MetadataValue.int(len(landing.archived)),
-        "landing_files_deleted": MetadataValue.int(len(landing.deleted)),
-        "landing_bytes_deleted": MetadataValue.int(landing.bytes_deleted),
-        "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
-        "files_deleted": MetadataValue.int(sum(t.files_deleted for t in results)),
-        "bytes_deleted": MetadataValue.int(sum(t.bytes_deleted for t in results)),
-        "tables": _markdown_table(("table", "files deleted", "bytes deleted"),
-                                  [(t.table, t.files_deleted, t.bytes_deleted) for t in results]),
-    })
+    yield Output(
+        None,
+        metadata={
+            "landing_files_archived": MetadataValue.int(len(landing.archived)),
+            "landing_files_deleted": MetadataValue.int(len(landing.deleted)),
+            "landing_bytes_deleted": MetadataValue.int(landing.bytes_deleted),
+            "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
+            "files_deleted": MetadataValue.int(sum(t.files_deleted for t in results)),
+            "bytes_deleted": MetadataValue.int(sum(t.bytes_deleted for t in results)),
+            "tables": _markdown_table(
+                ("table", "files deleted", "bytes deleted"),
+                [(t.table, t.files_deleted, t.bytes_deleted) for t in results],
+            ),
+        },
+    )
 
 
-@job(description="Weekly: remove table files older than the retention (default 168 h), and archive or delete "
-     "ingested landing files older than the landing retention (default 7 days, archive).")
+@job(
+    description="Weekly: remove table files older than the retention (default 168 h), and archive or delete "
+    "ingested landing files older than the landing retention (default 7 days, archive)."
+)
 def vacuum_job():
     vacuum_tables()
 
@@ -200,8 +245,13 @@ def report_erasure(context: OpExecutionContext, lakehouse: LakehouseResource):
     findings = erasure_report(lakehouse.spark_session, lakehouse.lake)
     context.log.info("\n" + format_report(findings))
     remaining = sum(f.rows_in_data_files + f.delta_log_mentions for f in findings)
-    yield Output(None, metadata={"report": MetadataValue.md("```\n" + format_report(findings) + "\n```"),
-                                 "rows_still_holding_values": MetadataValue.int(remaining)})
+    yield Output(
+        None,
+        metadata={
+            "report": MetadataValue.md("```\n" + format_report(findings) + "\n```"),
+            "rows_still_holding_values": MetadataValue.int(remaining),
+        },
+    )
     if remaining:
         raise RuntimeError(f"{remaining} rows or log entries still hold an erased value; see the report")
 

@@ -20,28 +20,40 @@ def projection_checks(projection: Projection):
         processed, expected_keys = stats.processed_log_version, stats.keys_in_log_then
 
         yield AssetCheckResult(
-            check_name="one_row_per_key", asset_key=projection.name,
+            check_name="one_row_per_key",
+            asset_key=projection.name,
             passed=stats.rows == stats.distinct_keys,
             metadata={"rows": stats.rows, "distinct_keys": stats.distinct_keys},
         )
         yield AssetCheckResult(
-            check_name="status_codes_in_enum", asset_key=projection.name,
+            check_name="status_codes_in_enum",
+            asset_key=projection.name,
             passed=stats.rows_with_unknown_status_code == 0,
-            metadata={"rows_with_unknown_status_code": stats.rows_with_unknown_status_code,
-                      "valid_codes": stats.valid_status_codes},
+            metadata={
+                "rows_with_unknown_status_code": stats.rows_with_unknown_status_code,
+                "valid_codes": stats.valid_status_codes,
+            },
         )
         yield AssetCheckResult(
-            check_name="row_count_matches_log", asset_key=projection.name,
+            check_name="row_count_matches_log",
+            asset_key=projection.name,
             passed=expected_keys is not None and expected_keys == stats.rows,
-            metadata={"rows": stats.rows, "distinct_keys_in_log": -1 if expected_keys is None else expected_keys,
-                      "at_log_version": -1 if processed is None else processed},
+            metadata={
+                "rows": stats.rows,
+                "distinct_keys_in_log": -1 if expected_keys is None else expected_keys,
+                "at_log_version": -1 if processed is None else processed,
+            },
         )
         yield AssetCheckResult(
-            check_name="up_to_date_with_log", asset_key=projection.name,
+            check_name="up_to_date_with_log",
+            asset_key=projection.name,
             passed=processed == stats.log_version,
             # A projection behind the log is stale, not wrong: the sensor catches it up.
             severity=AssetCheckSeverity.WARN,
-            metadata={"processed_log_version": -1 if processed is None else processed, "log_version": stats.log_version},
+            metadata={
+                "processed_log_version": -1 if processed is None else processed,
+                "log_version": stats.log_version,
+            },
         )
 
     return checks

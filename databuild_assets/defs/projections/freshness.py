@@ -30,7 +30,8 @@ def projection_freshness_checks(max_lag: timedelta):
     `max_lag`."""
     specs = [
         AssetCheckSpec(
-            FRESHNESS_CHECK, asset=name,
+            FRESHNESS_CHECK,
+            asset=name,
             description=f"Fails when {name} has lagged the raw event log for more than {_words(max_lag)}.",
         )
         for name in PROJECTIONS
@@ -51,7 +52,9 @@ def projection_freshness_checks(max_lag: timedelta):
                     "event_log_commits_sensor is running and that refresh_projections_job runs succeed."
                 )
             yield AssetCheckResult(
-                check_name=FRESHNESS_CHECK, asset_key=projection.name, passed=passed,
+                check_name=FRESHNESS_CHECK,
+                asset_key=projection.name,
+                passed=passed,
                 severity=AssetCheckSeverity.ERROR,
                 metadata={
                     "lag_seconds": MetadataValue.float(lag.lag.total_seconds()),
@@ -63,7 +66,9 @@ def projection_freshness_checks(max_lag: timedelta):
                     "behind_since_raw_log_version": MetadataValue.int(
                         -1 if lag.behind_since_version is None else lag.behind_since_version
                     ),
-                    "behind_since": MetadataValue.text("" if lag.behind_since is None else lag.behind_since.isoformat()),
+                    "behind_since": MetadataValue.text(
+                        "" if lag.behind_since is None else lag.behind_since.isoformat()
+                    ),
                 },
             )
 

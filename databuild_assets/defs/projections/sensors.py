@@ -11,8 +11,11 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
-@sensor(job=refresh_projections_job, minimum_interval_seconds=30,
-        description="Requests a projection refresh when the event log gets new commits.")
+@sensor(
+    job=refresh_projections_job,
+    minimum_interval_seconds=30,
+    description="Requests a projection refresh when the event log gets new commits.",
+)
 def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource):
     lake = lakehouse.lake
 
