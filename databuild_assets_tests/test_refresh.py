@@ -10,8 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from delta.tables import DeltaTable
-from pyspark.sql.types import LongType, StructField, StructType
 from dagster import (
     DagsterInstance,
     DagsterRun,
@@ -24,20 +22,24 @@ from dagster import (
     define_asset_job,
     materialize,
 )
+from delta.tables import DeltaTable
+from pyspark.sql.types import LongType, StructField, StructType
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
+from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
-from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
-from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-from databuild_assets.maintenance.tombstones import request_erasure
+from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.ingest.landing_state import landing_state
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.migrate import migrate_sqlite_to_delta
 from databuild_assets.log.sqlite_backend import load_events
+from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.projections import PROJECTIONS
+from databuild_assets.projections.projection import STATE
 from databuild_assets.projections.refresh import (
     ConcurrentRefresh,
     RebuildRule,
@@ -50,18 +52,15 @@ from databuild_assets.projections.refresh import (
     reset,
     table_spec,
 )
-from databuild_assets.projections.projection import STATE
 from databuild_assets.runtime.delta_tables import (
     DELETION_VECTORS_FEATURE,
     current_version,
     ensure_table,
     read_table_properties,
 )
-from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
-from databuild_assets_tests.support import FOLD, lakehouse_for
-from databuild_assets_tests.support import partition_event_at as partition_event
+from databuild_assets_tests.support import FOLD, lakehouse_for, partition_event_at
 
 PARTITION_STATE = PROJECTIONS["partition_state"]
 
@@ -104,7 +103,7 @@ def test_incremental_refreshes_equal_a_full_rebuild_after_every_batch_including_
 
 
 def test_a_refresh_with_no_new_log_commits_writes_nothing(spark, lake):
-    append_events(spark, lake, [partition_event("p1")])
+    append_events(spark, lake, [partition_event_at("p1")])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
     version = current_version(spark, lake.table_path(projection_spec(PARTITION_STATE)))
 
@@ -114,7 +113,7 @@ def test_a_refresh_with_no_new_log_commits_writes_nothing(spark, lake):
 
 
 def test_full_rebuild_when_asked(spark, lake):
-    append_events(spark, lake, [partition_event("p1")])
+    append_events(spark, lake, [partition_event_at("p1")])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
     path = lake.table_path(projection_spec(PARTITION_STATE))
     version_before = current_version(spark, path)
@@ -151,10 +150,10 @@ def test_a_small_log_or_a_backfill_of_a_tenth_of_the_log_or_more_is_rebuilt_not_
 
 def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refresh_rebuilds(spark, lake):
     path = lake.table_path(projection_spec(PARTITION_STATE))
-    append_events(spark, lake, [partition_event("p1", ref="data/a")])  # log version 1
+    append_events(spark, lake, [partition_event_at("p1", ref="data/a")])  # log version 1
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)  # full
     read_at = current_version(spark, path)
-    append_events(spark, lake, [partition_event("p2", 1, ref="data/a")])  # log version 2
+    append_events(spark, lake, [partition_event_at("p2", 1, ref="data/a")])  # log version 2
     assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
     changed_at = current_version(spark, path)
 
@@ -178,7 +177,7 @@ def assert_rebuilt_then_folded_into(spark, lake) -> None:
     """partition_state, just rebuilt over an upgraded table, equals a rebuild from the log (p1,
     p2), and the next refresh (of p3) folds into it."""
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
-    append_events(spark, lake, [partition_event("p3", 2, ref="data/b")])
+    append_events(spark, lake, [partition_event_at("p3", 2, ref="data/b")])
     assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
@@ -186,12 +185,12 @@ def assert_rebuilt_then_folded_into(spark, lake) -> None:
 def test_a_projection_table_without_fold_state_is_rebuilt_with_it(spark, lake):
     # What an earlier release wrote: the read model only, with the processed version recorded.
     path = lake.table_path(projection_spec(PARTITION_STATE))
-    append_events(spark, lake, [partition_event("p1", ref="data/a")])
+    append_events(spark, lake, [partition_event_at("p1", ref="data/a")])
     log = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
     metadata = '{"projection": "partition_state", "log_version": 1}'
     PARTITION_STATE.build(log).write.format("delta").option("userMetadata", metadata).save(path)
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{SCHEMA_VERSION_PROPERTY}' = '{SCHEMA_VERSION}')")
-    append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
+    append_events(spark, lake, [partition_event_at("p2", 1, ref="data/b")])
 
     result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
 
@@ -203,13 +202,15 @@ def test_a_projection_whose_fold_state_has_another_layout_is_reset_and_rebuilt(s
     # What another release wrote: the same read model, a fold state of other fields (which Delta
     # cannot alter in place), and a recorded log version to fold from.
     path = lake.table_path(projection_spec(PARTITION_STATE))
-    append_events(spark, lake, [partition_event("p1", ref="data/a")])
+    append_events(spark, lake, [partition_event_at("p1", ref="data/a")])
     spec = table_spec(spark, PARTITION_STATE)
     other_state = StructType([StructField("a_field_of_another_release", LongType(), True)])
-    other = StructType([StructField(f.name, other_state, True, f.metadata) if f.name == STATE else f for f in spec.schema])
+    other = StructType(
+        [StructField(f.name, other_state, True, f.metadata) if f.name == STATE else f for f in spec.schema]
+    )
     ensure_table(spark, path, replace(spec, schema=other))
     record_processed_version(spark, path, PARTITION_STATE, 1, "full")
-    append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
+    append_events(spark, lake, [partition_event_at("p2", 1, ref="data/b")])
 
     result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
 
@@ -223,11 +224,11 @@ def test_a_projection_whose_fold_state_has_another_layout_is_reset_and_rebuilt(s
 def test_a_refresh_after_a_reset_that_wrote_no_rows_rebuilds_in_full(spark, lake):
     # A process that stopped between `rebuild`'s two commits: the table reset, no rows written.
     path = lake.table_path(projection_spec(PARTITION_STATE))
-    append_events(spark, lake, [partition_event("p1", ref="data/a")])
+    append_events(spark, lake, [partition_event_at("p1", ref="data/a")])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
     reset(spark, path, PARTITION_STATE)
     assert spark.read.format("delta").load(path).count() == 0
-    append_events(spark, lake, [partition_event("p2", 1, ref="data/b")])
+    append_events(spark, lake, [partition_event_at("p2", 1, ref="data/b")])
 
     result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
 
@@ -237,9 +238,9 @@ def test_a_refresh_after_a_reset_that_wrote_no_rows_rebuilds_in_full(spark, lake
 
 def test_a_fold_rewrites_the_file_holding_a_row_it_replaces_and_adds_no_deletion_vectors(spark, lake):
     path = lake.table_path(projection_spec(PARTITION_STATE))
-    append_events(spark, lake, [partition_event(f"p{n}", n, ref=f"data/{n}") for n in range(40)])
+    append_events(spark, lake, [partition_event_at(f"p{n}", n, ref=f"data/{n}") for n in range(40)])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
-    append_events(spark, lake, [partition_event("again", 40, ref="data/7")])
+    append_events(spark, lake, [partition_event_at("again", 40, ref="data/7")])
 
     assert refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG, rule=FOLD).mode == "incremental"
 
@@ -250,7 +251,7 @@ def test_a_fold_rewrites_the_file_holding_a_row_it_replaces_and_adds_no_deletion
 
 
 def test_log_commits_that_remove_events_force_a_full_rebuild_without_the_removed_keys(spark, lake):
-    append_events(spark, lake, [partition_event("p1", ref="data/a"), partition_event("p2", 1, ref="data/b")])
+    append_events(spark, lake, [partition_event_at("p1", ref="data/a"), partition_event_at("p2", 1, ref="data/b")])
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
     spark.sql(f"DELETE FROM delta.`{lake.table_path(RAW_EVENT_LOG)}` WHERE event_id = 'p2'")
 
@@ -262,11 +263,11 @@ def test_log_commits_that_remove_events_force_a_full_rebuild_without_the_removed
 
 def test_log_commits_no_longer_on_disk_force_a_full_rebuild(spark, lake):
     log_path = lake.table_path(RAW_EVENT_LOG)
-    append_events(spark, lake, [partition_event("p1", ref="data/a")])  # version 1
+    append_events(spark, lake, [partition_event_at("p1", ref="data/a")])  # version 1
     refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
     spark.sql(f"ALTER TABLE delta.`{log_path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")  # version 2
     for i, ref in enumerate(["data/b", "data/c"]):  # versions 3 and 4; checkpoint at 4
-        append_events(spark, lake, [partition_event(f"q{i}", i + 1, ref=ref)])
+        append_events(spark, lake, [partition_event_at(f"q{i}", i + 1, ref=ref)])
     # What log cleanup does once a checkpoint covers them: the older commit files go.
     for version in (2, 3):
         os.remove(Path(log_path) / "_delta_log" / f"{version:020d}.json")
@@ -285,7 +286,7 @@ def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(s
         return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
 
     assert isinstance(tick(None), SkipReason)  # no log yet
-    append_events(spark, lake, [partition_event("p1")])
+    append_events(spark, lake, [partition_event_at("p1")])
 
     first = tick(None)
     assert isinstance(first, SensorResult) and first.cursor == "raw_event_log=v1,tombstones=none"
@@ -297,8 +298,10 @@ def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(s
     request_erasure(spark, lake, "event_id", "p1", actor="alice", reason="a new tombstone is a change too")
     assert tick(first.cursor).cursor == "raw_event_log=v1,tombstones=v1"
 
-    append_events(spark, lake, [partition_event("p2", 1)])
-    instance.add_run(DagsterRun(job_name="refresh_projections_job", run_id="run-in-flight", status=DagsterRunStatus.STARTED))
+    append_events(spark, lake, [partition_event_at("p2", 1)])
+    instance.add_run(
+        DagsterRun(job_name="refresh_projections_job", run_id="run-in-flight", status=DagsterRunStatus.STARTED)
+    )
     assert tick(first.cursor).skip_message == "refresh run run-in-flight is in flight; event log at version 2"
 
 
@@ -312,16 +315,16 @@ def test_event_log_sensor_gives_a_new_lake_at_the_same_root_new_run_keys(spark, 
     def tick(cursor):
         return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
 
-    append_events(spark, lake, [partition_event("p1")])
-    append_events(spark, lake, [partition_event("p2", 1)])
+    append_events(spark, lake, [partition_event_at("p1")])
+    append_events(spark, lake, [partition_event_at("p2", 1)])
     old = tick(None)
     assert old.run_requests[0].run_key == "raw_event_log=v2,tombstones=none"
     shutil.rmtree(lake.root)
-    append_events(spark, lake, [partition_event("p1")])
+    append_events(spark, lake, [partition_event_at("p1")])
 
     new = tick(old.cursor)
     assert [r.run_key for r in new.run_requests] == ["raw_event_log=v1,tombstones=none,lake-generation=1"]
-    append_events(spark, lake, [partition_event("p2", 1)])
+    append_events(spark, lake, [partition_event_at("p2", 1)])
     assert [r.run_key for r in tick(new.cursor).run_requests] == ["raw_event_log=v2,tombstones=none,lake-generation=1"]
     assert tick(tick(new.cursor).cursor).skip_message == "event log still at version 2, tombstones at None"
 
@@ -378,8 +381,11 @@ def test_projection_checks_pass_after_a_run_and_fail_on_a_duplicated_key(spark, 
     path = lake.table_path(projection_spec(PARTITION_STATE))
     spark.read.format("delta").load(path).limit(1).write.format("delta").mode("append").save(path)
     second = defs.resolve_job_def("everything").execute_in_process(raise_on_error=False)
-    failed = {e.check_name for e in second.get_asset_check_evaluations()
-              if not e.passed and e.asset_key.to_user_string() == "partition_state"}
+    failed = {
+        e.check_name
+        for e in second.get_asset_check_evaluations()
+        if not e.passed and e.asset_key.to_user_string() == "partition_state"
+    }
     assert failed == {"one_row_per_key", "row_count_matches_log"}
 
 
@@ -396,8 +402,10 @@ def test_a_projection_that_cannot_refresh_fails_the_step_and_the_others_are_refr
     result = materialize(projection_assets, resources={"lakehouse": lakehouse_for(lake)}, raise_on_error=False)
 
     assert not result.success
-    modes = {e.asset_key.to_user_string(): e.materialization.metadata["refresh_mode"].value
-             for e in result.get_asset_materialization_events()}
+    modes = {
+        e.asset_key.to_user_string(): e.materialization.metadata["refresh_mode"].value
+        for e in result.get_asset_materialization_events()
+    }
     assert modes == {"partition_state": "full", "job_runs": "full"}
     [failure] = result.get_step_failure_events()
     message = failure.step_failure_data.error.to_string()

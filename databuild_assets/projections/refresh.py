@@ -33,6 +33,7 @@ import logging
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -42,6 +43,7 @@ from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StructFiel
 from databuild_assets.events.schema import EVENT_SCHEMA
 from databuild_assets.projections.projection import STATE, STATE_LOG_VERSION, Projection, column
 from databuild_assets.runtime.commits import (
+    LogChanges,
     LogVersionsUnavailable,
     latest_commit_metadata,
     latest_commit_metadata_at,
@@ -117,7 +119,7 @@ class ProjectionRefreshError(RuntimeError):
     """Some of the projections `refresh_projections` was given failed to refresh; the others
     did. `results` has the refreshes that succeeded, `failures` each error by projection."""
 
-    def __init__(self, results: dict[str, "RefreshResult"], failures: dict[str, BaseException]) -> None:
+    def __init__(self, results: dict[str, RefreshResult], failures: dict[str, BaseException]) -> None:
         self.results, self.failures = results, failures
         errors = "; ".join(f"{name}: {type(error).__name__}: {error}" for name, error in failures.items())
         super().__init__(
@@ -196,7 +198,9 @@ def _commit_metadata(projection: Projection, log_version: int, mode: str) -> str
     return json.dumps({"projection": projection.name, "log_version": log_version, "mode": mode})
 
 
-def record_processed_version(session: SparkSession, path: str, projection: Projection, log_version: int, mode: str) -> None:
+def record_processed_version(
+    session: SparkSession, path: str, projection: Projection, log_version: int, mode: str
+) -> None:
     """Record `log_version` as processed in a commit that changes no rows (for refreshes that had
     none to change): a table property set under the same userMetadata that data commits carry."""
     with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, mode)}):
@@ -233,12 +237,16 @@ def reset(spark: SparkSession, path: str, projection: Projection) -> None:
         reset_table(spark, path, table_spec(spark, projection))
 
 
-def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int) -> None:
+def rebuild(
+    spark: SparkSession, path: str, projection: Projection, log_at_version: DataFrame, log_version: int
+) -> None:
     """Replace the projection (an existing table) with its build from the whole log, in one
     commit; two when the table's fold state has another layout (`state_layout_changed`)."""
     current = spark.read.format("delta").load(path).schema
     if STATE not in current.fieldNames():  # written before the fold state
-        columns = ", ".join(addition.sql() for addition in schema_additions(current, table_spec(spark, projection).schema))
+        columns = ", ".join(
+            addition.sql() for addition in schema_additions(current, table_spec(spark, projection).schema)
+        )
         retry_on_conflict(
             lambda: spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"),
             what=f"add the fold state columns to {projection.name} at {path}",
@@ -250,9 +258,12 @@ def rebuild(spark: SparkSession, path: str, projection: Projection, log_at_versi
     # `log_version`. Should another refresh have recorded a later version meanwhile, the next
     # refresh folds from this one's.
     retry_on_conflict(
-        lambda: rows.write.format("delta").mode("overwrite")
-        .option("userMetadata", _commit_metadata(projection, log_version, "full"))
-        .save(path),
+        lambda: (
+            rows.write.format("delta")
+            .mode("overwrite")
+            .option("userMetadata", _commit_metadata(projection, log_version, "full"))
+            .save(path)
+        ),
         what=f"rebuild {projection.name} at {path}",
     )
 
@@ -280,7 +291,9 @@ def fold_in(
     rows = table_rows(projection, projection.fold(stored, new_events), log_version).join(read, key, "left")
     read_version = F.col("fresh._read_log_version")
     unchanged = F.col(f"current.`{STATE_LOG_VERSION}`").eqNullSafe(read_version) & (read_version <= processed)
-    guarded_version = F.when(unchanged, F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(F.raise_error(F.lit(ROW_CHANGED)))
+    guarded_version = F.when(unchanged, F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
+        F.raise_error(F.lit(ROW_CHANGED))
+    )
     inserted_version = F.when(read_version.isNull(), F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
         F.raise_error(F.lit(ROW_CHANGED))  # the row was there when read, and is gone
     )
@@ -289,12 +302,15 @@ def fold_in(
     with session_settings(session, {USER_METADATA: _commit_metadata(projection, log_version, "incremental")}):
         try:
             metrics = retry_on_conflict(
-                lambda: DeltaTable.forPath(session, path).alias("current")
-                .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
-                .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": guarded_version})
-                .whenNotMatchedInsert(values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
-                .execute()
-                .first(),
+                lambda: (
+                    DeltaTable.forPath(session, path)
+                    .alias("current")
+                    .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
+                    .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": guarded_version})
+                    .whenNotMatchedInsert(values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
+                    .execute()
+                    .first()
+                ),
                 what=f"refresh {projection.name} at {path}",
             )
         except Exception as error:
@@ -338,12 +354,63 @@ def refresh_projections(
             return error
 
     with ThreadPoolExecutor(max_workers=len(projections), thread_name_prefix="refresh-projection") as pool:
-        outcomes = dict(zip((p.name for p in projections), pool.map(attempt, projections)))
+        outcomes = dict(zip((p.name for p in projections), pool.map(attempt, projections), strict=True))
     results = {name: outcome for name, outcome in outcomes.items() if isinstance(outcome, RefreshResult)}
     failures = {name: outcome for name, outcome in outcomes.items() if not isinstance(outcome, RefreshResult)}
     if failures:
         raise ProjectionRefreshError(results, failures) from next(iter(failures.values()))
     return results
+
+
+class RefreshPlan(NamedTuple):
+    """What a refresh will do ("full", "incremental" or "up-to-date") and why; an incremental plan
+    carries the log changes it folds in."""
+
+    mode: str
+    reason: str
+    changes: LogChanges | None = None
+
+
+def plan_refresh(
+    session: SparkSession,
+    path: str,
+    projection: Projection,
+    source_path: str,
+    processed: int | None,
+    log_version: int,
+    full: bool,
+    rule: RebuildRule,
+) -> RefreshPlan:
+    """The first reason, in order, for the projection at `path` (which recorded `processed`) to
+    rebuild, skip, or fold in the log's commits up to `log_version` (the module docstring lists
+    the reasons)."""
+    if full:
+        return RefreshPlan("full", "full rebuild requested")
+    if processed is None:
+        return RefreshPlan("full", "projection has no recorded log version")
+    if processed > log_version:
+        return RefreshPlan(
+            "full", f"recorded log version {processed} is newer than the log's {log_version} (log replaced?)"
+        )
+    if processed == log_version:
+        return RefreshPlan("up-to-date", "no new log commits")
+    table_schema = session.read.format("delta").load(path).schema
+    if STATE not in table_schema.fieldNames():
+        return RefreshPlan("full", "the table has no fold state yet (written by an earlier release)")
+    if state_layout_changed(session, projection, table_schema):
+        return RefreshPlan("full", "the table's fold state has another layout (written by another release)")
+    try:
+        changes = log_changes(session, source_path, processed, log_version)
+    except LogVersionsUnavailable as error:
+        return RefreshPlan("full", str(error))
+    commits = f"log commits {processed + 1}..{log_version}"
+    if changes.removed_data:
+        return RefreshPlan("full", f"{commits} removed data")
+    if not changes.added_files:  # e.g. only compaction commits (dataChange=false)
+        return RefreshPlan("up-to-date", f"{commits} added no data")
+    if cheaper := rule.reason_to_rebuild(changes.added_bytes, table_bytes(session, source_path), commits):
+        return RefreshPlan("full", cheaper)
+    return RefreshPlan("incremental", f"{len(changes.added_files)} files added", changes)
 
 
 def refresh_projection(
@@ -386,45 +453,32 @@ def refresh_projection(
                 record_processed_version(session, path, projection, log_version, mode)  # no rows changed
                 version = current_version(session, path)
         result = RefreshResult(projection.name, mode, reason, processed, log_version, keys, version, upgrades)
-        log.info("%s: %s refresh (%s), log version %s -> %d, %s keys%s", projection.name, mode, reason, processed,
-                 log_version, keys, "".join(f"; first {upgrade}" for upgrade in upgrades))
+        log.info(
+            "%s: %s refresh (%s), log version %s -> %d, %s keys%s",
+            projection.name,
+            mode,
+            reason,
+            processed,
+            log_version,
+            keys,
+            "".join(f"; first {upgrade}" for upgrade in upgrades),
+        )
         return result
 
-    if full:
-        reason = "full rebuild requested"
-    elif processed is None:
-        reason = "projection has no recorded log version"
-    elif processed > log_version:
-        reason = f"recorded log version {processed} is newer than the log's {log_version} (log replaced?)"
-    elif processed == log_version:
-        return done("up-to-date", "no new log commits", 0)
-    elif STATE not in (table_schema := session.read.format("delta").load(path).schema).fieldNames():
-        reason = "the table has no fold state yet (written by an earlier release)"
-    elif state_layout_changed(session, projection, table_schema):
-        reason = "the table's fold state has another layout (written by another release)"
-    else:
+    plan = plan_refresh(session, path, projection, source_path, processed, log_version, full, rule)
+    if plan.mode == "up-to-date":
+        return done("up-to-date", plan.reason, 0)
+    reason = plan.reason
+    if plan.mode == "incremental":
+        # Kept: a fold reads the new events more than once (build_requests: three times).
+        new_events = read_rows_added(session, source_path, log_at_version, plan.changes).persist()
         try:
-            changes = log_changes(session, source_path, processed, log_version)
-        except LogVersionsUnavailable as error:
+            keys = fold_in(session, path, projection, table_version, new_events, processed, log_version)
+        except ConcurrentRefresh as error:
             reason = str(error)
         else:
-            commits = f"log commits {processed + 1}..{log_version}"
-            if changes.removed_data:
-                reason = f"{commits} removed data"
-            elif not changes.added_files:  # e.g. only compaction commits (dataChange=false)
-                return done("up-to-date", f"{commits} added no data", 0)
-            elif cheaper := rule.reason_to_rebuild(changes.added_bytes, table_bytes(session, source_path), commits):
-                reason = cheaper
-            else:
-                # Kept: a fold reads the new events more than once (build_requests: three times).
-                new_events = read_rows_added(session, source_path, log_at_version, changes).persist()
-                try:
-                    keys = fold_in(session, path, projection, table_version, new_events, processed, log_version)
-                except ConcurrentRefresh as error:
-                    reason = str(error)
-                else:
-                    return done("incremental", f"{len(changes.added_files)} files added", keys)
-                finally:
-                    new_events.unpersist()
+            return done("incremental", plan.reason, keys)
+        finally:
+            new_events.unpersist()
     rebuild(session, path, projection, log_at_version, log_version)
     return done("full", reason, session.read.format("delta").load(path).count())
