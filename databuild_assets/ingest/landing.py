@@ -33,9 +33,9 @@ from delta.tables import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 
-from databuild_assets.events.schema import EVENT_SCHEMA
+from databuild_assets.events.schema import CORE_FIELDS, EVENT_COLUMNS, EVENT_SCHEMA, EVENT_TYPES
 from databuild_assets.events.validation import parse_line
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import (
@@ -60,7 +60,10 @@ DEFAULT_SETTLE_SECONDS = 600.0
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
-# What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it.
+# What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it:
+# where the line is, and either the event it parsed to (typed, EVENT_SCHEMA's columns) or, for a
+# bad line, its text, its exact bytes and the reason. The worker parses each line once to validate
+# it; handing back the typed event spares the JVM a second parse of the same text.
 _LINES_ARROW = pa.schema(
     [
         ("source_file", pa.string()),
@@ -69,8 +72,10 @@ _LINES_ARROW = pa.schema(
         ("raw_line", pa.binary()),
         ("reason", pa.string()),
     ]
+    + [pa.field(field.name, to_arrow_type(field.dataType), nullable=True) for field in EVENT_SCHEMA.fields]
 )
 _LINES_SCHEMA = from_arrow_schema(_LINES_ARROW)
+_CORE_COLUMNS = tuple(field.name for field in CORE_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,7 @@ def _number_and_validate(
     `sources` maps Spark's name of each file to the name the caller gave."""
     at: dict[tuple[str, int], list[int]] = {}  # range -> [lines, bytes] read so far
     for batch in batches:
-        columns: dict[str, list] = {name: [] for name in _LINES_ARROW.names}
+        files, numbers, texts, raw_lines, reasons, events = [], [], [], [], [], []
         for path, range_start, raw in zip(
             batch.column("path").to_pylist(),
             batch.column("range_start").to_pylist(),
@@ -224,13 +229,34 @@ def _number_and_validate(
                 if offset >= planned_size:
                     continue
                 raw = raw[: planned_size - offset]
-            _event, reason = validate(raw)
-            columns["source_file"].append(source)
-            columns["line_number"].append(line_index + 1)
-            columns["line"].append(raw.decode("utf-8", errors="replace"))
-            columns["raw_line"].append(None if reason is None else raw)
-            columns["reason"].append(reason)
-        yield pa.RecordBatch.from_pydict(columns, schema=_LINES_ARROW)
+            event, reason = validate(raw)
+            files.append(source)
+            numbers.append(line_index + 1)
+            reasons.append(reason)
+            if reason is None:
+                texts.append(None)
+                raw_lines.append(None)
+                events.append(event or {})
+            else:
+                texts.append(raw.decode("utf-8", errors="replace"))
+                raw_lines.append(raw)
+                events.append({})
+        yield _lines_batch(files, numbers, texts, raw_lines, reasons, events)
+
+
+def _lines_batch(files, numbers, texts, raw_lines, reasons, events: list[dict]) -> pa.RecordBatch:
+    """One Arrow batch of `_LINES_ARROW` (an event of a bad line is {}: every event column null)."""
+    columns = [files, numbers, texts, raw_lines, reasons]
+    columns += [[event.get(name) for event in events] for name in _CORE_COLUMNS]
+    types = columns[-1]  # event_type: the one payload an event sets
+    columns += [
+        [event.get(name) if kind == name else None for event, kind in zip(events, types, strict=True)]
+        for name in EVENT_TYPES
+    ]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(values, type=field.type) for values, field in zip(columns, _LINES_ARROW, strict=True)],
+        schema=_LINES_ARROW,
+    )
 
 
 def read_landing_lines(
@@ -239,8 +265,9 @@ def read_landing_lines(
     sizes: Mapping[str, int] | None = None,
     validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
 ) -> DataFrame:
-    """Every line of `paths` with its file, 1-based line number and, when bad, the reason;
-    files named in `sizes` only up to that size.
+    """Every line of `paths` with its file and 1-based line number; a good line with its event
+    (EVENT_SCHEMA's columns), a bad one with its text, its bytes and the reason. Files named in
+    `sizes` are read only up to that size.
 
     Spark's text source splits the files into lines, a large file in byte ranges read by
     separate tasks (`spark.sql.files.maxPartitionBytes`, 128 MB by default), so no task holds a
@@ -305,23 +332,43 @@ def _range_starts(lines: DataFrame) -> dict[tuple[str, int], tuple[int, int]]:
 
 
 def events_from_lines(good_lines: DataFrame, source_line: str = "line_number") -> DataFrame:
-    """Validated lines -> raw log rows (typed event columns, UTC event_date, lineage)."""
-    return (
+    """Validated JSON text lines (`line`) -> raw log rows (typed event columns, UTC event_date,
+    lineage). The writer API's path; landing files come typed from `read_landing_lines`."""
+    return raw_log_rows(
         good_lines.select(
-            F.from_json("line", EVENT_SCHEMA).alias("event"),
-            "source_file",
-            F.col(source_line).alias("source_line"),
-        )
-        .select("event.*", "source_file", "source_line")
-        .withColumn("event_date", F.expr("to_date(timestamp_micros(`timestamp` div 1000))"))
-        .withColumn("ingested_at", F.current_timestamp())
+            F.from_json("line", EVENT_SCHEMA).alias("event"), "source_file", F.col(source_line).alias("source_line")
+        ).select("event.*", "source_file", "source_line")
+    )
+
+
+def events_from_read_lines(good_lines: DataFrame) -> DataFrame:
+    """The good lines of `read_landing_lines` -> raw log rows."""
+    return raw_log_rows(good_lines.select(*EVENT_COLUMNS, "source_file", F.col("line_number").alias("source_line")))
+
+
+def raw_log_rows(events: DataFrame) -> DataFrame:
+    """Typed events with their lineage (`source_file`, `source_line`) -> raw log rows: the UTC
+    event_date they are partitioned by, and when they were ingested."""
+    return events.withColumn("event_date", F.expr("to_date(timestamp_micros(`timestamp` div 1000))")).withColumn(
+        "ingested_at", F.current_timestamp()
     )
 
 
 def first_of_each_event_id(events: DataFrame) -> DataFrame:
-    """One row per event_id: the first by (source_file, source_line); the rest are duplicates."""
+    """One row per event_id: the first by (source_file, source_line); the rest are duplicates.
+
+    Only the keys are shuffled and sorted: the rows that lose (a later copy of an event_id) are
+    found among (event_id, source_file, source_line) and taken out with an anti-join, so the
+    whole rows never move. Duplicates are few, so the anti-join is a broadcast in practice.
+    """
     first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
-    return events.withColumn("_rank", F.row_number().over(first)).where("_rank = 1").drop("_rank")
+    later = (
+        events.select("event_id", "source_file", "source_line")
+        .withColumn("_rank", F.row_number().over(first))
+        .where("_rank > 1")
+        .drop("_rank")
+    )
+    return events.join(later, ["event_id", "source_file", "source_line"], "left_anti").select(*events.columns)
 
 
 def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> DataFrame:
@@ -472,7 +519,7 @@ def write_batch(
             .save(lake.table_path(EVENT_QUARANTINE))
         )
 
-        events = events_from_lines(lines.where("reason IS NULL"))
+        events = events_from_read_lines(lines.where("reason IS NULL"))
         unique_events = first_of_each_event_id(events)
         batch_settings = {
             _TXN_APP_ID: EVENTS_APP_ID,

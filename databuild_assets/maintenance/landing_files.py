@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from databuild_assets.events.schema import EVENT_SCHEMA
 from databuild_assets.ingest.landing import (
     IngestedFile,
     LandingFile,
@@ -283,11 +282,7 @@ def _matching_lines(
     raw log holds it); a bad line, which has no fields, when its text contains a value (the
     rule that purges the quarantine). Lines are numbered as ingestion numbers them.
     """
-    lines = (
-        read_landing_lines(spark, paths)
-        .select("source_file", "line_number", "reason", "line", F.from_json("line", EVENT_SCHEMA).alias("event"))
-        .select("source_file", "line_number", "reason", "line", "event.*")
-    )
+    lines = read_landing_lines(spark, paths)
     matched = F.when(F.col("reason").isNull(), event_matches(tombstones)).otherwise(
         text_mentions(F.col("line"), tombstones)
     )
