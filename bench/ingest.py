@@ -29,6 +29,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from bench.ingest_anchors import ingest_job_process, plain_spark_json_to_parquet
 from bench.measuring import (
     LONGEST_JOBS,
     Row,
@@ -47,6 +48,7 @@ from databuild_assets.ingest.landing import (
     LandingFile,
     ensure_ingest_tables,
     events_from_lines,
+    events_from_read_lines,
     first_of_each_event_id,
     ingest_landing_files,
     list_landing_files,
@@ -168,8 +170,8 @@ class PhaseProfile:
     read_validate: Usage  # read_landing_lines(...).count(): text source + mapInArrow in Python workers
     read_validate_persist: Usage  # the same, persisted as write_batch does
     scan_cached: Usage  # the good lines, from the cache
-    parse: Usage  # + events_from_lines (from_json, event_date)
-    dedup: Usage  # + first_of_each_event_id (shuffle, sort, window)
+    parse: Usage  # + events_from_read_lines (the workers' typed columns, event_date)
+    dedup: Usage  # + first_of_each_event_id (shuffle and sort of the keys, anti-join)
     parquet: Usage  # + plain Parquet write, partitioned by event_date
     delta_append: Usage  # + Delta append into an empty raw log instead (stats, commit)
     delta_merge: Usage  # + merge_new_events into an empty raw log, as ingestion does
@@ -189,7 +191,7 @@ def profile_phases(spark: SparkSession, scratch: Path, landing_files: list[Landi
         _, read_validate_persist = measure(lines.count)
         good_lines = lines.where("reason IS NULL")
         _, scan_cached = measure(lambda: evaluate(good_lines))
-        events = events_from_lines(good_lines)
+        events = events_from_read_lines(good_lines)
         _, parse = measure(lambda: evaluate(events))
         unique_events = first_of_each_event_id(events)
         _, dedup = measure(lambda: evaluate(unique_events))
@@ -297,17 +299,11 @@ def read_alternatives(
     )
 
 
-def first_of_each_event_id_by_keys(events: DataFrame) -> DataFrame:
-    """`first_of_each_event_id` with a shuffle of the keys only: rank (event_id, file, line),
-    broadcast the few that lose, and drop them with an anti-join. The same rows survive."""
+def first_of_each_event_id_whole_rows(events: DataFrame) -> DataFrame:
+    """`first_of_each_event_id` as it was before the keys-only dedup: a window over whole rows,
+    so every row is shuffled and sorted. The same rows survive."""
     first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
-    later = (
-        events.select("event_id", "source_file", "source_line")
-        .withColumn("_rank", F.row_number().over(first))
-        .where("_rank > 1")
-        .drop("_rank")
-    )
-    return events.join(F.broadcast(later), ["event_id", "source_file", "source_line"], "left_anti")
+    return events.withColumn("_rank", F.row_number().over(first)).where("_rank = 1").drop("_rank")
 
 
 def pipeline_alternatives(
@@ -322,7 +318,7 @@ def pipeline_alternatives(
     delta_merge: Usage,
 ) -> tuple[Row, ...]:
     """What-if timings after the read phase, each on the same cached lines as the phase it would replace."""
-    _, keys_dedup = measure(lambda: evaluate(first_of_each_event_id_by_keys(events)))
+    _, whole_rows_dedup = measure(lambda: evaluate(first_of_each_event_id_whole_rows(events)))
     no_repartition_path = fresh_raw_log("delta_merge_no_repartition")
     _, merge_no_repartition = measure(
         lambda: with_conf(
@@ -352,10 +348,10 @@ def pipeline_alternatives(
     )
     return (
         Row.of(
-            "scan + parse + dedup shuffling the keys only",
-            keys_dedup,
+            "scan + parse + dedup by a window over whole rows",
+            whole_rows_dedup,
             n_events,
-            f"vs {dedup.wall:.2f} s scan + parse + window over whole rows",
+            f"vs {dedup.wall:.2f} s shuffling the keys only, as ingestion does",
         ),
         Row.of(
             "MERGE, repartitionBeforeWrite off",
@@ -461,8 +457,8 @@ def report_profile(profile: PhaseProfile, ingest: Usage, n_events: int) -> None:
             "write_batch persists them: the merge reads them again",
         ),
         Row.of("   scan the cached good lines", p.scan_cached, n_events),
-        Row.of("b. from_json parse + event_date", p.parse - p.scan_cached, n_events, "events_from_lines"),
-        Row.of("c. dedup shuffle (window by event_id)", p.dedup - p.parse, n_events, "first_of_each_event_id"),
+        Row.of("b. typed event columns + event_date", p.parse - p.scan_cached, n_events, "events_from_read_lines"),
+        Row.of("c. dedup (keys shuffled, anti-join)", p.dedup - p.parse, n_events, "first_of_each_event_id"),
         Row.of(
             "d. Parquet write (partitioned by event_date)", p.parquet - p.dedup, n_events, "plain Parquet, scratch path"
         ),
@@ -668,6 +664,11 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
     # what a long-running process (a Dagster code server's session) would see.
     warm = measure_ingest(spark, jobs, Lake(str(work / "lake_warm")), landing, n_events)
     rows.append(Row.of(f"the same {n_events:,} events into a fresh lake, warm JVM", warm.usage, n_events))
+    plain_paths = [str(path) for path in workload.files]
+    _, plain = measure(lambda: plain_spark_json_to_parquet(spark, plain_paths, str(work / "plain_parquet")))
+    rows.append(
+        Row.of("anchor: plain Spark JSON -> Parquet by event_date, warm JVM", plain, n_events, "no checks, no Delta")
+    )
     _, usage = measure(lambda: ingest_checked(spark, small_lake, str(small_landing), SMALL_BATCH_EVENTS))
     rows.append(
         Row.of(
@@ -687,6 +688,9 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
     )
     fixed_costs = price_small_delta_operations(spark, small_lake, work / "scratch")
     spark.stop()
+
+    job = ingest_job_process(work / "job_lake", list(workload.files))
+    rows.append(Row.of(f"ingest_job: a new process (Dagster, JVM start, {n_events:,} events)", job, n_events))
 
     # SQLite runs after Spark has stopped: it uses one core, Spark had them all.
     _, parse = measure(lambda: sum(1 for _ in landing_events(workload.files)))
@@ -715,6 +719,11 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
         per_line,
     )
     report_verdict(first.usage, warm.usage, sqlite, n_events, args.cores)
+    print(
+        f"anchors: the warm ingest at {plain.wall / warm.wall:.2f}x plain Spark JSON -> Parquet's speed "
+        f"({n_events / plain.wall:,.0f} events/s; target: 1.00x or more); a whole ingest_job process at "
+        f"{sqlite.wall / job.wall:.2f}x SQLite's load ({n_events / job.wall:,.0f} events/s; target: 1.00x or more)"
+    )
 
 
 def report_verdict(ingest: Usage, warm: Usage, sqlite: Usage, n_events: int, cores: int) -> None:
