@@ -9,7 +9,7 @@ from dagster import AssetSelection, Definitions, define_asset_job, in_process_ex
 
 from databuild_assets.defs.catalog import CatalogSettings, in_catalog
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
-from databuild_assets.defs.event_log.jobs import ingest_job
+from databuild_assets.defs.event_log.jobs import ingest_and_refresh_job, ingest_job
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.maintenance.jobs import compaction_job, erase_job, erasure_report_job, vacuum_job
@@ -43,6 +43,7 @@ defs = Definitions(
     asset_checks=[*projection_asset_checks, freshness_checks],
     jobs=[
         all_assets_job,
+        ingest_and_refresh_job,
         ingest_job,
         refresh_projections_job,
         erase_job,

@@ -26,6 +26,7 @@ from delta.tables import DeltaTable
 from pyspark.sql.types import LongType, StructField, StructType
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.event_log.jobs import ingest_and_refresh_job
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.assets import projection_assets
@@ -60,7 +61,7 @@ from databuild_assets.runtime.delta_tables import (
 )
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
-from databuild_assets_tests.support import FOLD, lakehouse_for, partition_event_at
+from databuild_assets_tests.support import FOLD, lakehouse_for, one_partition_build, partition_event_at, write_landing
 
 PARTITION_STATE = PROJECTIONS["partition_state"]
 
@@ -302,7 +303,51 @@ def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(s
     instance.add_run(
         DagsterRun(job_name="refresh_projections_job", run_id="run-in-flight", status=DagsterRunStatus.STARTED)
     )
-    assert tick(first.cursor).skip_message == "refresh run run-in-flight is in flight; event log at version 2"
+    assert (
+        tick(first.cursor).skip_message
+        == "refresh_projections_job run run-in-flight is in flight; event log at version 2"
+    )
+
+
+def test_a_landing_file_takes_one_run_and_the_event_log_sensor_then_requests_nothing(spark, lake):
+    # The landing sensor's run ingests and refreshes; the event-log sensor must not request a
+    # second refresh for the commit that run made, nor while such a run is in flight.
+    write_landing(lake, "builds.jsonl", one_partition_build("br-fresh", "data/fresh", 0))
+    landing = landing_files_sensor(build_sensor_context(resources={"lakehouse": lakehouse_for(lake)}))
+    assert landing_files_sensor.job_name == "ingest_and_refresh_job" and len(landing.run_requests) == 1
+    defs = Definitions(
+        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
+        asset_checks=projection_asset_checks,
+        jobs=[ingest_and_refresh_job],
+        resources={"lakehouse": lakehouse_for(lake)},
+    )
+    result = defs.resolve_job_def("ingest_and_refresh_job").execute_in_process()
+    assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
+    assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/fresh"]
+
+    instance = DagsterInstance.ephemeral()
+    resources = {"lakehouse": lakehouse_for(lake)}
+
+    def tick(cursor):
+        return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+
+    refreshed = tick(None)
+    assert refreshed.run_requests == [] and refreshed.cursor == "raw_event_log=v1,tombstones=v0"
+    assert refreshed.skip_reason.skip_message == (
+        "the filtered log and every projection already reflect raw_event_log v1"
+    )
+
+    append_events(spark, lake, [partition_event_at("p-late", 1, ref="data/late")])
+    instance.add_run(
+        DagsterRun(job_name="ingest_and_refresh_job", run_id="landing-run", status=DagsterRunStatus.STARTED)
+    )
+    assert (
+        tick(refreshed.cursor).skip_message
+        == "ingest_and_refresh_job run landing-run is in flight; event log at version 2"
+    )
+    # With no such run in flight (another instance), a commit no run refreshed is requested.
+    instance = DagsterInstance.ephemeral()
+    assert [r.run_key for r in tick(refreshed.cursor).run_requests] == ["raw_event_log=v2,tombstones=v0"]
 
 
 def test_event_log_sensor_gives_a_new_lake_at_the_same_root_new_run_keys(spark, tmp_path):

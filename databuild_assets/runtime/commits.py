@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
+from pathlib import Path
 from urllib.parse import unquote
 
 from delta.tables import DeltaTable
@@ -18,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from databuild_assets.runtime.delta_tables import read_table_properties
+from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_table_properties
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,31 @@ def latest_commit_metadata_at(
             if metadata and wanted(metadata):
                 return latest_version, metadata
     return latest_version, None
+
+
+def latest_commit_metadata_on_disk(
+    path: str, wanted: Callable[[dict], bool], newest: int = 20
+) -> tuple[int | None, dict | None]:
+    """`latest_commit_metadata_at` for a table on a local disk, read from its newest `newest`
+    commit files without a JVM (for sensors): the table's latest version and the userMetadata of
+    the newest of those commits for which `wanted` is true. (None, None) when there is no table;
+    (version, None) when none of those commits is wanted, or their files are gone (log cleanup
+    keeps only commits a checkpoint does not cover, and checkpoints hold no commit information)."""
+    latest = latest_version_on_disk(path)
+    if latest is None:
+        return None, None
+    log_dir = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
+    for version in range(latest, max(latest - newest, -1), -1):
+        try:
+            with open(log_dir / f"{version:020d}.json", encoding="utf-8") as commit:
+                actions = [json.loads(line) for line in commit if '"commitInfo"' in line]
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+        metadata = _parse_metadata(info.get("userMetadata"))
+        if metadata and wanted(metadata):
+            return latest, metadata
+    return latest, None
 
 
 def _parse_metadata(text: str | None) -> dict:

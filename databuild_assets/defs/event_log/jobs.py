@@ -1,11 +1,21 @@
-"""The ingestion job: what the landing-files sensor requests."""
+"""The ingestion jobs: what the landing-files sensor requests, and ingestion alone."""
 
 from dagster import AssetSelection, define_asset_job
 
-from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
+from databuild_assets.projections import PROJECTIONS
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG
 
 ingest_job = define_asset_job(
     "ingest_job",
     selection=AssetSelection.assets(RAW_EVENT_LOG.name, EVENT_QUARANTINE.name),
     description="Ingest new landing files into raw_event_log and event_quarantine.",
+)
+
+# One run (one process, one JVM) from a landing file to what readers see: ingestion, then the
+# filtered log and the projections with their checks. Two runs would pay the run's start, the
+# JVM's and the first Delta jobs' twice, and wait for a second sensor tick in between.
+ingest_and_refresh_job = define_asset_job(
+    "ingest_and_refresh_job",
+    selection=AssetSelection.assets(RAW_EVENT_LOG.name, EVENT_QUARANTINE.name, FILTERED_EVENT_LOG.name, *PROJECTIONS),
+    description="Ingest new landing files, then fold them into the filtered log and every projection.",
 )

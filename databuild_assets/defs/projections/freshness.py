@@ -49,7 +49,7 @@ def projection_freshness_checks(max_lag: timedelta):
                     f"{projection.name} has lagged the raw event log for {_words(lag.lag)} (bound {_words(max_lag)}): "
                     f"it reflects raw_event_log v{lag.reflected_raw_version}, and v{lag.behind_since_version} "
                     f"({lag.behind_since:%Y-%m-%d %H:%M:%S} UTC) changed data since. Check that "
-                    "event_log_commits_sensor is running and that refresh_projections_job runs succeed."
+                    "the sensors are running and that ingest_and_refresh_job and refresh_projections_job runs succeed."
                 )
             yield AssetCheckResult(
                 check_name=FRESHNESS_CHECK,

@@ -1,19 +1,27 @@
 """The event-log sensor: when the raw log or the tombstones get a commit, request one refresh of
-the filtered log and the projections (what readers see changed)."""
+the filtered log and the projections (what readers see changed), unless a run that refreshes
+them is in flight, or they already reflect that commit (the landing sensor's run ingests and
+refreshes in one, and erase_job refreshes after recording its tombstone)."""
 
 from dagster import DagsterRunStatus, RunRequest, RunsFilter, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
+from databuild_assets.defs.event_log.jobs import ingest_and_refresh_job
+from databuild_assets.defs.event_log.sensors import SENSOR_INTERVAL_SECONDS
+from databuild_assets.defs.maintenance.jobs import erase_job
 from databuild_assets.defs.projections.jobs import refresh_projections_job
 from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.projections.refresh_all import reflected_versions_on_disk
 from databuild_assets.runtime.delta_tables import current_version, latest_version_on_disk
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+# The jobs whose runs end with the filtered log and the projections refreshed.
+REFRESHING_JOBS = [refresh_projections_job.name, ingest_and_refresh_job.name, erase_job.name]
 
 
 @sensor(
     job=refresh_projections_job,
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
     description="Requests a projection refresh when the event log gets new commits.",
 )
 def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource):
@@ -38,12 +46,21 @@ def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: Lakeho
         generation += 1
         context.log.info(f"event log went back from {seen} to {state}: a new lake, generation {generation}")
     run_key = state if generation == 0 else f"{state},lake-generation={generation}"
-    in_flight = context.instance.get_run_records(
-        RunsFilter(job_name=refresh_projections_job.name, statuses=IN_FLIGHT), limit=1
-    )
+    in_flight = [
+        record.dagster_run
+        for record in context.instance.get_run_records(RunsFilter(statuses=IN_FLIGHT))
+        if record.dagster_run.job_name in REFRESHING_JOBS
+    ]
     if in_flight:
         # The cursor stays: once that run ends, the next tick requests the versions it missed.
-        return SkipReason(f"refresh run {in_flight[0].dagster_run.run_id} is in flight; event log at version {raw}")
+        run = in_flight[0]
+        return SkipReason(f"{run.job_name} run {run.run_id} is in flight; event log at version {raw}")
+    if is_local(lake.root) and reflected_versions_on_disk(lake) == (raw, tombstones):
+        # Another run refreshed them already (ingest_and_refresh_job, erase_job): nothing to request.
+        return SensorResult(
+            skip_reason=f"the filtered log and every projection already reflect raw_event_log v{raw}",
+            cursor=run_key,
+        )
     return SensorResult(
         run_requests=[RunRequest(run_key=run_key, tags={"databuild/log_version": str(raw)})],
         cursor=run_key,
