@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (lake, DAGSTER_HOME, dagster log)")
     args = parser.parse_args(argv)
     repo = Path(args.repo).resolve()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows when run in the background
 
     work = Path(tempfile.mkdtemp(prefix="bench-freshness-", dir=args.workdir))
     lake, home = work / "lake", work / "dagster_home"
@@ -306,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         results: list[Landed] = []
         print(f"\n  {'file':<32}  {'raw log s':>9}  {'partition_state s':>17}  {'load 1m':>7}")
         for index in range(args.warmup + args.files):
-            landed = measure_file(lake / "landing", raw_log, watcher, index, run_tag, args)
+            try:
+                landed = measure_file(lake / "landing", raw_log, watcher, index, run_tag, args)
+            except KeyboardInterrupt:  # Ctrl-C (SIGINT): report the files measured so far
+                print("  interrupted: the figures below are of the files measured so far")
+                break
             results.append(landed)
             tag = " (warm-up)" if index < args.warmup else ""
             raw = f"{landed.raw_s:>9.1f}" if landed.raw_s is not None else f"{'-':>9}"
