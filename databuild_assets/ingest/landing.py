@@ -301,19 +301,29 @@ def read_raw_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
 
 
 def _may_be_split(spark: SparkSession, paths: list[str]) -> bool:
-    """Whether Spark may read some file of `paths` in more than one range. It never splits a
-    file no larger than spark.sql.files.openCostInBytes (FilePartition.maxSplitBytes). The sizes
-    come from one listing per folder, not one request per file (on object storage, a request
-    per file would add up)."""
-    never_split = spark._jsparkSession.sessionState().conf().filesOpenCostInBytes()
+    """Whether Spark will read some file of `paths` in more than one range: one larger than the
+    split size Spark computes for this read (FilePartition.maxSplitBytes: the configured maximum,
+    or less when the read is small for the cores, never below spark.sql.files.openCostInBytes).
+    The sizes come from one listing per folder, not one request per file (on object storage, a
+    request per file would add up). Were this ever wrong, the workers stop on a range they cannot
+    number (`_number_and_validate`); they never number a line wrongly."""
     jvm, hadoop_conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
     sizes: dict[str, int] = {}
     for folder in {str(jvm.org.apache.hadoop.fs.Path(path).getParent().toString()) for path in paths}:
         folder_path = jvm.org.apache.hadoop.fs.Path(folder)
         for status in folder_path.getFileSystem(hadoop_conf).listStatus(folder_path):
             sizes[status.getPath().toString()] = status.getLen()
-    # A path the listing names otherwise counts as large: counting lines is only slower.
-    return any(sizes.get(path, never_split + 1) > never_split for path in paths)
+    if any(path not in sizes for path in paths):  # named otherwise than the listing names it
+        return True
+    conf = spark._jsparkSession.sessionState().conf()
+    open_cost = conf.filesOpenCostInBytes()
+    min_partitions = conf.filesMinPartitionNum()
+    partitions = (
+        min_partitions.get() if min_partitions.isDefined() else spark._jsparkSession.leafNodeDefaultParallelism()
+    )
+    bytes_per_core = sum(sizes[path] + open_cost for path in paths) // partitions
+    split_bytes = min(conf.filesMaxPartitionBytes(), max(open_cost, bytes_per_core))
+    return any(sizes[path] > split_bytes for path in paths)
 
 
 def _range_starts(lines: DataFrame) -> dict[tuple[str, int], tuple[int, int]]:
@@ -400,15 +410,21 @@ class _Ledger:
                 pending.setdefault(row.batch_id, []).append(row.file_path)
         return {batch_id: sorted(files) for batch_id, files in sorted(pending.items())}
 
-    def planned_sizes(self, batch_id: int) -> dict[str, int]:
-        """The size each file of batch `batch_id` had when it was planned: what the batch reads."""
-        rows = (
-            self.spark.read.format("delta")
-            .load(self.path)
-            .where((F.col("batch_id") == batch_id) & (F.col("stage") == "planned"))
-            .collect()
-        )
-        return {row.file_path: row.file_size for row in rows if row.file_size is not None}
+    def planned_sizes(self, batch_id: int, rows: list | None = None) -> dict[str, int]:
+        """The size each file of batch `batch_id` had when it was planned: what the batch reads.
+        From `rows` (the ledger as read) when given, else from the ledger."""
+        if rows is None:
+            rows = (
+                self.spark.read.format("delta")
+                .load(self.path)
+                .where((F.col("batch_id") == batch_id) & (F.col("stage") == "planned"))
+                .collect()
+            )
+        return {
+            row.file_path: row.file_size
+            for row in rows
+            if row.batch_id == batch_id and row.stage == "planned" and row.file_size is not None
+        }
 
     def plan(self, new_files: list[LandingFile], rows: list) -> tuple[int, list[str]] | None:
         """Record a new batch of the files no batch has read; None when there are none.
@@ -479,9 +495,15 @@ def _batch_commit(spark: SparkSession, log_path: str, batch_id: int) -> tuple[in
 
 
 def write_batch(
-    spark: SparkSession, lake: Lake, batch_id: int, files: list[str], replayed: bool = False
+    spark: SparkSession,
+    lake: Lake,
+    batch_id: int,
+    files: list[str],
+    replayed: bool = False,
+    sizes: Mapping[str, int] | None = None,
 ) -> BatchResult:
     """Step 2 for one planned batch: quarantine its bad lines and merge its good events.
+    `sizes`: the file sizes the plan recorded (read from the ledger when not given).
 
     Safe to run again for the same batch: both commits carry (app id, batch_id), which Delta
     records atomically with the data and checks before writing.
@@ -492,7 +514,8 @@ def write_batch(
     log_path = lake.table_path(RAW_EVENT_LOG)
     # Only the bytes the plan saw: a file that grew since is not read half-way into a new line,
     # and a replay reads exactly what the interrupted run read.
-    sizes = _Ledger(spark, lake).planned_sizes(batch_id)
+    if sizes is None:
+        sizes = _Ledger(spark, lake).planned_sizes(batch_id)
     lines = read_landing_lines(session, files, sizes).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         counts = {
@@ -605,7 +628,8 @@ def ingest_landing_files(
     ledger_rows = ledger.rows()
     for batch_id, files in ledger.pending_batches(ledger_rows).items():
         log.warning("replaying ingestion batch %d (%d files): it was planned but not recorded", batch_id, len(files))
-        results.append(write_batch(spark, lake, batch_id, files, replayed=True))
+        sizes = ledger.planned_sizes(batch_id, ledger_rows)
+        results.append(write_batch(spark, lake, batch_id, files, replayed=True, sizes=sizes))
         ledger.record_committed(results[-1])
     if results:
         ledger_rows = ledger.rows()
@@ -624,7 +648,8 @@ def ingest_landing_files(
     planned = ledger.plan(complete, ledger_rows)
     if planned is not None:
         batch_id, files = planned
-        results.append(write_batch(spark, lake, batch_id, files))
+        sizes = {f.path: f.size for f in complete if f.path in set(files)}  # as the plan recorded them
+        results.append(write_batch(spark, lake, batch_id, files, sizes=sizes))
         ledger.record_committed(results[-1])
     return IngestResult(
         tuple(results), current_version(spark, lake.table_path(RAW_EVENT_LOG)), tuple(f.path for f in incomplete)
