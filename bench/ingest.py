@@ -720,7 +720,7 @@ def run(args: argparse.Namespace, work: Path, n_events: int, shuffle_partitions:
     )
     report_verdict(first.usage, warm.usage, sqlite, n_events, args.cores)
     print(
-        f"anchors: the warm ingest at {plain.wall / warm.wall:.2f}x plain Spark JSON -> Parquet's speed "
+        f"anchors: the warm ingest at {plain.wall / warm.usage.wall:.2f}x plain Spark JSON -> Parquet's speed "
         f"({n_events / plain.wall:,.0f} events/s; target: 1.00x or more); a whole ingest_job process at "
         f"{sqlite.wall / job.wall:.2f}x SQLite's load ({n_events / job.wall:,.0f} events/s; target: 1.00x or more)"
     )

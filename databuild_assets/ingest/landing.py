@@ -364,21 +364,28 @@ def raw_log_rows(events: DataFrame) -> DataFrame:
     )
 
 
-def first_of_each_event_id(events: DataFrame) -> DataFrame:
+# Above this many later copies of event_ids in one batch, the dedup shuffles whole rows instead of
+# broadcasting the copies' keys (a broadcast is held in the driver's memory).
+BROADCAST_DUPLICATES_LIMIT = 500_000
+
+
+def first_of_each_event_id(events: DataFrame, broadcast_limit: int = BROADCAST_DUPLICATES_LIMIT) -> DataFrame:
     """One row per event_id: the first by (source_file, source_line); the rest are duplicates.
 
-    Only the keys are shuffled and sorted: the rows that lose (a later copy of an event_id) are
-    found among (event_id, source_file, source_line) and taken out with an anti-join, so the
-    whole rows never move. Duplicates are few, so the anti-join is a broadcast in practice.
+    Only the keys are shuffled and sorted: the later copies are found among (event_id,
+    source_file, source_line), computed once (a local checkpoint), and taken out with a
+    broadcast anti-join, so the whole rows never move. Duplicates are usually few; when a batch
+    holds more than `broadcast_limit` of them (a landing folder delivered twice), the rows are
+    ranked in a window instead. Either way the same rows survive.
     """
+    keys = ["event_id", "source_file", "source_line"]
     first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
     later = (
-        events.select("event_id", "source_file", "source_line")
-        .withColumn("_rank", F.row_number().over(first))
-        .where("_rank > 1")
-        .drop("_rank")
-    )
-    return events.join(later, ["event_id", "source_file", "source_line"], "left_anti").select(*events.columns)
+        events.select(*keys).withColumn("_rank", F.row_number().over(first)).where("_rank > 1").drop("_rank")
+    ).localCheckpoint()
+    if later.count() > broadcast_limit:
+        return events.withColumn("_rank", F.row_number().over(first)).where("_rank = 1").drop("_rank")
+    return events.join(F.broadcast(later), keys, "left_anti").select(*events.columns)
 
 
 def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> DataFrame:

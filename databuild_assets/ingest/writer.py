@@ -23,7 +23,6 @@ from databuild_assets.events.validation import InvalidEventError, event_error
 from databuild_assets.ingest.landing import (
     ensure_ingest_tables,
     events_from_lines,
-    first_of_each_event_id,
     merge_new_events,
 )
 from databuild_assets.runtime.delta_tables import retry_on_conflict
@@ -72,16 +71,21 @@ def append_events(
     if not events:
         return WriteResult(0, 0)
     ensure_ingest_tables(spark, lake)
-    # As JSON text, so that rows take exactly the path landing files take (from_json with
-    # the one event schema) and both writers store identical rows for identical events.
+    # The first of each event_id, as ingestion keeps the first by (file, line): the events are
+    # in memory here, so the later copies are dropped before Spark sees them.
+    first_index: dict[str, int] = {}
+    for index, event in enumerate(events):
+        first_index.setdefault(event["event_id"], index)
+    # As JSON text through from_json with the one event schema, so that both writers store
+    # identical rows for identical events.
     lines = spark.createDataFrame(
         [
-            (f"writer:{writer}", index + 1, json.dumps({c: event.get(c) for c in EVENT_COLUMNS}))
-            for index, event in enumerate(events)
+            (f"writer:{writer}", index + 1, json.dumps({c: events[index].get(c) for c in EVENT_COLUMNS}))
+            for index in sorted(first_index.values())
         ],
         "source_file string, line_number long, line string",
     )
-    unique_events = first_of_each_event_id(events_from_lines(lines))
+    unique_events = events_from_lines(lines)
     log_path = lake.table_path(RAW_EVENT_LOG)
     metrics = retry_on_conflict(
         lambda: merge_new_events(spark, log_path, unique_events).first(),
