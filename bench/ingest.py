@@ -53,9 +53,8 @@ from databuild_assets.ingest.landing import (
     ingest_landing_files,
     list_landing_files,
     merge_new_events,
-    read_landing_lines,
-    read_raw_lines,
 )
+from databuild_assets.ingest.lines import read_landing_lines, read_raw_lines
 from databuild_assets.log.sqlite_backend import load_events
 from databuild_assets.runtime.delta_tables import ensure_table
 from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, Lake

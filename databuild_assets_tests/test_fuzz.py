@@ -20,12 +20,11 @@ from databuild_assets.events.schema import event_from_row, normalize_event
 from databuild_assets.events.validation import MAX_LINE_BYTES, event_error, parse_line
 from databuild_assets.ingest.landing import (
     _Ledger,
-    _number_and_validate,
     ensure_ingest_tables,
     ingest_landing_files,
     list_landing_files,
-    read_landing_lines,
 )
+from databuild_assets.ingest.lines import _number_and_validate, read_landing_lines
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing

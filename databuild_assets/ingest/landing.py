@@ -20,23 +20,20 @@ never ingested half (a replay reads the same bytes).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-import pyarrow as pa
 from delta.tables import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 
-from databuild_assets.events.schema import CORE_FIELDS, EVENT_COLUMNS, EVENT_SCHEMA, EVENT_TYPES
-from databuild_assets.events.validation import parse_line
+from databuild_assets.events.schema import EVENT_COLUMNS, EVENT_SCHEMA
+from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
@@ -59,23 +56,6 @@ DEFAULT_SETTLE_SECONDS = 600.0
 
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-
-# What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it:
-# where the line is, and either the event it parsed to (typed, EVENT_SCHEMA's columns) or, for a
-# bad line, its text, its exact bytes and the reason. The worker parses each line once to validate
-# it; handing back the typed event spares the JVM a second parse of the same text.
-_LINES_ARROW = pa.schema(
-    [
-        ("source_file", pa.string()),
-        ("line_number", pa.int64()),
-        ("line", pa.string()),
-        ("raw_line", pa.binary()),
-        ("reason", pa.string()),
-    ]
-    + [pa.field(field.name, to_arrow_type(field.dataType), nullable=True) for field in EVENT_SCHEMA.fields]
-)
-_LINES_SCHEMA = from_arrow_schema(_LINES_ARROW)
-_CORE_COLUMNS = tuple(field.name for field in CORE_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -188,157 +168,6 @@ def split_incomplete(
         else:
             complete.append(landing_file)
     return complete, incomplete
-
-
-def _number_and_validate(
-    batches: Iterator[pa.RecordBatch],
-    range_starts: Mapping[tuple[str, int], tuple[int, int]],
-    sources: Mapping[str, str],
-    sizes: Mapping[str, int],
-    validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
-) -> Iterator[pa.RecordBatch]:
-    """Runs in Spark's Python workers over one task's lines, which come range by range and, in a
-    range, in file order. Numbers each line from its range's start (`range_starts`: lines and
-    bytes before the range; a file's first range starts at (0, 0)), cuts a file in `sizes` at
-    that many bytes, and validates. Good lines keep only their text; bad ones their exact bytes.
-    `sources` maps Spark's name of each file to the name the caller gave."""
-    at: dict[tuple[str, int], list[int]] = {}  # range -> [lines, bytes] read so far
-    for batch in batches:
-        files, numbers, texts, raw_lines, reasons, events = [], [], [], [], [], []
-        for path, range_start, raw in zip(
-            batch.column("path").to_pylist(),
-            batch.column("range_start").to_pylist(),
-            batch.column("raw").to_pylist(),
-            strict=True,
-        ):
-            position = at.get((path, range_start))
-            if position is None:
-                start = (0, 0) if range_start == 0 else range_starts.get((path, range_start))
-                if start is None:  # the file grew past what the count saw, so Spark split it anew
-                    raise RuntimeError(
-                        f"{sources[path]}: Spark read a byte range at {range_start} that the line count did not see, "
-                        "so its lines cannot be numbered: the file grew while this batch read it. Landed files must "
-                        "not change; run the ingestion again (it reads the bytes the batch planned)."
-                    )
-                position = at[(path, range_start)] = list(start)
-            line_index, offset = position
-            position[0], position[1] = line_index + 1, offset + len(raw) + 1  # + the newline
-            source = sources[path]
-            planned_size = sizes.get(source)
-            if planned_size is not None:
-                if offset >= planned_size:
-                    continue
-                raw = raw[: planned_size - offset]
-            event, reason = validate(raw)
-            files.append(source)
-            numbers.append(line_index + 1)
-            reasons.append(reason)
-            if reason is None:
-                texts.append(None)
-                raw_lines.append(None)
-                events.append(event or {})
-            else:
-                texts.append(raw.decode("utf-8", errors="replace"))
-                raw_lines.append(raw)
-                events.append({})
-        yield _lines_batch(files, numbers, texts, raw_lines, reasons, events)
-
-
-def _lines_batch(files, numbers, texts, raw_lines, reasons, events: list[dict]) -> pa.RecordBatch:
-    """One Arrow batch of `_LINES_ARROW` (an event of a bad line is {}: every event column null)."""
-    columns = [files, numbers, texts, raw_lines, reasons]
-    columns += [[event.get(name) for event in events] for name in _CORE_COLUMNS]
-    types = columns[-1]  # event_type: the one payload an event sets
-    columns += [
-        [event.get(name) if kind == name else None for event, kind in zip(events, types, strict=True)]
-        for name in EVENT_TYPES
-    ]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(values, type=field.type) for values, field in zip(columns, _LINES_ARROW, strict=True)],
-        schema=_LINES_ARROW,
-    )
-
-
-def read_landing_lines(
-    spark: SparkSession,
-    paths: list[str],
-    sizes: Mapping[str, int] | None = None,
-    validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
-) -> DataFrame:
-    """Every line of `paths` with its file and 1-based line number; a good line with its event
-    (EVENT_SCHEMA's columns), a bad one with its text, its bytes and the reason. Files named in
-    `sizes` are read only up to that size.
-
-    Spark's text source splits the files into lines, a large file in byte ranges read by
-    separate tasks (`spark.sql.files.maxPartitionBytes`, 128 MB by default), so no task holds a
-    whole file. A line is numbered by its place in its range plus the lines before the range,
-    which one count per range gives; files too small to be split need no count.
-    """
-    hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path
-    sources = {hadoop_path(path).toUri().toString(): path for path in paths}  # how _metadata names a file
-    lines = read_raw_lines(spark, paths)
-    range_starts = _range_starts(lines) if _may_be_split(spark, paths) else {}
-    worker = functools.partial(
-        _number_and_validate, range_starts=range_starts, sources=sources, sizes=dict(sizes or {}), validate=validate
-    )
-    return lines.mapInArrow(worker, _LINES_SCHEMA)
-
-
-def read_raw_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """The lines of `paths` as Spark's text source splits them, unnumbered and unchecked: the file
-    (`path`, as Spark names it), the start of the byte range read (`range_start`) and the line's
-    exact bytes (`raw`, valid UTF-8 or not). Lines end at a newline only, as JSON Lines says: a
-    carriage return stays in its line."""
-    return (
-        spark.read.option("lineSep", "\n")
-        .text(paths)
-        .select(
-            F.col("_metadata.file_path").alias("path"),
-            F.col("_metadata.file_block_start").alias("range_start"),
-            F.col("value").cast("binary").alias("raw"),
-        )
-    )
-
-
-def _may_be_split(spark: SparkSession, paths: list[str]) -> bool:
-    """Whether Spark will read some file of `paths` in more than one range: one larger than the
-    split size Spark computes for this read (FilePartition.maxSplitBytes: the configured maximum,
-    or less when the read is small for the cores, never below spark.sql.files.openCostInBytes).
-    The sizes come from one listing per folder, not one request per file (on object storage, a
-    request per file would add up). Were this ever wrong, the workers stop on a range they cannot
-    number (`_number_and_validate`); they never number a line wrongly."""
-    jvm, hadoop_conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
-    sizes: dict[str, int] = {}
-    for folder in {str(jvm.org.apache.hadoop.fs.Path(path).getParent().toString()) for path in paths}:
-        folder_path = jvm.org.apache.hadoop.fs.Path(folder)
-        for status in folder_path.getFileSystem(hadoop_conf).listStatus(folder_path):
-            sizes[status.getPath().toString()] = status.getLen()
-    if any(path not in sizes for path in paths):  # named otherwise than the listing names it
-        return True
-    conf = spark._jsparkSession.sessionState().conf()
-    open_cost = conf.filesOpenCostInBytes()
-    min_partitions = conf.filesMinPartitionNum()
-    partitions = (
-        min_partitions.get() if min_partitions.isDefined() else spark._jsparkSession.leafNodeDefaultParallelism()
-    )
-    bytes_per_core = sum(sizes[path] + open_cost for path in paths) // partitions
-    split_bytes = min(conf.filesMaxPartitionBytes(), max(open_cost, bytes_per_core))
-    return any(sizes[path] > split_bytes for path in paths)
-
-
-def _range_starts(lines: DataFrame) -> dict[tuple[str, int], tuple[int, int]]:
-    """(file, range start) -> (lines, bytes) before that range, from a count of each range's lines."""
-    counts = (
-        lines.groupBy("path", "range_start")
-        .agg(F.count(F.lit(1)).alias("lines"), F.sum(F.length("raw") + 1).alias("bytes"))
-        .collect()
-    )
-    starts, before = {}, {}
-    for row in sorted(counts, key=lambda row: (row["path"], row["range_start"])):
-        line_count, byte_count = before.get(row["path"], (0, 0))
-        starts[(row["path"], row["range_start"])] = (line_count, byte_count)
-        before[row["path"]] = (line_count + row["lines"], byte_count + row["bytes"])
-    return starts
 
 
 def events_from_lines(good_lines: DataFrame, source_line: str = "line_number") -> DataFrame:

@@ -25,8 +25,8 @@ from databuild_assets.ingest.landing import (
     LandingFile,
     ingested_files,
     list_landing_files,
-    read_landing_lines,
 )
+from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
     event_matches,
