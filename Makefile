@@ -38,9 +38,11 @@ demo: setup
 
 # `dg check defs` first: the definitions load through Dagster's project tooling ([tool.dg] in pyproject.toml).
 # Then the suite, which prints the line coverage of databuild_assets ([tool.coverage.*] in pyproject.toml).
+# TEST_WORKERS: pytest-xdist worker processes, each with its own JVM (CI has 2 cores); 0 runs in one process.
+TEST_WORKERS ?= 2
 test: setup
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
-	$(BIN)/python -m pytest --cov --cov-report=term
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term
 
 # Settings in [tool.ruff] (pyproject.toml). `make format` fixes what the formatter and the import sorter can.
 lint: setup
