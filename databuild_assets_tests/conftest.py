@@ -1,4 +1,4 @@
-"""One SparkSession for the whole suite (the JVM starts once), and a fresh lake per test."""
+"""One SparkSession per test process (its JVM starts once; `make test` runs two), and a fresh lake per test."""
 
 from __future__ import annotations
 
