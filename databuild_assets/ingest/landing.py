@@ -484,7 +484,8 @@ def ingest_landing_files(
     planned = ledger.plan(complete, ledger_rows)
     if planned is not None:
         batch_id, files = planned
-        sizes = {f.path: f.size for f in complete if f.path in set(files)}  # as the plan recorded them
+        planned_files = set(files)
+        sizes = {f.path: f.size for f in complete if f.path in planned_files}  # as the plan recorded them
         results.append(write_batch(spark, lake, batch_id, files, sizes=sizes))
         ledger.record_committed(results[-1])
     return IngestResult(
