@@ -84,6 +84,16 @@ def refresh_all(spark, lake, full: bool = False) -> dict[str, str]:
     return {name: result.mode for name, result in results.items()}
 
 
+def pipeline_definitions(lake, job) -> Definitions:
+    """The ingestion, filtered log and projection assets with their checks, and `job`, on `lake`."""
+    return Definitions(
+        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
+        asset_checks=projection_asset_checks,
+        jobs=[job],
+        resources={"lakehouse": lakehouse_for(lake)},
+    )
+
+
 @pytest.fixture(scope="module")
 def workload() -> list[dict]:
     return list(generate_events(1_500, seed=11))
@@ -315,13 +325,11 @@ def test_a_landing_file_takes_one_run_and_the_event_log_sensor_then_requests_not
     write_landing(lake, "builds.jsonl", one_partition_build("br-fresh", "data/fresh", 0))
     landing = landing_files_sensor(build_sensor_context(resources={"lakehouse": lakehouse_for(lake)}))
     assert landing_files_sensor.job_name == "ingest_and_refresh_job" and len(landing.run_requests) == 1
-    defs = Definitions(
-        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
-        asset_checks=projection_asset_checks,
-        jobs=[ingest_and_refresh_job],
-        resources={"lakehouse": lakehouse_for(lake)},
+    result = (
+        pipeline_definitions(lake, ingest_and_refresh_job)
+        .resolve_job_def("ingest_and_refresh_job")
+        .execute_in_process()
     )
-    result = defs.resolve_job_def("ingest_and_refresh_job").execute_in_process()
     assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
     assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/fresh"]
 
@@ -412,13 +420,7 @@ def test_landing_state_changes_when_a_file_being_written_settles(lake):
 
 def test_projection_checks_pass_after_a_run_and_fail_on_a_duplicated_key(spark, lake):
     write_landing_files(lake.landing, 400, seed=5)
-    job = define_asset_job("everything")
-    defs = Definitions(
-        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
-        asset_checks=projection_asset_checks,
-        jobs=[job],
-        resources={"lakehouse": lakehouse_for(lake)},
-    )
+    defs = pipeline_definitions(lake, define_asset_job("everything"))
     first = defs.resolve_job_def("everything").execute_in_process()
     results = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in first.get_asset_check_evaluations()}
     assert len(results) == 12 and all(results.values()), results
