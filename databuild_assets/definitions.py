@@ -31,7 +31,7 @@ assets = in_catalog(
     catalog,
 )
 freshness_checks = projection_freshness_checks(catalog.max_projection_lag)
-freshness_schedule = projection_freshness_schedule(freshness_checks, catalog.freshness_cron)
+freshness_schedule = projection_freshness_schedule([freshness_checks, *projection_asset_checks], catalog.freshness_cron)
 
 # Every asset, in one run (the main job of the README): ingestion, the filtered log, the projections.
 all_assets_job = define_asset_job(

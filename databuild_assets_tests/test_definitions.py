@@ -51,6 +51,21 @@ def test_definitions_load_and_validate():
     assert defs.resolve_job_def("all_assets_job").executor_def.name == "in_process"
 
 
+def test_the_landing_run_runs_no_check_and_the_freshness_schedule_runs_every_check():
+    from databuild_assets.definitions import defs
+
+    def checks_of(job_name: str) -> set[str]:
+        graph = defs.resolve_job_def(job_name).asset_layer.asset_graph
+        return {f"{key.asset_key.to_user_string()}:{key.name}" for key in graph.asset_check_keys}
+
+    every_check = {
+        f"{key.asset_key.to_user_string()}:{key.name}" for key in defs.resolve_asset_graph().asset_check_keys
+    }
+    assert len(every_check) == 15  # five on each projection
+    assert checks_of("ingest_and_refresh_job") == set()
+    assert checks_of(defs.resolve_schedule_def("projection_freshness_schedule").job_name) == every_check
+
+
 def test_every_asset_has_kinds_owners_tags_and_a_uri_and_every_table_its_columns_and_name():
     from databuild_assets.definitions import defs
 

@@ -2,6 +2,7 @@
 event log longer than a bound (`projections/freshness.py` measures the lag), and a schedule that
 runs those checks, since a projection falls behind exactly when nothing refreshes it."""
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from dagster import (
@@ -75,12 +76,13 @@ def projection_freshness_checks(max_lag: timedelta):
     return checks
 
 
-def projection_freshness_schedule(checks, cron: str) -> ScheduleDefinition:
-    """Runs the freshness checks alone (no materialization) on `cron`."""
+def projection_freshness_schedule(checks: Sequence, cron: str) -> ScheduleDefinition:
+    """Runs `checks` (the freshness checks, and the projections' other checks, which the landing
+    run leaves out) alone, with no materialization, on `cron`."""
     job = define_asset_job(
         "projection_freshness_job",
-        selection=AssetSelection.checks(checks),
-        description="Check that every projection keeps up with the raw event log.",
+        selection=AssetSelection.checks(*checks),
+        description="Check every projection: that it keeps up with the raw event log, and its rows.",
     )
     return ScheduleDefinition(
         name="projection_freshness_schedule",
@@ -88,7 +90,7 @@ def projection_freshness_schedule(checks, cron: str) -> ScheduleDefinition:
         cron_schedule=cron,
         execution_timezone="UTC",
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Runs the projections' freshness checks ({cron} UTC; DATABUILD_FRESHNESS_CRON).",
+        description=f"Runs the projections' checks: freshness and rows ({cron} UTC; DATABUILD_FRESHNESS_CRON).",
     )
 
 
