@@ -161,12 +161,13 @@ def start_dagster(repo: Path, env: dict[str, str], port: int, log_path: Path) ->
 
 
 def stop_dagster(process: subprocess.Popen) -> None:
-    """SIGTERM to dagster dev's process group (it stops its children), then SIGKILL what is left."""
+    """SIGTERM to dagster dev's process group (it stops its children), then SIGKILL what is left.
+    A Ctrl-C while it waits goes straight to the SIGKILL, so the group never outlives the bench."""
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
             pass
     try:
         os.killpg(process.pid, signal.SIGKILL)  # run workers and JVMs the group still holds
@@ -305,12 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         watcher = StateWatcher(lake / "tables" / "partition_state")
         raw_log = lake / "tables" / "raw_event_log"
         results: list[Landed] = []
+        interrupted = False
         print(f"\n  {'file':<32}  {'raw log s':>9}  {'partition_state s':>17}  {'load 1m':>7}")
         for index in range(args.warmup + args.files):
             try:
                 landed = measure_file(lake / "landing", raw_log, watcher, index, run_tag, args)
             except KeyboardInterrupt:  # Ctrl-C (SIGINT): report the files measured so far
                 print("  interrupted: the figures below are of the files measured so far")
+                interrupted = True
                 break
             results.append(landed)
             tag = " (warm-up)" if index < args.warmup else ""
@@ -331,9 +334,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {label:<16}  {percentile(values, 0.5):>6.1f}  {percentile(values, 0.95):>6.1f}  "
                     f"{max(values):>6.1f}"
                 )
-        # The runs the last file started (a refresh's asset checks end after partition_state's
-        # commit) end before dagster dev is stopped, so that none is cut off and counted.
-        settle(instance, 0, timeout_s=args.timeout)
+        # The runs the last file started end before dagster dev is stopped, so that none is cut
+        # off and counted; after a Ctrl-C, the runs so far are reported and the rest stopped.
+        if not interrupted:
+            settle(instance, 0, timeout_s=args.timeout)
         print_runs(instance)
         print(f"\n{load_average()}")
         return 0 if len(measured) == args.files else 1
