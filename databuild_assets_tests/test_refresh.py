@@ -330,7 +330,8 @@ def test_a_landing_file_takes_one_run_and_the_event_log_sensor_then_requests_not
         .resolve_job_def("ingest_and_refresh_job")
         .execute_in_process()
     )
-    assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
+    # No checks in it: they scan the whole log, and run on their schedule instead.
+    assert result.success and result.get_asset_check_evaluations() == []
     assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/fresh"]
 
     instance = DagsterInstance.ephemeral()
