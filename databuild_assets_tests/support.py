@@ -25,7 +25,15 @@ TEST_SPARK_SETTINGS = SparkSettings(
     app_name="databuild-assets-tests",
     shuffle_partitions=2,
     driver_memory="2g",
-    extra_config={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+    extra_config={
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Interpreted execution instead of generated code: the tables hold a few rows, and
+        # generating and compiling code for each plan (Delta's log replay included) was most of
+        # the test JVMs' CPU. Results do not depend on it (docs/decisions.md, The test suite).
+        "spark.sql.codegen.wholeStage": "false",
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    },
 )
 
 # The tests' logs are tiny, and by default a refresh rebuilds a small log (`RebuildRule`). The tests
