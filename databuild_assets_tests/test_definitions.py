@@ -54,13 +54,13 @@ def test_definitions_load_and_validate():
 def test_the_landing_run_runs_no_check_and_the_freshness_schedule_runs_every_check():
     from databuild_assets.definitions import defs
 
-    def checks_of(job_name: str) -> set[str]:
-        graph = defs.resolve_job_def(job_name).asset_layer.asset_graph
+    def names(graph) -> set[str]:
         return {f"{key.asset_key.to_user_string()}:{key.name}" for key in graph.asset_check_keys}
 
-    every_check = {
-        f"{key.asset_key.to_user_string()}:{key.name}" for key in defs.resolve_asset_graph().asset_check_keys
-    }
+    def checks_of(job_name: str) -> set[str]:
+        return names(defs.resolve_job_def(job_name).asset_layer.asset_graph)
+
+    every_check = names(defs.resolve_asset_graph())
     assert len(every_check) == 15  # five on each projection
     assert checks_of("ingest_and_refresh_job") == set()
     assert checks_of(defs.resolve_schedule_def("projection_freshness_schedule").job_name) == every_check
