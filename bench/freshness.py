@@ -46,6 +46,7 @@ import pyarrow.dataset as ds
 from bench.measuring import load_average
 from bench.query_path import percentile, service_build
 from databuild_assets.runtime.delta_tables import latest_version_on_disk
+from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, stop_hosts
 from databuild_assets.workload.encoding import encode_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(repo / "dagster.yaml", home / "dagster.yaml")
         env = {**os.environ, "DAGSTER_HOME": str(home), "DATABUILD_LAKE_ROOT": str(lake)}
         env["PYTHONPATH"] = str(repo)  # the code of --repo, not this venv's editable install
+        # The runs' warm Spark driver registers here, so the bench can stop it (it outlives the runs).
+        env[DRIVERS_DIR_ENV] = str(work / "spark-drivers")
         env.update(pair.split("=", 1) for pair in args.env)
         port = free_port()
         print(f"starting dagster dev on 127.0.0.1:{port}; {load_average()}")
@@ -344,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if process is not None:
             stop_dagster(process)
+        if (work / "spark-drivers").is_dir():
+            stop_hosts(work / "spark-drivers")
         if args.keep:
             print(f"kept {work}")
         else:

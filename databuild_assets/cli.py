@@ -1,5 +1,6 @@
 """Command line: `databuild-assets demo` runs the main job on the embedded default lake;
-`migrate` copies a SQLite log into the lake; `query` asks either backend one question.
+`migrate` copies a SQLite log into the lake; `query` asks either backend one question;
+`spark-driver status|stop` lists or stops the warm Spark drivers of Dagster's runs.
 
 It generates a realistic workload into the landing folder (when that folder is empty), runs
 every asset through Dagster in this process, and prints what the lake now holds.
@@ -29,6 +30,8 @@ def _landing_has_files(lake: Lake) -> bool:
 
 
 def demo(events: int, seed: int) -> int:
+    # The demo is one process: a JVM of its own, gone when it ends (the warm driver is for runs).
+    os.environ.setdefault("DATABUILD_SPARK_DRIVER", "own")
     from databuild_assets.definitions import all_assets_job, defs
     from databuild_assets.workload import write_landing_files
 
@@ -135,6 +138,25 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
     return 0
 
 
+def spark_driver(action: str) -> int:
+    from databuild_assets.runtime.warm_driver import drivers_dir, running_hosts, stop_hosts
+
+    if action == "stop":
+        stopped = stop_hosts()
+        print(f"stopped {len(stopped)} warm Spark driver(s)" + (f": {', '.join(map(str, stopped))}" if stopped else ""))
+        return 0
+    hosts = running_hosts()
+    if not hosts:
+        print(f"no warm Spark driver is running (registry: {drivers_dir()})")
+    for key, host, attached in hosts:
+        age = (time.time() - host.started_at) / 60
+        print(
+            f"{key}  pid {host.pid}  master {host.master}  up {age:.0f} min  "
+            f"attached {', '.join(map(str, attached)) or 'none'}  log {host.log}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="databuild-assets", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -153,7 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     run_query.add_argument("uri", help="sqlite:///path/bel.db, delta:///path/to/lake or delta+s3a://bucket/lake")
     run_query.add_argument("method", help="a query method, e.g. get_activity_summary or list_events")
     run_query.add_argument("arguments", nargs="*", help="its arguments: values in order, or name=value")
+    run_driver = commands.add_parser(
+        "spark-driver", help="list (status) or stop the warm Spark drivers Dagster's runs attach to"
+    )
+    run_driver.add_argument("action", choices=["status", "stop"])
     args = parser.parse_args(argv)
+    if args.command == "spark-driver":
+        return spark_driver(args.action)
     if args.command == "demo":
         return demo(args.events, args.seed)
     if args.command == "migrate":

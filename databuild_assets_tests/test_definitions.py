@@ -23,6 +23,7 @@ from databuild_assets.defs.catalog import (
     in_catalog,
 )
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.projections.projection import STATE
@@ -208,3 +209,14 @@ def test_materializing_again_with_no_new_files_ingests_nothing(spark, lake):
 
     raw = again.asset_materializations_for_node("ingested_event_log")[0].metadata
     assert (raw["lines_read"].value, raw["accepted"].value, raw["delta_version"].value) == (0, 0, version)
+
+
+def test_a_deployments_runs_share_the_warm_driver_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("DATABUILD_SPARK_DRIVER", raising=False)
+    assert LakehouseResource.from_env().driver == "warm"  # each run is a process: one JVM for them all
+    monkeypatch.setenv("DATABUILD_SPARK_DRIVER", "own")
+    assert LakehouseResource.from_env().driver == "own"
+    monkeypatch.setenv("DATABUILD_SPARK_DRIVER", "shared")
+    with pytest.raises(ValueError, match="DATABUILD_SPARK_DRIVER='shared'"):
+        LakehouseResource.from_env()
+    assert LakehouseResource(lake_root="/tmp/lake").driver == "own"  # built in code (the tests): its own JVM

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Literal
 
+from dagster import InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from databuild_assets.runtime import warm_driver
 from databuild_assets.runtime.lake import DEFAULT_LAKE_ROOT, Lake
 from databuild_assets.runtime.spark import DEFAULT_MASTER, SparkSettings, build_spark_session
+
+DRIVER_ENV = "DATABUILD_SPARK_DRIVER"
+IDLE_ENV = "DATABUILD_SPARK_DRIVER_IDLE_MINUTES"
 
 
 class LakehouseResource(LazyPySparkResource):
@@ -29,6 +35,15 @@ class LakehouseResource(LazyPySparkResource):
     shuffle_partitions: int = Field(default=8, description="spark.sql.shuffle.partitions; raise it on a cluster.")
     driver_memory: str = Field(default="4g", description="spark.driver.memory (local mode: all of Spark's memory).")
     extra_spark_config: dict[str, str] = Field(default_factory=dict, description="Any other Spark settings; they win.")
+    driver: Literal["own", "warm"] = Field(
+        default="own",
+        description="own: this process starts its own JVM. warm: it attaches to a long-lived driver "
+        "shared by every process with the same settings and code (runtime/warm_driver.py).",
+    )
+    driver_idle_minutes: float = Field(
+        default=warm_driver.DEFAULT_IDLE_MINUTES,
+        description="A warm driver stops after this long with nobody attached.",
+    )
     spark_config: dict[str, Any] = Field(
         default_factory=dict, description="Computed from the fields above; leave empty."
     )
@@ -36,14 +51,21 @@ class LakehouseResource(LazyPySparkResource):
     @classmethod
     def from_env(cls) -> LakehouseResource:
         """Defaults, overridden by DATABUILD_SPARK_MASTER, DATABUILD_LAKE_ROOT,
-        DATABUILD_SPARK_SHUFFLE_PARTITIONS, DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF."""
+        DATABUILD_SPARK_SHUFFLE_PARTITIONS, DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF.
+        A deployment's runs (one process each) use the warm driver unless DATABUILD_SPARK_DRIVER=own;
+        DATABUILD_SPARK_DRIVER_IDLE_MINUTES sets how long it outlives its last run."""
         settings = SparkSettings.from_env()
+        driver = os.environ.get(DRIVER_ENV, "warm")
+        if driver not in ("own", "warm"):
+            raise ValueError(f"{DRIVER_ENV}={driver!r}: use own (a JVM per process) or warm (one shared driver)")
         return cls(
             master=settings.master,
             lake_root=Lake.from_env().root,
             shuffle_partitions=settings.shuffle_partitions,
             driver_memory=settings.driver_memory,
             extra_spark_config=dict(settings.extra_config),
+            driver=driver,
+            driver_idle_minutes=float(os.environ.get(IDLE_ENV, warm_driver.DEFAULT_IDLE_MINUTES)),
         )
 
     @property
@@ -62,7 +84,14 @@ class LakehouseResource(LazyPySparkResource):
 
     def _init_session(self) -> None:
         if self._spark_session is None:
-            self._spark_session = build_spark_session(self.settings)
+            if self.driver == "warm":
+                self._spark_session = warm_driver.warm_session(self.settings, self.driver_idle_minutes)
+            else:
+                self._spark_session = build_spark_session(self.settings)
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self.driver == "warm" and self._spark_session is not None:
+            warm_driver.detach()
 
     @property
     def spark_session(self) -> SparkSession:

@@ -1,0 +1,289 @@
+"""A Spark driver kept warm across processes: short-lived processes (Dagster's runs, one process
+each) attach to one long-lived JVM instead of starting their own.
+
+The first process that asks for a session with given settings starts a *driver host*: a detached
+Python process that starts Spark's JVM (the same `build_spark_session` as everywhere else), then
+only keeps it alive and watches who is attached. Every process with the same settings and the same
+code attaches to that JVM through its Py4J gateway, as Zeppelin and Livy attach Python to a JVM
+they started: it gets a classic `SparkSession` of its own (its own SQL settings and temporary
+views) on the host's SparkContext, so every PySpark and Delta API works as in a process of its
+own, without the JVM's start, its class loading and its first Delta jobs. The host is found by
+a key over the Spark settings, the interpreter and this package's source files, so a changed
+setting or a changed line of code gets a new host, never a stale one.
+
+    spark = warm_session(SparkSettings())   # attaches, starting the host if there is none
+    ...
+    detach()                                # done; the host idles out after `idle_minutes`
+
+Crashes keep the semantics of a JVM per process: a process that dies attached (killed, or a run
+Dagster terminated) takes the host down with it, so no job or Delta commit of a dead process goes
+on behind the commit lock it held. `databuild-assets spark-driver status|stop` lists and stops
+hosts. Why this and not Spark Connect: docs/decisions.md, "A warm Spark driver".
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import pyspark
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
+from pyspark.sql import SparkSession
+
+from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session, spark_config
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+DRIVERS_DIR_ENV = "DATABUILD_SPARK_DRIVERS_DIR"
+DEFAULT_IDLE_MINUTES = 30.0
+START_TIMEOUT_S = 180.0
+WATCH_INTERVAL_S = 0.2
+
+_attached: Path | None = None  # this process's registration file while it is attached
+
+
+def drivers_dir() -> Path:
+    """Where hosts register: DATABUILD_SPARK_DRIVERS_DIR, else a folder of this user's in the temp dir."""
+    configured = os.environ.get(DRIVERS_DIR_ENV)
+    path = Path(configured) if configured else Path(tempfile.gettempdir()) / f"databuild-spark-drivers-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def driver_key(settings: SparkSettings, source_root: Path = PACKAGE_ROOT) -> str:
+    """What a host must share with a process to serve it: Spark's settings, the interpreter (its
+    Python workers import this package) and this package's source (a changed file, a new host)."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(spark_config(settings), sort_keys=True).encode())
+    digest.update(f"{sys.executable}\0{pyspark.__version__}".encode())
+    for path in sorted(source_root.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(source_root)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DriverHost:
+    """A running host as its `host.json` describes it."""
+
+    pid: int
+    port: int
+    secret: str
+    master: str
+    started_at: float
+    log: str
+
+    @classmethod
+    def read(cls, folder: Path) -> DriverHost | None:
+        """The host registered in `folder`, if its process is alive."""
+        try:
+            host = cls(**json.loads((folder / "host.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return host if _alive(host.pid) else None
+
+
+def warm_session(settings: SparkSettings, idle_minutes: float = DEFAULT_IDLE_MINUTES) -> SparkSession:
+    """A SparkSession of this process on the warm driver for `settings`, the host started first
+    if none is running (that first call pays the JVM's start). Idempotent within a process.
+
+        spark = warm_session(SparkSettings(master="local[*]"))
+    """
+    global _attached
+    active = SparkSession.getActiveSession()
+    if _attached is not None and active is not None:
+        return active
+    if SparkContext._gateway is not None:
+        raise SparkStartError("this process already runs a JVM of its own; it cannot also attach to a warm driver")
+    folder = drivers_dir() / driver_key(settings)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    with _start_lock(folder):  # the host cannot idle out between the look-up and the registration
+        host = DriverHost.read(folder) or _start_host(folder, settings, idle_minutes)
+        clients = folder / "clients"
+        clients.mkdir(exist_ok=True)
+        _attached = clients / str(os.getpid())
+        _attached.write_text(str(os.getpid()))
+    atexit.register(detach)
+    return _session_on(host, settings)
+
+
+def detach() -> None:
+    """Tell the host this process is done with it (the host then idles out in its own time).
+    A process that exits without detaching is taken for crashed: the host stops its JVM."""
+    global _attached
+    if _attached is not None:
+        _attached.unlink(missing_ok=True)
+        _attached = None
+
+
+def _session_on(host: DriverHost, settings: SparkSettings) -> SparkSession:
+    os.environ["PYSPARK_GATEWAY_PORT"] = str(host.port)
+    os.environ["PYSPARK_GATEWAY_SECRET"] = host.secret
+    if settings.master.startswith("local"):
+        # A Python UDF runs the interpreter its driver process names (pyspark's pythonExec).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    gateway = launch_gateway()
+    jvm = gateway.jvm
+    jsc = jvm.JavaSparkContext.fromSparkContext(jvm.org.apache.spark.SparkContext.getOrCreate())
+    context = SparkContext(gateway=gateway, jsc=jsc, conf=SparkConf(_jconf=jsc.getConf()))
+    # A session of its own on the shared context: SQL settings and temporary views are per process.
+    shared = getattr(jvm, "org.apache.spark.sql.classic.SparkSession").getDefaultSession().get()
+    return SparkSession(context, jsparkSession=shared.newSession())
+
+
+@contextlib.contextmanager
+def _start_lock(folder: Path) -> Iterator[None]:
+    with open(folder / "start.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _start_host(folder: Path, settings: SparkSettings, idle_minutes: float) -> DriverHost:
+    (folder / "host.json").unlink(missing_ok=True)
+    log = folder / "host.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, json.dumps(asdict(settings)), str(folder), str(idle_minutes)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this process and its process group (Dagster's run)
+            cwd=folder,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        host = DriverHost.read(folder)
+        if host is not None and host.pid == process.pid:
+            return host
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    tail = log.read_text(errors="replace")[-3000:]
+    raise SparkStartError(f"the warm Spark driver did not start (its log, {log}, ends with):\n{tail}")
+
+
+# The host ---------------------------------------------------------------------------------------
+
+
+def serve(settings: SparkSettings, folder: Path, idle_minutes: float) -> int:
+    """The host's life: start Spark, register, watch the attached processes, stop when idle or
+    when one of them died attached."""
+    # Its runs' logs are in Dagster; a progress bar in a log file nobody watches is noise.
+    console = {"spark.ui.showConsoleProgress": "false"}
+    spark = build_spark_session(replace(settings, extra_config={**settings.extra_config, **console}))
+    gateway = SparkContext._gateway
+    _warm_up(spark, folder)
+    clients = folder / "clients"
+    clients.mkdir(exist_ok=True)
+    for stale in clients.iterdir():  # registrations of a host before this one
+        stale.unlink(missing_ok=True)
+    host = DriverHost(
+        pid=os.getpid(),
+        port=gateway.java_parameters.port,
+        secret=gateway.java_parameters.auth_token,
+        master=settings.master,
+        started_at=time.time(),
+        log=str(folder / "host.log"),
+    )
+    staged = folder / "host.json.tmp"
+    staged.touch(mode=0o600)
+    staged.write_text(json.dumps(asdict(host)))
+    staged.replace(folder / "host.json")
+    print(f"warm Spark driver {host.pid} ready on port {host.port} (idle timeout {idle_minutes} min)", flush=True)
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append("stopped (SIGTERM)"))
+    idle_since = time.monotonic()
+    while not stop:
+        time.sleep(WATCH_INTERVAL_S)
+        attached = [int(path.name) for path in clients.iterdir() if path.name.isdigit()]
+        dead = [pid for pid in attached if not _alive(pid)]
+        if dead:
+            # Its jobs and commits would go on without it, behind a commit lock it no longer holds.
+            print(f"warm Spark driver {os.getpid()}: process {dead[0]} exited while attached: stopping the JVM with it")
+            gateway.proc.kill()
+            (folder / "host.json").unlink(missing_ok=True)
+            sys.stdout.flush()
+            os._exit(1)  # not sys.exit: pyspark's exit hooks would try to talk to the JVM just killed
+        if attached:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > idle_minutes * 60:
+            with _start_lock(folder):
+                if not any(clients.iterdir()):
+                    stop.append(f"idle for {idle_minutes} min")
+                    (folder / "host.json").unlink(missing_ok=True)
+    (folder / "host.json").unlink(missing_ok=True)
+    print(f"warm Spark driver {host.pid}: {stop[0]}", flush=True)
+    spark.stop()
+    return 0
+
+
+def _warm_up(spark: SparkSession, folder: Path) -> None:
+    """Load and compile what every run uses first (Delta's commit, log replay and MERGE) before
+    the host says it is ready, so the first process attached does not pay for it."""
+    path = str(folder / "warm-up-table")
+    rows = spark.range(10).selectExpr("id", "cast(id as string) as value")
+    rows.write.format("delta").mode("overwrite").save(path)
+    spark.sql(
+        f"MERGE INTO delta.`{path}` t USING (SELECT id, 'x' AS value FROM range(5, 15)) s ON t.id = s.id "
+        "WHEN NOT MATCHED THEN INSERT *"
+    )
+    spark.read.format("delta").load(path).count()
+
+
+def stop_hosts(root: Path | None = None) -> list[int]:
+    """Stop every running host (SIGTERM: each stops Spark and exits); their pids."""
+    stopped = []
+    for folder in sorted((root or drivers_dir()).iterdir()):
+        host = DriverHost.read(folder) if folder.is_dir() else None
+        if host is not None:
+            os.kill(host.pid, signal.SIGTERM)
+            stopped.append(host.pid)
+    return stopped
+
+
+def running_hosts(root: Path | None = None) -> list[tuple[str, DriverHost, list[int]]]:
+    """(key, host, attached pids) of every running host."""
+    found = []
+    for folder in sorted((root or drivers_dir()).iterdir()):
+        host = DriverHost.read(folder) if folder.is_dir() else None
+        if host is not None:
+            clients = folder / "clients"
+            pids = sorted(int(p.name) for p in clients.iterdir() if p.name.isdigit()) if clients.is_dir() else []
+            found.append((folder.name, host, pids))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) is gone for our purpose.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return False
+    return True
+
+
+if __name__ == "__main__":
+    settings_json, folder_arg, idle_arg = sys.argv[1:4]
+    sys.exit(serve(SparkSettings(**json.loads(settings_json)), Path(folder_arg), float(idle_arg)))

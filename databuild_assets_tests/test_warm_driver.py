@@ -1,0 +1,94 @@
+"""The warm Spark driver (runtime/warm_driver.py): processes of their own attach to one JVM and
+ingest through it, each seeing the commits of the one before; a process that dies attached takes
+the JVM with it; other settings or other code get another host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from databuild_assets.runtime.lake import Lake
+from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, driver_key, running_hosts, stop_hosts
+from databuild_assets_tests.support import REPO_ROOT, one_partition_build, write_landing
+from databuild_assets_tests.warm_driver_client import SETTINGS
+
+
+@pytest.fixture(scope="module")
+def drivers(tmp_path_factory):
+    """A registry of hosts for this module alone; every host in it is stopped at the end."""
+    folder = tmp_path_factory.mktemp("spark-drivers")
+    yield folder
+    stop_hosts(folder)
+
+
+def start_client(lake: Lake, drivers: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "databuild_assets_tests.warm_driver_client", lake.root, *extra],
+        cwd=REPO_ROOT,
+        env={**os.environ, DRIVERS_DIR_ENV: str(drivers)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def report(process: subprocess.Popen) -> dict:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, f"client failed:\n{err[-3000:]}"
+    return json.loads(out.splitlines()[-1])
+
+
+def jvm_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+
+
+def test_processes_attach_to_one_jvm_and_ingest_through_it(tmp_path, drivers):
+    lake = Lake(str(tmp_path / "lake"))
+    write_landing(lake, "first.jsonl", one_partition_build("br-1", "data/a", 0))
+
+    first = report(start_client(lake, drivers))
+    write_landing(lake, "second.jsonl", one_partition_build("br-2", "data/b", 10))
+    second = report(start_client(lake, drivers))
+
+    assert (first["files"], first["accepted"]) == (1, 3)
+    assert (second["files"], second["accepted"]) == (1, 3)  # the first file is not read again
+    assert second["jvm_pid"] == first["jvm_pid"]
+    [(_, host, attached)] = running_hosts(drivers)
+    assert attached == []  # both detached when they were done; the host waits for the next
+
+
+def test_a_process_killed_while_attached_stops_the_jvm(tmp_path, drivers):
+    lake = Lake(str(tmp_path / "lake"))
+    write_landing(lake, "only.jsonl", one_partition_build("br-1", "data/a", 0))
+    holder = start_client(lake, drivers, "--hold")
+    jvm_pid = json.loads(holder.stdout.readline())["jvm_pid"]
+    assert jvm_alive(jvm_pid)
+
+    holder.kill()
+    holder.wait()
+    deadline = time.monotonic() + 30
+    while (jvm_alive(jvm_pid) or running_hosts(drivers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    assert not jvm_alive(jvm_pid), "the JVM outlived the process that died attached to it"
+    assert running_hosts(drivers) == []
+
+
+def test_other_settings_or_other_code_get_another_host(tmp_path):
+    source = tmp_path / "package"
+    (source / "ingest").mkdir(parents=True)
+    (source / "ingest" / "lines.py").write_text("VALIDATE = 1\n")
+    key = driver_key(SETTINGS, source)
+
+    assert driver_key(replace(SETTINGS, shuffle_partitions=3), source) != key
+    assert driver_key(replace(SETTINGS, extra_config={"spark.ui.enabled": "true"}), source) != key
+    (source / "ingest" / "lines.py").write_text("VALIDATE = 2\n")  # the host's Python workers run the old code
+    assert driver_key(SETTINGS, source) != key
+    assert driver_key(SETTINGS) == driver_key(SETTINGS)
