@@ -23,9 +23,9 @@ from databuild_assets.defs.catalog import (
     in_catalog,
 )
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
-from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.assets import projection_assets
+from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections.projection import STATE
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files

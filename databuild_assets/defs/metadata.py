@@ -10,8 +10,12 @@ from databuild_assets.runtime.lake import is_local
 
 
 def delta_table_metadata(spark: SparkSession, path: str) -> dict:
+    """Version, files, bytes and rows (`dagster/row_count`) of the table at `path`, from its snapshot;
+    the rows are counted by Spark only where the files' statistics cannot tell."""
     size = table_size(spark, path)
+    rows = size.num_rows if size.num_rows is not None else spark.read.format("delta").load(path).count()
     return {
+        "dagster/row_count": MetadataValue.int(rows),
         "delta_version": MetadataValue.int(size.version),
         "num_files": MetadataValue.int(size.num_files),
         "size_bytes": MetadataValue.int(size.size_bytes),

@@ -52,6 +52,8 @@ START_TIMEOUT_S = 180.0
 WATCH_INTERVAL_S = 0.2
 
 _attached: Path | None = None  # this process's registration file while it is attached
+_session: SparkSession | None = None  # this process's session on a host, once it has attached
+_session_port = 0  # the gateway port of that host
 
 
 def drivers_dir() -> Path:
@@ -101,22 +103,29 @@ def warm_session(settings: SparkSettings, idle_minutes: float = DEFAULT_IDLE_MIN
 
         spark = warm_session(SparkSettings(master="local[*]"))
     """
-    global _attached
-    active = SparkSession.getActiveSession()
-    if _attached is not None and active is not None:
-        return active
-    if SparkContext._gateway is not None:
-        raise SparkStartError("this process already runs a JVM of its own; it cannot also attach to a warm driver")
+    global _attached, _session
     folder = drivers_dir() / driver_key(settings)
     folder.mkdir(mode=0o700, exist_ok=True)
+    if _session is None and SparkContext._gateway is not None:
+        raise SparkStartError("this process already runs a JVM of its own; it cannot also attach to a warm driver")
     with _start_lock(folder):  # the host cannot idle out between the look-up and the registration
-        host = DriverHost.read(folder) or _start_host(folder, settings, idle_minutes)
+        host = DriverHost.read(folder)
+        if _session is not None:  # attached before (a second run in this process): the same host only
+            if host is None or host.port != _session_port:
+                raise SparkStartError(
+                    "the warm Spark driver this process attached to has stopped (idle timeout, or "
+                    "`databuild-assets spark-driver stop`); a new process attaches to a new one"
+                )
+        else:
+            host = host or _start_host(folder, settings, idle_minutes)
         clients = folder / "clients"
         clients.mkdir(exist_ok=True)
         _attached = clients / str(os.getpid())
         _attached.write_text(str(os.getpid()))
     atexit.register(detach)
-    return _session_on(host, settings)
+    if _session is None:
+        _session = _session_on(host, settings)
+    return _session
 
 
 def detach() -> None:
@@ -129,6 +138,8 @@ def detach() -> None:
 
 
 def _session_on(host: DriverHost, settings: SparkSettings) -> SparkSession:
+    global _session_port
+    _session_port = host.port
     os.environ["PYSPARK_GATEWAY_PORT"] = str(host.port)
     os.environ["PYSPARK_GATEWAY_SECRET"] = host.secret
     if settings.master.startswith("local"):

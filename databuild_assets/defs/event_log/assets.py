@@ -67,7 +67,6 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
         metadata={
             **counts,
             **delta_table_metadata(spark, log_path),
-            "dagster/row_count": MetadataValue.int(log_table.count()),
             "preview": preview(
                 log_table.orderBy(F.col("timestamp").desc(), F.col("event_id").desc()).select(
                     "event_id", "timestamp", "event_type", "build_request_id", "event_date"
@@ -81,7 +80,6 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
         metadata={
             **counts,
             **delta_table_metadata(spark, quarantine_path),
-            "dagster/row_count": MetadataValue.int(quarantine_table.count()),
             "preview": preview(
                 quarantine_table.orderBy(F.col("quarantined_at").desc()).select("source_file", "line_number", "reason")
             ),

@@ -81,7 +81,6 @@ def filtered_event_log(
             "rows_hidden": MetadataValue.int(result.deleted),
             "raw_log_version": MetadataValue.int(result.raw_log_version),
             "tombstones_version": MetadataValue.int(result.tombstones_version),
-            "dagster/row_count": MetadataValue.int(spark.read.format("delta").load(path).count()),
             **delta_table_metadata(spark, path),
         }
     )

@@ -77,7 +77,6 @@ def _materialization(context: AssetExecutionContext, spark, lake, result: Refres
             "log_version_before": MetadataValue.int(-1 if result.from_version is None else result.from_version),
             "keys_refreshed": MetadataValue.int(result.keys_refreshed or 0),
             **delta_table_metadata(spark, path),
-            "dagster/row_count": MetadataValue.int(table.count()),
             "preview": preview(table.orderBy(F.col(projection.key))),
         },
     )
