@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from databuild_assets.runtime.delta_tables import table_size
+from databuild_assets.runtime.delta_tables import head_rows, local_delta_table, table_size
 from databuild_assets.runtime.lake import is_local
 
 
@@ -23,11 +24,21 @@ def delta_table_metadata(spark: SparkSession, path: str) -> dict:
     }
 
 
-def preview(frame: DataFrame, limit: int = 5) -> MetadataValue:
-    """The first `limit` rows as a Dagster table (values shown as text)."""
-    rows = frame.limit(limit).collect()
-    schema = TableSchema(columns=[TableColumn(name, "string") for name in frame.columns])
-    records = [
-        TableRecord({name: None if row[name] is None else str(row[name]) for name in frame.columns}) for row in rows
-    ]
+def preview(
+    spark: SparkSession, path: str, columns: list[str] | None = None, newest_by: str | None = None, limit: int = 5
+) -> MetadataValue:
+    """A few rows of the table at `path` as a Dagster table (values shown as text): the newest by
+    `newest_by` when given, else the first the table's files hold. A local table is read by delta-rs
+    in this process (only the files those rows can be in); a remote one by Spark."""
+    if (table := local_delta_table(path)) is not None:
+        head = head_rows(table, limit, columns, newest_by)
+        rows, names = head.to_pylist(), head.column_names
+    else:
+        frame = spark.read.format("delta").load(path)
+        if newest_by is not None:
+            frame = frame.orderBy(F.col(newest_by).desc())
+        frame = frame.select(*(columns or frame.columns))
+        rows, names = [row.asDict() for row in frame.limit(limit).collect()], frame.columns
+    schema = TableSchema(columns=[TableColumn(name, "string") for name in names])
+    records = [TableRecord({name: None if row[name] is None else str(row[name]) for name in names}) for row in rows]
     return MetadataValue.table(records=records, schema=schema)

@@ -29,7 +29,7 @@ from functools import partial
 
 from delta.tables import DeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_COLUMNS, EVENT_SCHEMA
@@ -39,6 +39,8 @@ from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
     ensure_table,
+    local_delta_table,
+    read_local_table,
     retry_on_conflict,
     session_settings,
 )
@@ -235,6 +237,8 @@ class _Ledger:
         self.path = lake.table_path(INGEST_LEDGER)
 
     def rows(self) -> list:
+        if (table := local_delta_table(self.path)) is not None:  # read at every run: no Spark job for it
+            return [Row(**row) for row in read_local_table(table).to_pylist()]
         return self.spark.read.format("delta").load(self.path).collect()
 
     def pending_batches(self, rows: list) -> dict[int, list[str]]:
@@ -437,7 +441,8 @@ def ingested_files(spark: SparkSession, lake: Lake) -> dict[str, IngestedFile]:
 
 
 def _epoch_ms(timestamp) -> int:
-    # Spark hands a TIMESTAMP to Python as a naive local datetime; timestamp() reads it back as local.
+    # Spark hands a TIMESTAMP to Python as a naive local datetime (timestamp() reads it back as local),
+    # delta-rs as an aware UTC one: either way the same instant.
     return int(timestamp.timestamp() * 1000)
 
 

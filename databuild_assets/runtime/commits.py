@@ -8,6 +8,7 @@ commits since their last run appended, and to rebuild in full when a commit remo
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
@@ -20,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_table_properties
+from databuild_assets.runtime.lake import is_local
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def log_changes(spark: SparkSession, log_path: str, from_version: int, to_versio
         return LogChanges((), (), False)
     commits = [f"{log_path}/_delta_log/{version:020d}.json" for version in range(from_version + 1, to_version + 1)]
     try:
-        lines = [row.value for row in spark.read.text(commits).collect()]
+        lines = _commit_lines(spark, log_path, commits)
     except Exception as error:  # Spark's "path does not exist" is an AnalysisException
         if "PATH_NOT_FOUND" in str(error) or "does not exist" in str(error):
             raise LogVersionsUnavailable(
@@ -74,6 +76,20 @@ def log_changes(spark: SparkSession, log_path: str, from_version: int, to_versio
         metadata_changed,
         added_bytes,
     )
+
+
+def _commit_lines(spark: SparkSession, log_path: str, commits: list[str]) -> list[str]:
+    """The lines of the commit files `commits`: read here on a local disk, by Spark elsewhere."""
+    if not is_local(log_path):
+        return [row.value for row in spark.read.text(commits).collect()]
+    lines = []
+    for commit in commits:
+        local = commit.removeprefix("file://").removeprefix("file:")
+        if not os.path.exists(local):
+            raise FileNotFoundError(f"[PATH_NOT_FOUND] {commit} does not exist")
+        with open(local, encoding="utf-8") as handle:
+            lines.extend(line for line in handle.read().splitlines() if line.strip())
+    return lines
 
 
 def rows_added(log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
@@ -134,7 +150,11 @@ def latest_commit_metadata_at(
 ) -> tuple[int | None, dict | None]:
     """The table's latest version and, as of it, `latest_commit_metadata`: read together from
     one listing of the history, so that the table read at that version is the one the metadata
-    describes (later commits had not happened). (None, None) when there is no table."""
+    describes (later commits had not happened). (None, None) when there is no table. On a local
+    disk the commit files are read here, newest first, without a Spark job."""
+    if is_local(path):
+        latest = latest_version_on_disk(path)
+        return (None, None) if latest is None else latest_commit_metadata_on_disk(path, wanted, newest=latest + 1)
     if not DeltaTable.isDeltaTable(spark, path):
         return None, None
     table = DeltaTable.forPath(spark, path)

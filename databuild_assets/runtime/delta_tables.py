@@ -13,10 +13,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import unquote
 
 import deltalake
+import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from delta.exceptions import (
     ConcurrentAppendException,
     ConcurrentDeleteReadException,
@@ -178,9 +181,30 @@ def table_properties(spec: TableSpec) -> dict[str, str]:
     return properties
 
 
+def local_delta_table(path: str) -> deltalake.DeltaTable | None:
+    """The table at `path` opened by delta-rs, to read its log in this process without a Spark job;
+    None for a remote lake, or a table delta-rs cannot open (the caller asks Spark instead)."""
+    if not is_local(path):
+        return None
+    try:
+        return deltalake.DeltaTable(path.removeprefix("file://").removeprefix("file:"))
+    except deltalake.exceptions.DeltaError as error:
+        log.info("%s: delta-rs cannot open it (%s); reading it through Spark", path, error)
+        return None
+
+
 def read_table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     """The Delta table's properties. SHOW TBLPROPERTIES reads its metadata only (DESCRIBE DETAIL
     would also add up file sizes)."""
+    if (table := local_delta_table(path)) is not None:  # the same keys, without a Spark job
+        protocol = table.protocol()
+        features = {*(protocol.reader_features or ()), *(protocol.writer_features or ())}
+        return {
+            **table.metadata().configuration,
+            "delta.minReaderVersion": str(protocol.min_reader_version),
+            "delta.minWriterVersion": str(protocol.min_writer_version),
+            **{f"delta.feature.{feature}": "supported" for feature in sorted(features)},
+        }
     return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
 
 
@@ -248,8 +272,7 @@ def table_size(spark: SparkSession, path: str) -> TableSize:
     A table on a local disk is read by delta-rs from its log, in this process: a run's metadata
     then costs no Spark job. Elsewhere Delta's DESCRIBE DETAIL answers (no row count).
     """
-    if is_local(path):
-        table = deltalake.DeltaTable(path.removeprefix("file://").removeprefix("file:"))
+    if (table := local_delta_table(path)) is not None:
         files = pa.table(table.get_add_actions(flatten=True).select(["size_bytes", "num_records"]))
         rows = files["num_records"]
         return TableSize(
@@ -260,6 +283,77 @@ def table_size(spark: SparkSession, path: str) -> TableSize:
         )
     detail = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").first()
     return TableSize(current_version(spark, path), detail["numFiles"], detail["sizeInBytes"])
+
+
+def head_rows(
+    table: deltalake.DeltaTable, limit: int, columns: list[str] | None = None, newest_by: str | None = None
+) -> pa.Table:
+    """Up to `limit` rows of a local table (`local_delta_table`), read without Spark: the rows with the largest
+    `newest_by` (descending), or the first its files hold.
+
+    Only the files that can hold those rows are read: with statistics on `newest_by`, the newest
+    files by their maximum until they hold `limit` rows, and every file whose maximum reaches the
+    smallest minimum among those (the raw log's newest events after a landing file: its new file).
+    The files are read with pyarrow from delta-rs's list of them.
+
+        head_rows(local_delta_table(path), 5, ["event_id", "timestamp"], newest_by="timestamp")
+    """
+    files = pa.table(table.get_add_actions(flatten=True))
+    names = columns or [field.name for field in table.schema().fields]
+    if files.num_rows == 0:
+        return pa.table({name: pa.array([], pa.null()) for name in names})
+    top, smallest = f"max.{newest_by}", f"min.{newest_by}"
+    if newest_by is not None and top in files.column_names and files[smallest].null_count == 0:
+        files = files.take(pc.sort_indices(files, sort_keys=[(top, "descending")]))
+    held = pc.cumulative_sum(pc.fill_null(files["num_records"], 0)).to_pylist()
+    enough = next((i + 1 for i, rows in enumerate(held) if rows >= limit), files.num_rows)
+    if newest_by is None:
+        files = files.slice(0, enough)
+    elif top in files.column_names and files[smallest].null_count == 0 and files["num_records"].null_count == 0:
+        bound = pc.min(files[smallest].slice(0, enough))
+        files = files.filter(pc.greater_equal(files[top], bound))
+    rows = _read_files(table.table_uri, files, list(dict.fromkeys([*names, *([newest_by] if newest_by else [])])))
+    if newest_by is not None:
+        rows = rows.take(pc.select_k_unstable(rows, k=min(limit, rows.num_rows), sort_keys=[(newest_by, "descending")]))
+        rows = rows.sort_by([(newest_by, "descending")])
+    return rows.slice(0, limit).select(names)
+
+
+def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = None) -> pa.Table:
+    """A whole local table (`local_delta_table`) at its latest version as Arrow, read without Spark:
+    for small tables a run reads often, such as the ingest ledger."""
+    names = columns or [field.name for field in table.schema().fields]
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return pa.table({name: pa.array([], pa.null()) for name in names})
+    return _read_files(table.table_uri, files, names)
+
+
+def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table:
+    """`columns` of the data files in `files` (delta-rs's add actions), partition values included.
+
+    A file written before a column was added, or by an append that did not write it, lacks it: the
+    column is null there, as Delta reads it. Timestamps are Delta's, UTC: they come back UTC-aware.
+    """
+    parts = []
+    for file in files.to_pylist():
+        partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
+        root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
+        data = pq.read_table(os.path.join(root, unquote(file["path"])), partitioning=None)
+        for name in columns:
+            if name in partition and name not in data.column_names:  # a writer may store it in the file too
+                data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
+        parts.append(data.select([name for name in columns if name in data.column_names]))
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    for name in columns:
+        if name not in rows.column_names:
+            rows = rows.append_column(name, pa.nulls(rows.num_rows))
+    rows = rows.select(columns)
+    utc = [
+        pa.field(f.name, pa.timestamp(f.type.unit, tz="UTC")) if pa.types.is_timestamp(f.type) and not f.type.tz else f
+        for f in rows.schema
+    ]
+    return rows.cast(pa.schema(utc))
 
 
 def table_bytes(spark: SparkSession, path: str) -> int:

@@ -1,7 +1,6 @@
 """raw_event_log and event_quarantine: both written by one ingestion step, so one multi-asset."""
 
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, multi_asset
-from pyspark.sql import functions as F
 
 from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata, preview
@@ -61,27 +60,26 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
         "quarantined": MetadataValue.int(result.quarantined),
     }
     log_path, quarantine_path = lake.table_path(RAW_EVENT_LOG), lake.table_path(EVENT_QUARANTINE)
-    log_table = spark.read.format("delta").load(log_path)
     yield MaterializeResult(
         asset_key=RAW_EVENT_LOG.name,
         metadata={
             **counts,
             **delta_table_metadata(spark, log_path),
             "preview": preview(
-                log_table.orderBy(F.col("timestamp").desc(), F.col("event_id").desc()).select(
-                    "event_id", "timestamp", "event_type", "build_request_id", "event_date"
-                )
+                spark,
+                log_path,
+                ["event_id", "timestamp", "event_type", "build_request_id", "event_date"],
+                newest_by="timestamp",
             ),
         },
     )
-    quarantine_table = spark.read.format("delta").load(quarantine_path)
     yield MaterializeResult(
         asset_key=EVENT_QUARANTINE.name,
         metadata={
             **counts,
             **delta_table_metadata(spark, quarantine_path),
             "preview": preview(
-                quarantine_table.orderBy(F.col("quarantined_at").desc()).select("source_file", "line_number", "reason")
+                spark, quarantine_path, ["source_file", "line_number", "reason"], newest_by="quarantined_at"
             ),
         },
     )

@@ -4,7 +4,6 @@ incremental unless a full rebuild is needed or asked."""
 
 from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult, MetadataValue, multi_asset
 from pydantic import Field
-from pyspark.sql import functions as F
 
 from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata, preview
@@ -67,7 +66,6 @@ def _materialization(context: AssetExecutionContext, spark, lake, result: Refres
         f"log version {result.from_version} -> {result.to_version}"
     )
     path = lake.table_path(projection_spec(projection))
-    table = spark.read.format("delta").load(path)
     return MaterializeResult(
         asset_key=projection.name,
         metadata={
@@ -77,7 +75,7 @@ def _materialization(context: AssetExecutionContext, spark, lake, result: Refres
             "log_version_before": MetadataValue.int(-1 if result.from_version is None else result.from_version),
             "keys_refreshed": MetadataValue.int(result.keys_refreshed or 0),
             **delta_table_metadata(spark, path),
-            "preview": preview(table.orderBy(F.col(projection.key))),
+            "preview": preview(spark, path),
         },
     )
 
