@@ -225,7 +225,7 @@ def print_runs(instance) -> None:
     by_job: dict[str, list] = {}
     for record in instance.get_run_records(RunsFilter()):
         by_job.setdefault(record.dagster_run.job_name, []).append(record)
-    print("\nDagster runs (median seconds; a run is a new process and JVM)")
+    print("\nDagster runs (median seconds; a run is a new process, its Spark work on the warm driver)")
     print(f"  {'job':<28}  {'runs':>4}  {'queued':>6}  {'running':>7}  statuses")
     for job, records in sorted(by_job.items()):
         queued = [r.start_time - r.create_timestamp.timestamp() for r in records if r.start_time]

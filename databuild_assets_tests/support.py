@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagster import SensorDefinition, build_sensor_context
+
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.events.enums import PartitionStatus
 from databuild_assets.projections.refresh import RebuildRule
@@ -49,6 +51,13 @@ def lakehouse_for(lake: Lake) -> LakehouseResource:
         driver_memory=TEST_SPARK_SETTINGS.driver_memory,
         extra_spark_config=dict(TEST_SPARK_SETTINGS.extra_config),
     )
+
+
+def evaluate_sensor(sensor: SensorDefinition, **context: Any) -> Any:
+    """One evaluation of `sensor`, with its resources opened and closed around it as Dagster's
+    daemon does (the lakehouse resource detaches from a warm Spark driver when closed)."""
+    with build_sensor_context(**context) as sensor_context:
+        return sensor(sensor_context)
 
 
 def tree(root: Path) -> dict[str, tuple]:

@@ -18,7 +18,6 @@ from dagster import (
     RunRequest,
     SensorResult,
     SkipReason,
-    build_sensor_context,
     define_asset_job,
     materialize,
 )
@@ -61,7 +60,14 @@ from databuild_assets.runtime.delta_tables import (
 )
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake
 from databuild_assets.workload import generate_events, write_landing_files
-from databuild_assets_tests.support import FOLD, lakehouse_for, one_partition_build, partition_event_at, write_landing
+from databuild_assets_tests.support import (
+    FOLD,
+    evaluate_sensor,
+    lakehouse_for,
+    one_partition_build,
+    partition_event_at,
+    write_landing,
+)
 
 PARTITION_STATE = PROJECTIONS["partition_state"]
 
@@ -296,7 +302,7 @@ def test_event_log_sensor_requests_one_run_per_new_version_and_skips_otherwise(s
     resources = {"lakehouse": lakehouse_for(lake)}
 
     def tick(cursor):
-        return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+        return evaluate_sensor(event_log_commits_sensor, instance=instance, cursor=cursor, resources=resources)
 
     assert isinstance(tick(None), SkipReason)  # no log yet
     append_events(spark, lake, [partition_event_at("p1")])
@@ -325,7 +331,7 @@ def test_a_landing_file_takes_one_run_and_the_event_log_sensor_then_requests_not
     # The landing sensor's run ingests and refreshes; the event-log sensor must not request a
     # second refresh for the commit that run made, nor while such a run is in flight.
     write_landing(lake, "builds.jsonl", one_partition_build("br-fresh", "data/fresh", 0))
-    landing = landing_files_sensor(build_sensor_context(resources={"lakehouse": lakehouse_for(lake)}))
+    landing = evaluate_sensor(landing_files_sensor, resources={"lakehouse": lakehouse_for(lake)})
     assert landing_files_sensor.job_name == "ingest_and_refresh_job" and len(landing.run_requests) == 1
     result = (
         pipeline_definitions(lake, ingest_and_refresh_job)
@@ -340,7 +346,7 @@ def test_a_landing_file_takes_one_run_and_the_event_log_sensor_then_requests_not
     resources = {"lakehouse": lakehouse_for(lake)}
 
     def tick(cursor):
-        return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+        return evaluate_sensor(event_log_commits_sensor, instance=instance, cursor=cursor, resources=resources)
 
     refreshed = tick(None)
     assert refreshed.run_requests == [] and refreshed.cursor == "raw_event_log=v1,tombstones=v0"
@@ -369,7 +375,7 @@ def test_event_log_sensor_gives_a_new_lake_at_the_same_root_new_run_keys(spark, 
     resources = {"lakehouse": lakehouse_for(lake)}
 
     def tick(cursor):
-        return event_log_commits_sensor(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+        return evaluate_sensor(event_log_commits_sensor, instance=instance, cursor=cursor, resources=resources)
 
     append_events(spark, lake, [partition_event_at("p1")])
     append_events(spark, lake, [partition_event_at("p2", 1)])
@@ -389,7 +395,7 @@ def test_landing_sensor_requests_ingestion_for_each_new_newest_file(lake):
     resources = {"lakehouse": lakehouse_for(lake)}
 
     def tick(cursor):
-        return landing_files_sensor(build_sensor_context(cursor=cursor, resources=resources))
+        return evaluate_sensor(landing_files_sensor, cursor=cursor, resources=resources)
 
     assert isinstance(tick(None), SkipReason)
     write_landing_files(lake.landing, 10, seed=1, events_per_file=10)

@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from databuild_assets.runtime.warm_driver import stop_hosts
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 UI_TEST_COMMAND = "make ui-test"
 # Debian's package (apt-get install chromium); DATABUILD_UI_TEST_CHROMIUM overrides.
@@ -85,6 +87,8 @@ class DagsterDev:
             DATABUILD_SPARK_SHUFFLE_PARTITIONS="2",
             DATABUILD_SPARK_DRIVER_MEMORY="1g",
             DATABUILD_SPARK_CONF="spark.ui.enabled=false,spark.ui.showConsoleProgress=false",
+            # The runs share a warm driver, as in a deployment; it registers here, and stop() stops it.
+            DATABUILD_SPARK_DRIVERS_DIR=str(self.workdir / "spark-drivers"),
         )
         return env
 
@@ -104,9 +108,9 @@ class DagsterDev:
         ]
         log = open(self.log_path, "wb")
         # A session of its own: dagster dev spawns a webserver, a daemon and a code server, and
-        # each run is one more process (with its JVM); stop() ends the whole group. SIGINT is
-        # restored first: a test started in the background inherits it ignored, and dagster dev
-        # shuts down cleanly only on SIGINT.
+        # each run is one more process (its Spark work on the warm driver); stop() ends the whole
+        # group, then the driver. SIGINT is restored first: a test started in the background
+        # inherits it ignored, and dagster dev shuts down cleanly only on SIGINT.
         self.process = subprocess.Popen(
             command,
             cwd=REPO_ROOT,
@@ -126,6 +130,13 @@ class DagsterDev:
             return "(no log)"
 
     def stop(self) -> None:
+        try:
+            self._stop_dagster()
+        finally:
+            if (self.workdir / "spark-drivers").is_dir():
+                stop_hosts(self.workdir / "spark-drivers")  # it outlives the runs, not the test
+
+    def _stop_dagster(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
         group = self.process.pid  # the session leader's id is the group's id

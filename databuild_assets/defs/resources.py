@@ -19,7 +19,9 @@ IDLE_ENV = "DATABUILD_SPARK_DRIVER_IDLE_MINUTES"
 
 
 class LakehouseResource(LazyPySparkResource):
-    """Spark with Delta, started on first use (a sensor that finds nothing new starts no JVM).
+    """Spark with Delta, started on first use (a sensor that finds nothing new starts no JVM): a
+    JVM of this process's own, or a session on the warm driver that a deployment's runs share
+    (`driver="warm"`, runtime/warm_driver.py), which a run detaches from when it ends.
 
     Built on dagster-pyspark's LazyPySparkResource: `spark_config` is computed from the typed
     fields below, so the master URL and the lake root are all a deployment changes to move

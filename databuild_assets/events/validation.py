@@ -83,9 +83,9 @@ def _payload_error(event_type: str, payload: Any) -> str | None:
     for key in payload:
         if key not in known:
             return f"{event_type} has unknown field {key!r} (its fields: {', '.join(sorted(known))})"
-    for name in REQUIRED_PAYLOAD_FIELDS[event_type]:
-        if payload.get(name) is None:
-            return f"{event_type}.{name} is missing; it is required"
+    for field in fields:  # in the payload's field order, not a set's: the same reason in every process
+        if field.name in REQUIRED_PAYLOAD_FIELDS[event_type] and payload.get(field.name) is None:
+            return f"{event_type}.{field.name} is missing; it is required"
     for field in fields:
         value = payload.get(field.name)
         error = None if value is None else _type_error(field, f"{event_type}.{field.name}", value)

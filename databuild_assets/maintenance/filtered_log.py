@@ -1,15 +1,15 @@
 """filtered_event_log: the raw log minus every event a tombstone matches.
 
 Projections read this table, so an erased event leaves them at their next refresh, before
-compaction purges it from the raw log. A refresh pins the raw log and tombstones versions and,
-in one MERGE commit keyed by event_id, inserts the raw rows appended since its last run that
-no tombstone matches and deletes the rows that tombstones new since then match. The versions
-it reflects are recorded in that commit's userMetadata. It rebuilds in full when the raw log's
-commits removed data (compaction's purge), when they are no longer on disk, or when asked.
+compaction purges it from the raw log. A refresh pins the raw log and tombstones versions and, in
+one commit, inserts the raw rows appended since its last run that no tombstone matches and deletes
+the rows that tombstones new since then match: a MERGE keyed by event_id, or, when no tombstone is
+new (a landing file's run), an idempotent append. The versions it reflects are recorded in that
+commit's userMetadata. It rebuilds in full when the raw log's commits removed data (compaction's
+purge), when they are no longer on disk, or when asked.
 
 The MERGE keys on event_id, so neither an erased value nor a predicate naming it appears in
-the Delta log's commit information.
-"""
+the Delta log's commit information."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import logging
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
 from databuild_assets.runtime.commits import (
     LogVersionsUnavailable,
+    commit_info,
     latest_commit_metadata,
     log_changes,
     read_rows_added,
@@ -39,6 +40,9 @@ from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOM
 
 log = logging.getLogger(__name__)
 
+# Delta idempotent-write application id of the filtered log's appends (txnVersion: the raw log version).
+FILTERED_APP_ID = "databuild-filtered-log"
+
 
 @dataclass(frozen=True)
 class FilteredLogResult:
@@ -53,6 +57,27 @@ class FilteredLogResult:
 
 def _recorded(spark: SparkSession, path: str) -> dict | None:
     return latest_commit_metadata(spark, path, lambda m: "raw_log_version" in m and "tombstones_version" in m)
+
+
+def append_new_events(session: SparkSession, path: str, events: DataFrame, raw_version: int, metadata: str) -> int:
+    """Append the raw log's new visible events, recording the versions they reflect; the rows
+    written. A blind append, not a MERGE: these events are new to the raw log, so not in this table
+    (the versions recorded in the same commit keep a later refresh from reading them again), and
+    Delta's idempotent-write id (app id, txnVersion = the raw log version) makes a second refresh
+    racing to the same version write nothing."""
+    (
+        events.select(*FILTERED_EVENT_LOG.schema.fieldNames())
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", FILTERED_APP_ID)
+        .option("txnVersion", raw_version)
+        .option("userMetadata", metadata)
+        .save(path)
+    )
+    info = commit_info(session, path, current_version(session, path))
+    if info.get("userMetadata") != metadata:  # Delta skipped it: this version was appended already
+        return 0
+    return int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
 
 
 def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) -> FilteredLogResult:
@@ -108,6 +133,12 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                     if changes.added_files
                     else raw_at.limit(0)
                 ).withColumn("_action", F.lit("insert"))
+                if not new_tombstones:  # the landing path: new events only, nothing to delete
+                    return done(
+                        "incremental",
+                        f"{len(changes.added_files)} raw files added, 0 new tombstones",
+                        append_new_events(session, path, inserts.drop("_action"), raw_version, metadata),
+                    )
                 current = session.read.format("delta").load(path)
                 deletes = (
                     current.where(event_matches(new_tombstones)).select("event_id")

@@ -197,6 +197,20 @@ def latest_commit_metadata_on_disk(
     return latest, None
 
 
+def commit_info(spark: SparkSession, path: str, version: int) -> dict:
+    """The commitInfo of commit `version` of the table at `path` (operation, operationMetrics,
+    userMetadata, ...): read from its commit file on a local disk, from the history elsewhere."""
+    if is_local(path):
+        commit = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log" / f"{version:020d}.json"
+        with open(commit, encoding="utf-8") as handle:
+            for line in handle:
+                if '"commitInfo"' in line:
+                    return json.loads(line)["commitInfo"]
+        return {}
+    row = DeltaTable.forPath(spark, path).history().where(F.col("version") == version).first()
+    return {} if row is None else row.asDict(recursive=True)
+
+
 def _parse_metadata(text: str | None) -> dict:
     if not text:
         return {}

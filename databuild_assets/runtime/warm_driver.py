@@ -232,6 +232,9 @@ def serve(settings: SparkSettings, folder: Path, idle_minutes: float) -> int:
             (folder / "host.json").unlink(missing_ok=True)
             sys.stdout.flush()
             os._exit(1)  # not sys.exit: pyspark's exit hooks would try to talk to the JVM just killed
+        if gateway.proc.poll() is not None:  # the JVM is gone (out of memory, killed): so is this host
+            stop.append(f"its JVM exited ({gateway.proc.returncode})")
+            break
         if attached:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > idle_minutes * 60:
@@ -241,6 +244,8 @@ def serve(settings: SparkSettings, folder: Path, idle_minutes: float) -> int:
                     (folder / "host.json").unlink(missing_ok=True)
     (folder / "host.json").unlink(missing_ok=True)
     print(f"warm Spark driver {host.pid}: {stop[0]}", flush=True)
+    if gateway.proc.poll() is not None:
+        os._exit(1)  # as above: nothing left to stop
     spark.stop()
     return 0
 
