@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 
 import pytest
@@ -265,3 +266,23 @@ def test_the_delta_query_api_hides_tombstoned_events_from_the_moment_the_tombsto
     assert bel.get_partition_events(REF) == []
     assert {b.build_request_id for b in bel.list_build_requests()} == {"br-b"}
     assert bel.get_latest_partition_status(REF) is None
+
+
+def test_the_filtered_log_follows_a_raw_log_that_was_replaced_by_a_younger_one(spark, lake, tmp_path):
+    for n in range(3):  # refreshed as they land: appends with the idempotent ids of raw log versions 1 and 2
+        append_events(spark, lake, one_partition_build(f"br-old-{n}", f"data/old{n}", n), writer="old")
+        refresh_filtered_log(spark, lake)
+    shutil.rmtree(lake.table_path(RAW_EVENT_LOG))  # a new raw log: its versions start again at 0
+
+    append_events(spark, lake, one_partition_build("br-new-1", "data/new1", 10), writer="new")
+    replaced = refresh_filtered_log(spark, lake)
+    append_events(spark, lake, one_partition_build("br-new-2", "data/new2", 20), writer="new")
+    after = refresh_filtered_log(spark, lake)  # raw log version 1 again: Delta skips the append, the MERGE runs
+
+    assert replaced.mode == "full" and "newer than" in replaced.reason
+    assert after.mode == "incremental" and after.inserted == 3
+    visible = spark.read.format("delta").load(lake.table_path(FILTERED_EVENT_LOG))
+    assert sorted(row.build_request_id for row in visible.select("build_request_id").distinct().collect()) == [
+        "br-new-1",
+        "br-new-2",
+    ]

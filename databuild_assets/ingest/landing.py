@@ -374,13 +374,14 @@ def write_batch(
             F.lit(batch_id).cast("long").alias("ingest_batch"),
             F.current_timestamp().alias("quarantined_at"),
         )
-        (
-            bad.write.format("delta")
-            .mode("append")
-            .option("txnAppId", QUARANTINE_APP_ID)
-            .option("txnVersion", batch_id)
-            .save(lake.table_path(EVENT_QUARANTINE))
-        )
+        if quarantined:  # no commit for no rows: a replay reads the same bytes, so finds none again
+            (
+                bad.write.format("delta")
+                .mode("append")
+                .option("txnAppId", QUARANTINE_APP_ID)
+                .option("txnVersion", batch_id)
+                .save(lake.table_path(EVENT_QUARANTINE))
+            )
 
         events = events_from_read_lines(lines.where("reason IS NULL"))
         unique_events = first_of_each_event_id(events)

@@ -59,12 +59,14 @@ def _recorded(spark: SparkSession, path: str) -> dict | None:
     return latest_commit_metadata(spark, path, lambda m: "raw_log_version" in m and "tombstones_version" in m)
 
 
-def append_new_events(session: SparkSession, path: str, events: DataFrame, raw_version: int, metadata: str) -> int:
+def append_new_events(
+    session: SparkSession, path: str, events: DataFrame, raw_version: int, metadata: str
+) -> int | None:
     """Append the raw log's new visible events, recording the versions they reflect; the rows
-    written. A blind append, not a MERGE: these events are new to the raw log, so not in this table
-    (the versions recorded in the same commit keep a later refresh from reading them again), and
-    Delta's idempotent-write id (app id, txnVersion = the raw log version) makes a second refresh
-    racing to the same version write nothing."""
+    written, or None when Delta skipped the write. A blind append, not a MERGE: these events are new
+    to the raw log, so not in this table (the versions recorded in the same commit keep a later
+    refresh from reading them again), and Delta's idempotent-write id (app id, txnVersion = the raw
+    log version) makes a second refresh racing to the same version write nothing."""
     (
         events.select(*FILTERED_EVENT_LOG.schema.fieldNames())
         .write.format("delta")
@@ -75,8 +77,8 @@ def append_new_events(session: SparkSession, path: str, events: DataFrame, raw_v
         .save(path)
     )
     info = commit_info(session, path, current_version(session, path))
-    if info.get("userMetadata") != metadata:  # Delta skipped it: this version was appended already
-        return 0
+    if info.get("userMetadata") != metadata:  # no commit of ours: Delta skipped the write
+        return None
     return int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
 
 
@@ -118,6 +120,12 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
         raw_before, tombstones_before = int(recorded["raw_log_version"]), int(recorded["tombstones_version"])
         if (raw_before, tombstones_before) == (raw_version, tombstones_version):
             return done("up-to-date", "no new raw log or tombstone commits")
+        if raw_before > raw_version or tombstones_before > tombstones_version:
+            reason = (
+                f"recorded versions (raw log {raw_before}, tombstones {tombstones_before}) are newer than the "
+                f"tables' ({raw_version}, {tombstones_version}): a table was replaced?"
+            )
+    if reason is None:
         try:
             changes = log_changes(session, raw_path, raw_before, raw_version)
         except LogVersionsUnavailable as error:
@@ -134,11 +142,13 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                     else raw_at.limit(0)
                 ).withColumn("_action", F.lit("insert"))
                 if not new_tombstones:  # the landing path: new events only, nothing to delete
-                    return done(
-                        "incremental",
-                        f"{len(changes.added_files)} raw files added, 0 new tombstones",
-                        append_new_events(session, path, inserts.drop("_action"), raw_version, metadata),
-                    )
+                    appended = append_new_events(session, path, inserts.drop("_action"), raw_version, metadata)
+                    if appended is not None:
+                        return done(
+                            "incremental", f"{len(changes.added_files)} raw files added, 0 new tombstones", appended
+                        )
+                    # Delta skipped it, its id saying this raw version was appended already (a refresh
+                    # racing this one, or a raw log replaced since): the MERGE checks each event id.
                 current = session.read.format("delta").load(path)
                 deletes = (
                     current.where(event_matches(new_tombstones)).select("event_id")
