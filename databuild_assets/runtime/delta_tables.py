@@ -339,7 +339,9 @@ def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table
     for file in files.to_pylist():
         partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
         root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
-        data = pq.read_table(os.path.join(root, unquote(file["path"])), partitioning=None)
+        data_file = os.path.join(root, unquote(file["path"]))
+        present = set(pq.read_schema(data_file).names)
+        data = pq.read_table(data_file, columns=[c for c in columns if c in present], partitioning=None)
         for name in columns:
             if name in partition and name not in data.column_names:  # a writer may store it in the file too
                 data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
