@@ -89,8 +89,14 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # Event dates (the log's partitions) are UTC days, whatever the machine's zone.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
-        # Delta reads its log with this many partitions (default 50): small tables, small number.
-        "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
+        # Delta rebuilds a table's state (its live files, from the checkpoint and the commits after
+        # it) in this many partitions (default 50), again at every new version a session sees, and
+        # every MERGE or filtered read scans that state. Our tables hold few files (compaction
+        # bin-packs them), so one partition: a landing file's run makes a dozen such snapshots and
+        # scans, each a Spark job of one task instead of eight (docs/decisions.md, "One partition
+        # for a table's state"). A table of many thousands of files wants more: set it in
+        # DATABUILD_SPARK_CONF.
+        "spark.databricks.delta.snapshotPartitions": "1",
         # Delta's VACUUM lists a table's files with this many tasks (Spark's default: 10,000).
         # Sized like the shuffle; on a cluster raise both.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
