@@ -9,6 +9,7 @@ from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata, preview
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
+from databuild_assets.projections.projection import Projection
 from databuild_assets.projections.refresh import (
     ProjectionRefreshError,
     RefreshResult,
@@ -44,19 +45,36 @@ class RefreshConfig(Config):
     pool="projections",
 )
 def projections(context: AssetExecutionContext, config: RefreshConfig, lakehouse: LakehouseResource):
-    """Refresh the selected projections from the filtered log, all at once."""
+    """Refresh the selected projections from the filtered log: partition_state first, then the
+    others side by side (`FIRST`); a full rebuild refreshes them all at once."""
     spark, lake = lakehouse.spark_session, lakehouse.lake
     selected = [PROJECTIONS[key.path[-1]] for key in sorted(context.selected_asset_keys)]
-    context.log.info(f"refreshing {', '.join(p.name for p in selected)} side by side")
-    failure = None
-    try:
-        results = refresh_projections(spark, lake, selected, PROJECTION_SOURCE, full=config.full_rebuild)
-    except ProjectionRefreshError as error:  # the others' refreshes stand: report them, then fail
-        results, failure = error.results, error
-    for result in results.values():
-        yield _materialization(context, spark, lake, result)
-    if failure is not None:
-        raise failure
+    waves = [selected] if config.full_rebuild else refresh_waves(selected)
+    context.log.info(" then ".join(", ".join(p.name for p in wave) for wave in waves) + " (side by side)")
+    failures = []
+    for wave in waves:
+        try:
+            results = refresh_projections(spark, lake, wave, PROJECTION_SOURCE, full=config.full_rebuild)
+        except ProjectionRefreshError as error:  # the others' refreshes stand: report them, then fail
+            results = error.results
+            failures.append(error)
+        for result in results.values():
+            yield _materialization(context, spark, lake, result)
+    if failures:
+        raise failures[0]
+
+
+# Refreshed before the others, alone: partition_state is what a DataBuild service reads to decide
+# what to build, so a landing file's run makes it fresh first instead of sharing two cores with
+# the other two folds (docs/decisions.md, "partition_state first").
+FIRST = ("partition_state",)
+
+
+def refresh_waves(selected: list[Projection]) -> list[list[Projection]]:
+    """`selected` in the order the asset refreshes them: those in `FIRST`, then the rest at once."""
+    first = [p for p in selected if p.name in FIRST]
+    rest = [p for p in selected if p.name not in FIRST]
+    return [wave for wave in (first, rest) if wave]
 
 
 def _materialization(context: AssetExecutionContext, spark, lake, result: RefreshResult) -> MaterializeResult:
