@@ -175,6 +175,53 @@ def test_a_crash_after_planning_but_before_any_commit_ingests_the_planned_files_
     assert [e["event_id"] for e in raw_log_events(spark, lake)] == ["a1"]
 
 
+def test_a_plan_made_from_a_stale_read_of_the_ledger_plans_again_without_the_files_taken(spark, lake):
+    write_landing(lake, "a.jsonl", [partition_event_at("a1")])
+    write_landing(lake, "b.jsonl", [partition_event_at("b1", 1)])
+    ensure_ingest_tables(spark, lake)
+    ledger = _Ledger(spark, lake)
+    stale = ledger.rows()  # empty: read before another run planned a.jsonl as batch 1
+    files = list_landing_files(spark, lake.landing)
+    assert ledger.plan(files[:1], ledger.rows()) == (1, [files[0].path])
+
+    # Planned from the stale read, batch 1 again: Delta skips the write (batch 1 is recorded
+    # under the plan's app id), so the plan reads the ledger again and takes b.jsonl only.
+    assert ledger.plan(files, stale) == (2, [files[1].path])
+
+    planned = sorted((row.batch_id, row.file_path) for row in ledger.rows() if row.stage == "planned")
+    assert planned == [(1, files[0].path), (2, files[1].path)]
+
+
+def test_two_runs_planning_at_once_take_each_file_once(spark, lake):
+    for name in ("a", "b", "c"):
+        write_landing(lake, f"{name}.jsonl", [partition_event_at(name)])
+    ensure_ingest_tables(spark, lake)
+    files = list_landing_files(spark, lake.landing)
+    rows = _Ledger(spark, lake).rows()
+    start, plans, errors = threading.Barrier(2), [], []
+
+    def plan(chosen) -> None:
+        ledger = _Ledger(spark.newSession(), lake)
+        start.wait()
+        try:
+            plans.append(ledger.plan(chosen, rows))
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    # Both read the same empty ledger and both want b.jsonl.
+    threads = [threading.Thread(target=plan, args=(chosen,)) for chosen in (files[:2], files[1:])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    planned = [(row.batch_id, row.file_path) for row in _Ledger(spark, lake).rows() if row.stage == "planned"]
+    assert sorted(path for _, path in planned) == sorted(f.path for f in files)  # each file once
+    assert sorted(plan[0] for plan in plans) == [1, 2]  # the loser planned the next batch, with what was left
+    assert {batch_id for batch_id, _ in planned} == {1, 2}
+
+
 def test_writer_api_appends_in_one_commit_and_skips_event_ids_already_there(spark, lake):
     first = append_events(spark, lake, [partition_event_at("w1"), partition_event_at("w2", 1)], writer="svc")
     again = append_events(spark, lake, [partition_event_at("w2", 1), partition_event_at("w3", 2)], writer="svc")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,6 +36,7 @@ from pyspark.sql import functions as F
 from databuild_assets.events.schema import EVENT_COLUMNS, EVENT_SCHEMA
 from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.commits import find_commit
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 # Delta idempotent-write application ids, one per table a batch writes.
 EVENTS_APP_ID = "databuild-ingest-events"
 QUARANTINE_APP_ID = "databuild-ingest-quarantine"
+PLAN_APP_ID = "databuild-ingest-plan"  # the ledger's plans (txnVersion = the batch id)
+PLAN_ATTEMPTS = 8
 LANDING_SUFFIXES = (".jsonl", ".json", ".ndjson")
 # A file that is empty or whose last line has no newline yet is taken for one still being
 # written, and waits; once unchanged this long it is taken as complete (its writer is gone).
@@ -269,36 +273,48 @@ class _Ledger:
     def plan(self, new_files: list[LandingFile], rows: list) -> tuple[int, list[str]] | None:
         """Record a new batch of the files no batch has read; None when there are none.
 
-        The insert is a MERGE on batch_id, so two runs planning at once conflict and the
-        loser plans again, without the files the winner took.
+        An append under Delta's idempotent-write id (PLAN_APP_ID, txnVersion = batch id), not a
+        MERGE: Delta fails a commit whose app id another commit recorded since the transaction
+        read it, so two runs planning at once conflict and the loser plans again, without the
+        files the winner took. It also skips the write when the ledger already records that
+        batch id or a later one (a run planned since the ledger was read): the commit is then not
+        found under this plan's own token, and this run plans again too.
         """
 
-        known_rows = [rows]  # the caller's read first; a retry after a conflict reads again
+        known_rows = [rows]  # the caller's read first; a retry reads again
 
-        def attempt() -> tuple[int, list[str]] | None:
+        def attempt() -> tuple[int, list[str]] | None | bool:
             rows = known_rows.pop() if known_rows else self.rows()
             taken = {row.file_path for row in rows if row.stage == "planned"}
             files = [landing_file for landing_file in new_files if landing_file.path not in taken]
             if not files:
                 return None
             batch_id = max((row.batch_id for row in rows), default=0) + 1
-            planned = self.spark.createDataFrame(
-                [(batch_id, "planned", f.path, f.size) for f in files],
-                "batch_id long, stage string, file_path string, file_size long",
-            ).withColumn("recorded_at", F.current_timestamp())
-            metrics = (
-                DeltaTable.forPath(self.spark, self.path)
-                .alias("ledger")
-                .merge(planned.alias("plan"), "ledger.batch_id = plan.batch_id")
-                .whenNotMatchedInsert(values={c: f"plan.{c}" for c in planned.columns})
-                .execute()
-                .first()
+            token = uuid.uuid4().hex
+            (
+                self.spark.createDataFrame(
+                    [(batch_id, "planned", f.path, f.size) for f in files],
+                    "batch_id long, stage string, file_path string, file_size long",
+                )
+                .withColumn("recorded_at", F.current_timestamp())
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", PLAN_APP_ID)
+                .option("txnVersion", batch_id)
+                .option("userMetadata", json.dumps({"ingest_plan": batch_id, "token": token}))
+                .save(self.path)
             )
-            if metrics["num_inserted_rows"] != len(files):
-                raise RuntimeError(f"ingest ledger {self.path}: batch {batch_id} was planned by another run")
+            if find_commit(self.spark, self.path, lambda metadata: metadata.get("token") == token) is None:
+                return False  # skipped: batch `batch_id` was planned by another run meanwhile
             return batch_id, [f.path for f in files]
 
-        return retry_on_conflict(attempt, what=f"plan an ingestion batch in {self.path}")
+        for _ in range(PLAN_ATTEMPTS):
+            planned = retry_on_conflict(attempt, what=f"plan an ingestion batch in {self.path}")
+            if planned is not False:
+                return planned
+        raise RuntimeError(
+            f"ingest ledger {self.path}: other runs planned a batch before this one {PLAN_ATTEMPTS} times in a row"
+        )
 
     def record_committed(self, result: BatchResult) -> None:
         row = self.spark.createDataFrame(
@@ -321,17 +337,11 @@ class _Ledger:
 
 def _batch_commit(spark: SparkSession, log_path: str, batch_id: int) -> tuple[int, int] | None:
     """(version, rows inserted) of the raw log commit batch `batch_id` made, if it made one."""
-    marker = json.dumps({"ingest_batch": batch_id})
-    for limit in (50, None):  # recent commits first: a batch looks itself up right after committing
-        history = (
-            DeltaTable.forPath(spark, log_path).history(limit)
-            if limit
-            else DeltaTable.forPath(spark, log_path).history()
-        )
-        row = history.where(F.col("userMetadata") == marker).select("version", "operationMetrics").first()
-        if row is not None:
-            return row["version"], int(row["operationMetrics"].get("numTargetRowsInserted", 0))
-    return None
+    found = find_commit(spark, log_path, lambda metadata: metadata == {"ingest_batch": batch_id})
+    if found is None:
+        return None
+    version, info = found
+    return version, int((info.get("operationMetrics") or {}).get("numTargetRowsInserted", 0))
 
 
 def write_batch(
