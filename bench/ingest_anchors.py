@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -16,6 +17,7 @@ from pyspark.sql import functions as F
 
 from bench.measuring import Usage, measure
 from databuild_assets.events.schema import EVENT_SCHEMA
+from databuild_assets.runtime import warm_driver
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,22 +35,53 @@ def plain_spark_json_to_parquet(spark: SparkSession, paths: list[str], target: s
     )
 
 
-def ingest_job_process(lake_root: Path, files: list[Path]) -> Usage:
+def ingest_job_process(lake_root: Path, files: list[Path], driver: str = "own") -> Usage:
     """`dagster job execute -j ingest_job` in a new process on a fresh lake whose landing folder
-    holds `files` (hard links): what one scheduled or sensor-requested ingestion costs, JVM start
-    and Dagster included. Raises when the run fails."""
+    holds `files` (hard links): what one scheduled or sensor-requested ingestion costs, Python and
+    Dagster included. Raises when the run fails.
+
+    `driver="own"`: the run starts a JVM of its own (its start and first Delta jobs included).
+    `driver="warm"`: the run attaches to a warm driver (runtime/warm_driver.py), as a deployment's
+    runs do; the driver is started first by a run with nothing to ingest (not timed), lives in a
+    folder of this call's own and is stopped at the end. Its CPU is not in the Usage (the driver
+    is not the run's child), only the run process's."""
     landing = lake_root / "landing"
     landing.mkdir(parents=True)
-    for path in files:
-        os.link(path, landing / path.name)
     with tempfile.TemporaryDirectory(prefix="bench-dagster-home-") as dagster_home:
         (Path(dagster_home) / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-        env = dict(os.environ, DATABUILD_LAKE_ROOT=str(lake_root), DAGSTER_HOME=dagster_home)
+        env = dict(
+            os.environ,
+            DATABUILD_LAKE_ROOT=str(lake_root),
+            DAGSTER_HOME=dagster_home,
+            DATABUILD_SPARK_DRIVER=driver,
+            **{warm_driver.DRIVERS_DIR_ENV: str(Path(dagster_home) / "drivers")},
+        )
         command = [sys.executable, "-m", "dagster", "job", "execute"]
         command += ["-m", "databuild_assets.definitions", "-j", "ingest_job"]
-        completed, usage = measure(
-            lambda: subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, check=False)
-        )
-    if completed.returncode != 0:
-        raise RuntimeError(f"ingest_job failed ({completed.returncode}):\n{completed.stderr[-4000:]}")
+
+        def run() -> subprocess.CompletedProcess:
+            completed = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, check=False)
+            if completed.returncode != 0:
+                raise RuntimeError(f"ingest_job failed ({completed.returncode}):\n{completed.stderr[-4000:]}")
+            return completed
+
+        try:
+            if driver == "warm":
+                run()  # an empty landing folder: starts the driver, ingests nothing
+            for path in files:
+                os.link(path, landing / path.name)
+            _, usage = measure(run)
+        finally:
+            stop_drivers(Path(dagster_home) / "drivers")
     return usage
+
+
+def stop_drivers(root: Path, timeout_s: float = 60) -> None:
+    """Stop the warm drivers registered under `root`, and wait until their processes are gone."""
+    if not root.is_dir():
+        return
+    pids = warm_driver.stop_hosts(root)
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.2)
