@@ -463,6 +463,11 @@ def test_a_projection_that_cannot_refresh_fails_the_step_and_the_others_are_refr
         for e in result.get_asset_materialization_events()
     }
     assert modes == {"partition_state": "full", "job_runs": "full"}
+    # partition_state is refreshed (and reported) first, alone; then the others side by side.
+    assert [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()] == [
+        "partition_state",
+        "job_runs",
+    ]
     [failure] = result.get_step_failure_events()
     message = failure.step_failure_data.error.to_string()
     assert "1 of 3 projection refreshes failed" in message and "build_requests: SchemaVersionError" in message, message

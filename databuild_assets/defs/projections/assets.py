@@ -51,17 +51,18 @@ def projections(context: AssetExecutionContext, config: RefreshConfig, lakehouse
     selected = [PROJECTIONS[key.path[-1]] for key in sorted(context.selected_asset_keys)]
     waves = [selected] if config.full_rebuild else refresh_waves(selected)
     context.log.info(" then ".join(", ".join(p.name for p in wave) for wave in waves) + " (side by side)")
-    failures = []
+    refreshed, failures, first_error = {}, {}, None
     for wave in waves:
         try:
             results = refresh_projections(spark, lake, wave, PROJECTION_SOURCE, full=config.full_rebuild)
         except ProjectionRefreshError as error:  # the others' refreshes stand: report them, then fail
-            results = error.results
-            failures.append(error)
+            results, first_error = error.results, first_error or error.__cause__
+            failures.update(error.failures)
+        refreshed.update(results)
         for result in results.values():
             yield _materialization(context, spark, lake, result)
     if failures:
-        raise failures[0]
+        raise ProjectionRefreshError(refreshed, failures) from first_error
 
 
 # Refreshed before the others, alone: partition_state is what a DataBuild service reads to decide
