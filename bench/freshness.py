@@ -16,6 +16,11 @@ the seconds from the rename to the raw log commit and to partition_state, and th
 then; p50, p95 and max over the measured files (the `--warmup` files first are printed apart);
 the Dagster runs (queued, started, ended) by job. It asserts nothing about speed.
 
+`--arrival` says when the next file lands: `back-to-back` (default) as soon as the previous one
+is in partition_state, so its run may wait in the queue for the previous run, still folding the
+other projections; `idle` once no run is in flight, so each file lands on an idle pipeline (the
+latency of one file on its own).
+
 `--repo` runs another checkout's code, `dagster.yaml` and `workspace.yaml` (e.g. a `git worktree`
 of an older commit, to measure before and after side by side); `--env KEY=VALUE` adds to
 `dagster dev`'s environment (e.g. `DATABUILD_SPARK_CONF=...`). It stops `dagster dev` and every
@@ -263,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="landing files first, printed apart")
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between reads of partition_state")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a file may take before it counts as lost")
+    parser.add_argument(
+        "--arrival",
+        choices=("back-to-back", "idle"),
+        default="back-to-back",
+        help="the next file lands as soon as the last is in partition_state, or once no run is in flight",
+    )
     parser.add_argument("--settle", type=float, default=40, help="seconds without a run before measuring")
     parser.add_argument("--repo", default=str(REPO), help="the checkout whose code and Dagster settings run")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="for dagster dev")
@@ -303,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
         instance = DagsterInstance.get()
         settle(instance, args.settle)
-        print(f"sensors on, first runs done; {load_average()}")
+        print(f"sensors on, first runs done; files land {args.arrival}; {load_average()}")
 
         run_tag = uuid.uuid4().hex[:8]
         watcher = StateWatcher(lake / "tables" / "partition_state")
@@ -313,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n  {'file':<32}  {'raw log s':>9}  {'partition_state s':>17}  {'load 1m':>7}")
         for index in range(args.warmup + args.files):
             try:
+                if args.arrival == "idle":
+                    settle(instance, 0, timeout_s=args.timeout)
                 landed = measure_file(lake / "landing", raw_log, watcher, index, run_tag, args)
             except KeyboardInterrupt:  # Ctrl-C (SIGINT): report the files measured so far
                 print("  interrupted: the figures below are of the files measured so far")
