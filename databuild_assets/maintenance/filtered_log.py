@@ -134,8 +134,10 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
             if changes.removed_data:
                 reason = f"raw log commits {raw_before + 1}..{raw_version} removed data"
             else:
-                known = {t.tombstone_id for t in read_tombstones(session, lake, tombstones_before)}
-                new_tombstones = [t for t in tombstones if t.tombstone_id not in known]
+                new_tombstones = []
+                if tombstones_before != tombstones_version:  # else none is new: no second read
+                    known = {t.tombstone_id for t in read_tombstones(session, lake, tombstones_before)}
+                    new_tombstones = [t for t in tombstones if t.tombstone_id not in known]
                 inserts = (
                     visible_events(read_rows_added(session, raw_path, raw_at, changes), tombstones)
                     if changes.added_files
