@@ -59,15 +59,17 @@ def ingest_job_process(lake_root: Path, files: list[Path], driver: str = "own") 
         command = [sys.executable, "-m", "dagster", "job", "execute"]
         command += ["-m", "databuild_assets.definitions", "-j", "ingest_job"]
 
-        def run() -> subprocess.CompletedProcess:
-            completed = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, check=False)
+        def run(**overrides: str) -> subprocess.CompletedProcess:
+            completed = subprocess.run(
+                command, env={**env, **overrides}, cwd=REPO, capture_output=True, text=True, check=False
+            )
             if completed.returncode != 0:
                 raise RuntimeError(f"ingest_job failed ({completed.returncode}):\n{completed.stderr[-4000:]}")
             return completed
 
         try:
-            if driver == "warm":
-                run()  # an empty landing folder: starts the driver, ingests nothing
+            if driver == "warm":  # starts the driver, on a lake of its own: the timed run creates its tables
+                run(DATABUILD_LAKE_ROOT=str(lake_root.parent / f"{lake_root.name}-driver-start"))
             for path in files:
                 os.link(path, landing / path.name)
             _, usage = measure(run)

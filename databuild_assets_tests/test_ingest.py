@@ -192,6 +192,20 @@ def test_a_plan_made_from_a_stale_read_of_the_ledger_plans_again_without_the_fil
     assert planned == [(1, files[0].path), (2, files[1].path)]
 
 
+def test_planning_goes_on_after_the_ledgers_newest_plan_rows_were_removed(spark, lake):
+    write_landing(lake, "a.jsonl", [partition_event_at("a1")])
+    write_landing(lake, "b.jsonl", [partition_event_at("b1", 1)])
+    ensure_ingest_tables(spark, lake)
+    ledger = _Ledger(spark, lake)
+    files = list_landing_files(spark, lake.landing)
+    assert ledger.plan(files[:1], ledger.rows()) == (1, [files[0].path])
+    # An operator removes batch 1's rows (a DELETE or a RESTORE); Delta still records batch 1
+    # under the plan's app id, so a plan of batch 1 again would be skipped every time.
+    spark.sql(f"DELETE FROM delta.`{ledger.path}` WHERE batch_id = 1")
+
+    assert ledger.plan(files[1:], ledger.rows()) == (2, [files[1].path])
+
+
 def test_two_runs_planning_at_once_take_each_file_once(spark, lake):
     for name in ("a", "b", "c"):
         write_landing(lake, f"{name}.jsonl", [partition_event_at(name)])

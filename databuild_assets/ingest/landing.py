@@ -55,6 +55,13 @@ EVENTS_APP_ID = "databuild-ingest-events"
 QUARANTINE_APP_ID = "databuild-ingest-quarantine"
 PLAN_APP_ID = "databuild-ingest-plan"  # the ledger's plans (txnVersion = the batch id)
 PLAN_ATTEMPTS = 8
+
+
+class _Skipped:
+    """What a plan attempt returns when Delta skipped its write (another run planned that batch)."""
+
+
+SKIPPED = _Skipped()
 LANDING_SUFFIXES = (".jsonl", ".json", ".ndjson")
 # A file that is empty or whose last line has no newline yet is taken for one still being
 # written, and waits; once unchanged this long it is taken as complete (its writer is gone).
@@ -241,9 +248,15 @@ class _Ledger:
         self.path = lake.table_path(INGEST_LEDGER)
 
     def rows(self) -> list:
+        return self.rows_and_last_plan()[0]
+
+    def rows_and_last_plan(self) -> tuple[list, int]:
+        """The ledger's rows, and the last batch id a plan recorded under PLAN_APP_ID, read from
+        one snapshot (0: none; or, on a remote lake, not read: the rows alone say it)."""
         if (table := local_delta_table(self.path)) is not None:  # read at every run: no Spark job for it
-            return [Row(**row) for row in read_local_table(table).to_pylist()]
-        return self.spark.read.format("delta").load(self.path).collect()
+            rows = [Row(**row) for row in read_local_table(table).to_pylist()]
+            return rows, table.transaction_version(PLAN_APP_ID) or 0
+        return self.spark.read.format("delta").load(self.path).collect(), 0
 
     def pending_batches(self, rows: list) -> dict[int, list[str]]:
         """Batches planned but not recorded as committed: the ones a crash interrupted."""
@@ -276,44 +289,56 @@ class _Ledger:
         An append under Delta's idempotent-write id (PLAN_APP_ID, txnVersion = batch id), not a
         MERGE: Delta fails a commit whose app id another commit recorded since the transaction
         read it, so two runs planning at once conflict and the loser plans again, without the
-        files the winner took. It also skips the write when the ledger already records that
-        batch id or a later one (a run planned since the ledger was read): the commit is then not
-        found under this plan's own token, and this run plans again too.
+        files the winner took. It also skips the write when the plan app id's recorded version is
+        that batch id or later (a run planned since the ledger was read): the commit is then not
+        found under this plan's own token, and this run plans again too. The next batch id is
+        above both the ledger's rows and that recorded version, which never goes back (a RESTORE
+        or DELETE of the ledger's newest rows would otherwise make every plan a skip). Under the
+        ledger's commit lock: a process with a JVM of its own (the CLI) and the warm driver
+        commit through different JVMs.
         """
 
-        known_rows = [rows]  # the caller's read first; a retry reads again
+        # The caller's read first (with no plan version: a stale read is then skipped by Delta);
+        # a retry reads the rows and the plan version again, from one snapshot.
+        known = [(rows, 0)]
 
-        def attempt() -> tuple[int, list[str]] | None | bool:
-            rows = known_rows.pop() if known_rows else self.rows()
+        def attempt() -> tuple[int, list[str]] | None | _Skipped:
+            rows, last_plan = known.pop() if known else self.rows_and_last_plan()
             taken = {row.file_path for row in rows if row.stage == "planned"}
             files = [landing_file for landing_file in new_files if landing_file.path not in taken]
             if not files:
                 return None
-            batch_id = max((row.batch_id for row in rows), default=0) + 1
+            batch_id = max(max((row.batch_id for row in rows), default=0), last_plan) + 1
             token = uuid.uuid4().hex
-            (
-                self.spark.createDataFrame(
-                    [(batch_id, "planned", f.path, f.size) for f in files],
-                    "batch_id long, stage string, file_path string, file_size long",
-                )
-                .withColumn("recorded_at", F.current_timestamp())
-                .write.format("delta")
-                .mode("append")
-                .option("txnAppId", PLAN_APP_ID)
-                .option("txnVersion", batch_id)
-                .option("userMetadata", json.dumps({"ingest_plan": batch_id, "token": token}))
-                .save(self.path)
-            )
-            if find_commit(self.spark, self.path, lambda metadata: metadata.get("token") == token) is None:
-                return False  # skipped: batch `batch_id` was planned by another run meanwhile
+            with commit_lock(self.path):
+                before = current_version(self.spark, self.path)
+                self._append_plan(batch_id, files, token)
+                found = find_commit(self.spark, self.path, lambda m: m.get("token") == token, after=before)
+            if found is None:
+                return SKIPPED  # batch `batch_id` was planned by another run meanwhile
             return batch_id, [f.path for f in files]
 
         for _ in range(PLAN_ATTEMPTS):
             planned = retry_on_conflict(attempt, what=f"plan an ingestion batch in {self.path}")
-            if planned is not False:
+            if planned is not SKIPPED:
                 return planned
         raise RuntimeError(
             f"ingest ledger {self.path}: other runs planned a batch before this one {PLAN_ATTEMPTS} times in a row"
+        )
+
+    def _append_plan(self, batch_id: int, files: list[LandingFile], token: str) -> None:
+        (
+            self.spark.createDataFrame(
+                [(batch_id, "planned", f.path, f.size) for f in files],
+                "batch_id long, stage string, file_path string, file_size long",
+            )
+            .withColumn("recorded_at", F.current_timestamp())
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", PLAN_APP_ID)
+            .option("txnVersion", batch_id)
+            .option("userMetadata", json.dumps({"ingest_plan": batch_id, "token": token}))
+            .save(self.path)
         )
 
     def record_committed(self, result: BatchResult) -> None:
@@ -332,7 +357,8 @@ class _Ledger:
             "batch_id long, stage string, lines_read long, accepted long, duplicates long, "
             "quarantined long, log_version long",
         ).withColumn("recorded_at", F.current_timestamp())
-        row.write.format("delta").mode("append").save(self.path)
+        with commit_lock(self.path):
+            row.write.format("delta").mode("append").save(self.path)
 
 
 def _batch_commit(spark: SparkSession, log_path: str, batch_id: int) -> tuple[int, int] | None:

@@ -197,29 +197,31 @@ def latest_commit_metadata_on_disk(
     return latest, None
 
 
-def find_commit(spark: SparkSession, path: str, wanted: Callable[[dict], bool]) -> tuple[int, dict] | None:
-    """The newest commit of the table at `path` whose userMetadata (a JSON object) `wanted`
-    accepts: its version and commitInfo, or None. On a local disk its commit files are read
-    here, newest first, without a Spark job; elsewhere the history, the newest 50 commits first.
+def find_commit(
+    spark: SparkSession, path: str, wanted: Callable[[dict], bool], after: int = -1
+) -> tuple[int, dict] | None:
+    """The newest commit after version `after` of the table at `path` whose userMetadata (a JSON
+    object) `wanted` accepts: its version and commitInfo, or None. On a local disk its commit
+    files are read here, newest first, without a Spark job; elsewhere the history.
 
         version, info = find_commit(spark, path, lambda m: m.get("ingest_batch") == 7)
     """
     if is_local(path):
         latest = latest_version_on_disk(path)
-        log_dir = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
-        for version in range(latest if latest is not None else -1, -1, -1):
+        for version in range(latest if latest is not None else -1, after, -1):
             try:
-                with open(log_dir / f"{version:020d}.json", encoding="utf-8") as commit:
-                    line = next((line for line in commit if '"commitInfo"' in line), None)
+                info = commit_info(spark, path, version)
             except FileNotFoundError:  # cleaned up: older commits are covered by a checkpoint
                 break
-            info = json.loads(line)["commitInfo"] if line else {}
             metadata = _parse_metadata(info.get("userMetadata"))
             if metadata and wanted(metadata):
                 return version, info
         return None
     table = DeltaTable.forPath(spark, path)
-    for history in (table.history(50), table.history()):  # a writer usually looks itself up at once
+    histories = (
+        (table.history().where(F.col("version") > after),) if after >= 0 else (table.history(50), table.history())
+    )
+    for history in histories:  # a writer usually looks itself up at once: the newest 50 first
         for row in history.orderBy(F.col("version").desc()).collect():
             metadata = _parse_metadata(row["userMetadata"])
             if metadata and wanted(metadata):
@@ -235,7 +237,10 @@ def commit_info(spark: SparkSession, path: str, version: int) -> dict:
         with open(commit, encoding="utf-8") as handle:
             for line in handle:
                 if '"commitInfo"' in line:
-                    return json.loads(line)["commitInfo"]
+                    try:
+                        return json.loads(line)["commitInfo"]
+                    except (json.JSONDecodeError, KeyError):
+                        return {}
         return {}
     row = DeltaTable.forPath(spark, path).history().where(F.col("version") == version).first()
     return {} if row is None else row.asDict(recursive=True)

@@ -10,9 +10,9 @@ from databuild_assets.runtime.lake import is_local
 
 # Dagster's sensor daemon loops every 5 s and evaluates a sensor when its minimum interval has
 # passed since its last tick. With 5 here, the last tick (stamped a little after its loop began) is
-# often a few milliseconds short of 5 s old at the next loop, so every other loop skipped it: ticks
-# came 10 s apart. Under the loop's period, the sensor is evaluated at every loop, every 5 s. A tick
-# lists one folder and starts no JVM.
+# often just short of 5 s old at the next loop, so every other loop skipped it: ticks came 10 s
+# apart. Under the loop's period, the sensor is evaluated at every loop. This sensor's tick lists
+# one folder and starts no JVM; the event-log sensor shares the interval.
 SENSOR_INTERVAL_SECONDS = 1
 
 
