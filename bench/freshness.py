@@ -360,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if process is not None:
             stop_dagster(process)
-        if (work / "spark-drivers").is_dir():
-            stop_hosts(work / "spark-drivers")
+        stop_hosts(work / "spark-drivers")
         if args.keep:
             print(f"kept {work}")
         else:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -74,16 +73,5 @@ def ingest_job_process(lake_root: Path, files: list[Path], driver: str = "own") 
                 os.link(path, landing / path.name)
             _, usage = measure(run)
         finally:
-            stop_drivers(Path(dagster_home) / "drivers")
+            warm_driver.stop_hosts(Path(dagster_home) / "drivers", wait_s=60)  # before its folder goes
     return usage
-
-
-def stop_drivers(root: Path, timeout_s: float = 60) -> None:
-    """Stop the warm drivers registered under `root`, and wait until their processes are gone."""
-    if not root.is_dir():
-        return
-    pids = warm_driver.stop_hosts(root)
-    deadline = time.monotonic() + timeout_s
-    while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-        time.sleep(0.2)

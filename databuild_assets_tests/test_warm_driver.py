@@ -63,6 +63,9 @@ def test_processes_attach_to_one_jvm_and_ingest_through_it(tmp_path, drivers):
     [(_, host, attached)] = running_hosts(drivers)
     assert attached == []  # both detached when they were done; the host waits for the next
 
+    assert stop_hosts(drivers, wait_s=60) == [host.pid]
+    assert not jvm_alive(host.pid)  # the host is gone when it returns
+
 
 def test_a_process_killed_while_attached_stops_the_jvm(tmp_path, drivers):
     lake = Lake(str(tmp_path / "lake"))

@@ -263,14 +263,21 @@ def _warm_up(spark: SparkSession, folder: Path) -> None:
     spark.read.format("delta").load(path).count()
 
 
-def stop_hosts(root: Path | None = None) -> list[int]:
-    """Stop every running host (SIGTERM: each stops Spark and exits); their pids."""
+def stop_hosts(root: Path | None = None, wait_s: float = 0) -> list[int]:
+    """Stop every running host (SIGTERM: each stops Spark and exits); their pids. With `wait_s`,
+    wait up to that long for them to be gone (before removing their folder, say)."""
+    root = root or drivers_dir()
+    if not root.is_dir():
+        return []
     stopped = []
-    for folder in sorted((root or drivers_dir()).iterdir()):
+    for folder in sorted(root.iterdir()):
         host = DriverHost.read(folder) if folder.is_dir() else None
         if host is not None:
             os.kill(host.pid, signal.SIGTERM)
             stopped.append(host.pid)
+    deadline = time.monotonic() + wait_s
+    while any(_alive(pid) for pid in stopped) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return stopped
 
 
