@@ -183,14 +183,11 @@ def latest_commit_metadata_on_disk(
     latest = latest_version_on_disk(path)
     if latest is None:
         return None, None
-    log_dir = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
     for version in range(latest, max(latest - newest, -1), -1):
         try:
-            with open(log_dir / f"{version:020d}.json", encoding="utf-8") as commit:
-                actions = [json.loads(line) for line in commit if '"commitInfo"' in line]
-        except (FileNotFoundError, json.JSONDecodeError):
+            info = _commit_info_on_disk(path, version)
+        except FileNotFoundError:
             continue
-        info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
         metadata = _parse_metadata(info.get("userMetadata"))
         if metadata and wanted(metadata):
             return latest, metadata
@@ -210,7 +207,7 @@ def find_commit(
         latest = latest_version_on_disk(path)
         for version in range(latest if latest is not None else -1, after, -1):
             try:
-                info = commit_info(spark, path, version)
+                info = _commit_info_on_disk(path, version)
             except FileNotFoundError:  # cleaned up: older commits are covered by a checkpoint
                 break
             metadata = _parse_metadata(info.get("userMetadata"))
@@ -233,17 +230,23 @@ def commit_info(spark: SparkSession, path: str, version: int) -> dict:
     """The commitInfo of commit `version` of the table at `path` (operation, operationMetrics,
     userMetadata, ...): read from its commit file on a local disk, from the history elsewhere."""
     if is_local(path):
-        commit = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log" / f"{version:020d}.json"
-        with open(commit, encoding="utf-8") as handle:
-            for line in handle:
-                if '"commitInfo"' in line:
-                    try:
-                        return json.loads(line)["commitInfo"]
-                    except (json.JSONDecodeError, KeyError):
-                        return {}
-        return {}
+        return _commit_info_on_disk(path, version)
     row = DeltaTable.forPath(spark, path).history().where(F.col("version") == version).first()
     return {} if row is None else row.asDict(recursive=True)
+
+
+def _commit_info_on_disk(path: str, version: int) -> dict:
+    """The commitInfo in commit file `version` of the local table at `path` ({} when it has none
+    that parses); FileNotFoundError when the file is gone."""
+    commit = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log" / f"{version:020d}.json"
+    with open(commit, encoding="utf-8") as handle:
+        for line in handle:
+            if '"commitInfo"' in line:
+                try:
+                    return json.loads(line)["commitInfo"]
+                except (json.JSONDecodeError, KeyError):
+                    return {}
+    return {}
 
 
 def _parse_metadata(text: str | None) -> dict:
