@@ -1,6 +1,6 @@
-"""The projections: one asset each, refreshed together by one step (a multi-asset) so that the
-refreshes of the selected ones run side by side (`refresh_projections`). Each refresh is
-incremental unless a full rebuild is needed or asked."""
+"""The projections: one asset each, refreshed by one step (a multi-asset) in waves: partition_state
+first and alone, then the other selected ones side by side (`refresh_waves`); a full rebuild
+refreshes them all at once. Each refresh is incremental unless a full rebuild is needed or asked."""
 
 from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult, MetadataValue, multi_asset
 from pydantic import Field
@@ -50,7 +50,7 @@ def projections(context: AssetExecutionContext, config: RefreshConfig, lakehouse
     spark, lake = lakehouse.spark_session, lakehouse.lake
     selected = [PROJECTIONS[key.path[-1]] for key in sorted(context.selected_asset_keys)]
     waves = [selected] if config.full_rebuild else refresh_waves(selected)
-    context.log.info(" then ".join(", ".join(p.name for p in wave) for wave in waves) + " (side by side)")
+    context.log.info("refreshing " + " then ".join(_wave_text(wave) for wave in waves))
     refreshed, failures, first_error = {}, {}, None
     for wave in waves:
         try:
@@ -76,6 +76,11 @@ def refresh_waves(selected: list[Projection]) -> list[list[Projection]]:
     first = [p for p in selected if p.name in FIRST]
     rest = [p for p in selected if p.name not in FIRST]
     return [wave for wave in (first, rest) if wave]
+
+
+def _wave_text(wave: list[Projection]) -> str:
+    names = ", ".join(p.name for p in wave)
+    return f"{names} (side by side)" if len(wave) > 1 else names
 
 
 def _materialization(context: AssetExecutionContext, spark, lake, result: RefreshResult) -> MaterializeResult:
