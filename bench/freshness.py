@@ -24,7 +24,8 @@ latency of one file on its own).
 `--repo` runs another checkout's code, `dagster.yaml` and `workspace.yaml` (e.g. a `git worktree`
 of an older commit, to measure before and after side by side); `--env KEY=VALUE` adds to
 `dagster dev`'s environment (e.g. `DATABUILD_SPARK_CONF=...`). It stops `dagster dev` and every
-process it started (its process group) and removes the work folder unless `--keep`.
+process it started (its process group) and removes the work folder unless `--keep`; Ctrl-C or
+`kill` (SIGTERM) first prints the figures of the files measured so far.
 """
 
 from __future__ import annotations
@@ -219,7 +220,11 @@ def settle(instance, quiet_s: float, timeout_s: float = 900) -> None:
         elif time.monotonic() - quiet_since >= quiet_s:
             return
         time.sleep(1)
-    raise RuntimeError(f"runs still in flight after {timeout_s:.0f} s")
+    raise RunsInFlight(f"runs still in flight after {timeout_s:.0f} s")
+
+
+class RunsInFlight(RuntimeError):
+    """Runs did not end within `settle`'s timeout."""
 
 
 def print_runs(instance) -> None:
@@ -261,6 +266,10 @@ def measure_file(landing: Path, raw_log: Path, watcher: StateWatcher, index: int
     return landed
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lake", required=True, help="a lake root (tables/, landing/) to copy; never modified")
@@ -281,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (lake, DAGSTER_HOME, dagster log)")
     args = parser.parse_args(argv)
     repo = Path(args.repo).resolve()
+    # `kill` stops the bench as Ctrl-C does: the figures so far, then dagster dev and the warm
+    # driver stopped and the work folder removed. Without it SIGTERM ends Python without its
+    # `finally`, and dagster dev's process group (a session of its own) would run on. (A run
+    # started with `&` from a script ignores SIGINT, as the shell sets it: stop it with kill.)
+    signal.signal(signal.SIGTERM, _interrupt)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when run in the background
 
     work = Path(tempfile.mkdtemp(prefix="bench-freshness-", dir=args.workdir))
@@ -327,8 +341,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.arrival == "idle":
                     settle(instance, 0, timeout_s=args.timeout)
                 landed = measure_file(lake / "landing", raw_log, watcher, index, run_tag, args)
-            except KeyboardInterrupt:  # Ctrl-C (SIGINT): report the files measured so far
+            except KeyboardInterrupt:  # Ctrl-C or kill (SIGINT, SIGTERM): report the files measured so far
                 print("  interrupted: the figures below are of the files measured so far")
+                interrupted = True
+                break
+            except RunsInFlight as error:  # idle arrival: the last file's runs never ended
+                print(f"  {error}: stopping; the figures below are of the files measured so far")
                 interrupted = True
                 break
             results.append(landed)
