@@ -174,3 +174,23 @@ def test_a_log_larger_than_max_events_is_refused_naming_the_spark_backend(lake: 
         open_event_log(f"delta://{lake.root}", max_events=2)
     with open_event_log(f"delta://{lake.root}", max_events=3) as log:
         assert log.get_activity_summary().total_events == 3
+
+
+def test_a_process_that_loads_the_log_and_exits_at_once_exits_cleanly(lake: Lake) -> None:
+    """A snapshot load is the first thing every JVM-free reader does, and a one-shot `query`
+    exits soon after. delta-rs's own `to_pyarrow_table` made such a process abort at exit (status
+    134) in most tries; the load reads the files it lists with pyarrow instead. Several processes,
+    since the abort was a race."""
+    with DeltaRsEventLog(lake) as log:
+        for batch in range(3):  # a few data files
+            log.append_events(
+                [partition_event(f"e{batch}-{i}", i, "br-1", f"data/{i}", P.PARTITION_BUILDING) for i in range(200)]
+            )
+    script = (
+        "from databuild_assets.events.schema import EVENT_COLUMNS\n"
+        "from databuild_assets.log.delta_follower import DeltaFollower\n"
+        f"print(DeltaFollower({lake.table_path(RAW_EVENT_LOG)!r}).load(list(EVENT_COLUMNS)).num_rows)\n"
+    )
+    for _ in range(6):
+        run = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert (run.returncode, run.stdout.split()) == (0, ["600"]), run.stderr[-2000:]

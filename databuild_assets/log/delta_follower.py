@@ -5,7 +5,7 @@ next commit file (Delta versions are contiguous and each commit file appears ato
 asking before every read is cheap. What changed is read from the commit files themselves (the
 Delta protocol's JSON actions): the data files added and removed. A reader that fell behind
 past the log's retention, or that meets a commit it cannot follow, reloads the table's
-snapshot through delta-rs instead.
+snapshot (its files as delta-rs lists them) instead.
 
     follower = DeltaFollower("/data/lake/tables/raw_event_log")
     rows = follower.load(["event_id"])     # every live row, at the latest version
@@ -25,7 +25,7 @@ import deltalake
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from databuild_assets.runtime.delta_tables import schema_version_of
+from databuild_assets.runtime.delta_tables import read_local_table, schema_version_of
 
 # Reader features whose files a plain Parquet read would misread: rows only marked deleted,
 # physical column names that differ from the schema's.
@@ -92,9 +92,13 @@ class DeltaFollower:
         return os.path.exists(self._next_commit)
 
     def load(self, columns: Iterable[str], max_rows: int | None = None) -> pa.Table:
-        """`columns` of every live row at the table's latest version, through delta-rs (which
-        reconciles files written under older schemas); sets `version`. With `max_rows`, raises
-        TableTooLargeError before reading when the table's files hold more rows (their stats)."""
+        """`columns` of every live row at the table's latest version: its live files as delta-rs
+        lists them, read with pyarrow (`read_local_table`: a column a file was written without
+        is null there); sets `version`. With `max_rows`, raises TableTooLargeError before reading
+        when the table's files hold more rows (their stats).
+
+        Not delta-rs's own `to_pyarrow_table`: a process that exits soon after it (a one-shot
+        `databuild-assets query`) aborts at exit in most tries (deltalake 1.6.6, pyarrow 26)."""
         table = deltalake.DeltaTable(self.path)
         self._check(table.protocol().reader_features, table.metadata().configuration)
         if max_rows is not None:
@@ -102,7 +106,7 @@ class DeltaFollower:
             total = sum(count or 0 for count in counts.to_pylist())
             if total > max_rows:
                 raise TableTooLargeError(self.path, total, max_rows)
-        rows = table.to_pyarrow_table(columns=list(columns))
+        rows = read_local_table(table, list(columns))
         self.version = table.version()
         return rows
 
