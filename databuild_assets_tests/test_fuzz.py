@@ -11,11 +11,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from databuild_assets.events.fast_check import decode
 from databuild_assets.events.schema import event_from_row, normalize_event
 from databuild_assets.events.validation import MAX_LINE_BYTES, event_error, parse_line
 from databuild_assets.ingest.landing import (
@@ -24,7 +26,7 @@ from databuild_assets.ingest.landing import (
     ingest_landing_files,
     list_landing_files,
 )
-from databuild_assets.ingest.lines import _number_and_validate, read_landing_lines
+from databuild_assets.ingest.lines import _number_and_validate, _validated, read_landing_lines
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing
@@ -161,6 +163,33 @@ def test_parse_line_never_raises_and_says_why_a_mutated_line_is_bad(mutated):
     expected_prefix = {"truncate": "not valid JSON", "invalid_utf8": "not valid UTF-8"}.get(mutation)
     if expected_prefix and len(line) <= MAX_LINE_BYTES:
         assert reason.startswith(expected_prefix), reason
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(mutated_lines())
+def test_the_first_pass_decodes_only_lines_parse_line_accepts_and_to_the_same_event(mutated):
+    mutation, line = mutated
+
+    decoded = decode(line)
+
+    event, reason = parse_line(line)
+    if decoded is None:
+        assert mutation != "none" or len(line) > MAX_LINE_BYTES, "the first pass refused a valid line"
+    else:
+        assert reason is None, f"the first pass took a line parse_line refuses: {reason}"
+        assert normalize_event(msgspec.to_builtins(decoded)) == normalize_event(event)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(mutated_lines(), min_size=1, max_size=30))
+def test_a_worker_batch_is_the_same_with_and_without_the_first_pass(mutated):
+    lines = [line for _mutation, line in mutated]
+    files, numbers = ["landing/a.jsonl"] * len(lines), list(range(1, len(lines) + 1))
+
+    with_first_pass = _validated(files, numbers, lines, parse_line, decode)
+    line_by_line = _validated(files, numbers, lines, parse_line, None)
+
+    assert with_first_pass.equals(line_by_line), (with_first_pass.to_pylist(), line_by_line.to_pylist())
 
 
 def test_a_json_duplicate_key_keeps_the_last_value_in_validation():

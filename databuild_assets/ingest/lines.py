@@ -10,10 +10,12 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 
+from databuild_assets.events.fast_check import STRUCTS, decode, event_type_of
 from databuild_assets.events.schema import CORE_FIELDS, EVENT_SCHEMA, EVENT_TYPES
 from databuild_assets.events.validation import parse_line
 
@@ -32,6 +34,7 @@ _LINES_ARROW = pa.schema(
     + [pa.field(field.name, to_arrow_type(field.dataType), nullable=True) for field in EVENT_SCHEMA.fields]
 )
 _LINES_SCHEMA = from_arrow_schema(_LINES_ARROW)
+_EVENT_ARROW = pa.schema(list(_LINES_ARROW)[5:])
 _CORE_COLUMNS = tuple(field.name for field in CORE_FIELDS)
 
 
@@ -41,15 +44,16 @@ def _number_and_validate(
     sources: Mapping[str, str],
     sizes: Mapping[str, int],
     validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
+    first_pass: Callable[[bytes], object | None] | None = decode,
 ) -> Iterator[pa.RecordBatch]:
     """Runs in Spark's Python workers over one task's lines, which come range by range and, in a
     range, in file order. Numbers each line from its range's start (`range_starts`: lines and
     bytes before the range; a file's first range starts at (0, 0)), cuts a file in `sizes` at
-    that many bytes, and validates. Good lines keep only their text; bad ones their exact bytes.
-    `sources` maps Spark's name of each file to the name the caller gave."""
+    that many bytes, and validates (`_validated`). `sources` maps Spark's name of each file to
+    the name the caller gave."""
     at: dict[tuple[str, int], list[int]] = {}  # range -> [lines, bytes] read so far
     for batch in batches:
-        files, numbers, texts, raw_lines, reasons, events = [], [], [], [], [], []
+        files, numbers, raws = [], [], []
         for path, range_start, raw in zip(
             batch.column("path").to_pylist(),
             batch.column("range_start").to_pylist(),
@@ -74,19 +78,89 @@ def _number_and_validate(
                 if offset >= planned_size:
                     continue
                 raw = raw[: planned_size - offset]
-            event, reason = validate(raw)
             files.append(source)
             numbers.append(line_index + 1)
-            reasons.append(reason)
-            if reason is None:
-                texts.append(None)
-                raw_lines.append(None)
-                events.append(event or {})
-            else:
-                texts.append(raw.decode("utf-8", errors="replace"))
-                raw_lines.append(raw)
-                events.append({})
-        yield _lines_batch(files, numbers, texts, raw_lines, reasons, events)
+            raws.append(raw)
+        yield _validated(files, numbers, raws, validate, first_pass)
+
+
+def _validated(files, numbers, raws, validate, first_pass) -> pa.RecordBatch:
+    """One Arrow batch of `_LINES_ARROW` for these lines, in their order: a good line with its
+    event, a bad one with its text, its exact bytes and the reason.
+
+    The lines `first_pass` decodes (msgspec, in C: `events/fast_check.py`) go to Arrow column by
+    column; `validate` decides the others one by one and words the reason."""
+    decoded = [first_pass(raw) for raw in raws] if first_pass else [None] * len(raws)
+    passed = [index for index, event in enumerate(decoded) if event is not None]
+    if len(passed) == len(raws):
+        return _decoded_batch(files, numbers, decoded)
+    rest = [index for index, event in enumerate(decoded) if event is None]
+    checked = _checked_batch([files[i] for i in rest], [numbers[i] for i in rest], [raws[i] for i in rest], validate)
+    if not passed:
+        return checked
+    good = _decoded_batch([files[i] for i in passed], [numbers[i] for i in passed], [decoded[i] for i in passed])
+    in_order = pa.compute.sort_indices(pa.array(passed + rest, pa.int64()))
+    return pa.Table.from_batches([good, checked]).take(in_order).combine_chunks().to_batches()[0]
+
+
+def _checked_batch(files, numbers, raws, validate) -> pa.RecordBatch:
+    """Lines `validate` decides one by one: a bad one keeps its text and exact bytes."""
+    checked = [validate(raw) for raw in raws]
+    bad = [reason is not None for _, reason in checked]
+    return _lines_batch(
+        files,
+        numbers,
+        [raw.decode("utf-8", errors="replace") if is_bad else None for raw, is_bad in zip(raws, bad, strict=True)],
+        [raw if is_bad else None for raw, is_bad in zip(raws, bad, strict=True)],
+        [reason for _, reason in checked],
+        [event or {} for event, _ in checked],
+    )
+
+
+def _decoded_batch(files, numbers, events: list) -> pa.RecordBatch:
+    """Lines `fast_check.decode` took, with their events (structs)."""
+    count = len(events)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(files, pa.string()),
+            pa.array(numbers, pa.int64()),
+            pa.nulls(count, pa.string()),
+            pa.nulls(count, pa.binary()),
+            pa.nulls(count, pa.string()),
+            *_event_columns(events),
+        ],
+        schema=_LINES_ARROW,
+    )
+
+
+def _event_columns(events: list) -> list[pa.Array]:
+    """EVENT_SCHEMA's columns of structs `fast_check.decode` returned: each payload column built
+    from the events of its type, null in the other rows."""
+    size = len(events)
+    columns = [
+        pa.array([event.event_id for event in events], pa.string()),
+        pa.array([event.timestamp for event in events], pa.int64()),
+        pa.array([event.build_request_id for event in events], pa.string()),
+        pa.array([event_type_of(event) for event in events], pa.string()),
+    ]
+    rows_of: dict[type, list[int]] = {}
+    for row, event in enumerate(events):
+        rows_of.setdefault(type(event), []).append(row)
+    for event_type in EVENT_TYPES:
+        struct_type = _EVENT_ARROW.field(event_type).type
+        rows = rows_of.get(STRUCTS[event_type], [])
+        payloads = [getattr(events[row], event_type) for row in rows]
+        children = []
+        for field in struct_type:
+            values: list = [None] * size
+            for row, payload in zip(rows, payloads, strict=True):
+                values[row] = getattr(payload, field.name)
+            children.append(pa.array(values, field.type))
+        absent = [True] * size
+        for row in rows:
+            absent[row] = False
+        columns.append(pa.StructArray.from_arrays(children, fields=list(struct_type), mask=pa.array(absent)))
+    return columns
 
 
 def _lines_batch(files, numbers, texts, raw_lines, reasons, events: list[dict]) -> pa.RecordBatch:
@@ -109,10 +183,12 @@ def read_landing_lines(
     paths: list[str],
     sizes: Mapping[str, int] | None = None,
     validate: Callable[[bytes], tuple[dict | None, str | None]] = parse_line,
+    first_pass: Callable[[bytes], object | None] | None = decode,
 ) -> DataFrame:
     """Every line of `paths` with its file and 1-based line number; a good line with its event
     (EVENT_SCHEMA's columns), a bad one with its text, its bytes and the reason. Files named in
-    `sizes` are read only up to that size.
+    `sizes` are read only up to that size. `validate` decides each line `first_pass` does not
+    pass (None: every line).
 
     Spark's text source splits the files into lines, a large file in byte ranges read by
     separate tasks (`spark.sql.files.maxPartitionBytes`, 128 MB by default), so no task holds a
@@ -124,7 +200,12 @@ def read_landing_lines(
     lines = read_raw_lines(spark, paths)
     range_starts = _range_starts(lines) if _may_be_split(spark, paths) else {}
     worker = functools.partial(
-        _number_and_validate, range_starts=range_starts, sources=sources, sizes=dict(sizes or {}), validate=validate
+        _number_and_validate,
+        range_starts=range_starts,
+        sources=sources,
+        sizes=dict(sizes or {}),
+        validate=validate,
+        first_pass=first_pass,
     )
     return lines.mapInArrow(worker, _LINES_SCHEMA)
 
