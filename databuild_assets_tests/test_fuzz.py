@@ -26,7 +26,7 @@ from databuild_assets.ingest.landing import (
     ingest_landing_files,
     list_landing_files,
 )
-from databuild_assets.ingest.lines import _number_and_validate, _validated, read_landing_lines
+from databuild_assets.ingest.lines import _LINES_ARROW, _number_and_validate, _validated, read_landing_lines
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing
@@ -190,6 +190,13 @@ def test_a_worker_batch_is_the_same_with_and_without_the_first_pass(mutated):
     line_by_line = _validated(files, numbers, lines, parse_line, None)
 
     assert with_first_pass.equals(line_by_line), (with_first_pass.to_pylist(), line_by_line.to_pylist())
+
+
+def test_a_worker_batch_of_no_lines_is_an_empty_batch():
+    # A byte range whose lines all lie past the size the batch planned hands the workers none.
+    batch = _validated([], [], [], parse_line, decode)
+
+    assert (batch.num_rows, batch.schema) == (0, _LINES_ARROW)
 
 
 def test_a_json_duplicate_key_keeps_the_last_value_in_validation():

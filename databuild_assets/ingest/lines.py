@@ -159,7 +159,9 @@ def _event_columns(events: list) -> list[pa.Array]:
         absent = [True] * size
         for row in rows:
             absent[row] = False
-        columns.append(pa.StructArray.from_arrays(children, fields=list(struct_type), mask=pa.array(absent)))
+        columns.append(
+            pa.StructArray.from_arrays(children, fields=list(struct_type), mask=pa.array(absent, pa.bool_()))
+        )
     return columns
 
 
