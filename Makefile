@@ -16,8 +16,9 @@ export DAGSTER_HOME
 
 .PHONY: setup demo test lint format ui ui-test cluster-test reliability-test bench clean-lake
 
-# A virtual environment with the pinned packages, and Delta's jars from Maven Central.
-setup: $(VENV)/.installed delta-jars/lib/.fetched $(DAGSTER_HOME)/dagster.yaml
+# A virtual environment with the pinned packages, Delta's jars from Maven Central, and the class
+# archive the Spark driver's JVM starts from (runtime/jvm_startup.py: a small demo, about a minute).
+setup: $(VENV)/.installed delta-jars/lib/.fetched delta-jars/lib/spark-classes.jsa $(DAGSTER_HOME)/dagster.yaml
 
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +29,9 @@ $(VENV)/.installed: pyproject.toml
 delta-jars/lib/.fetched: delta-jars/pom.xml $(VENV)/.installed
 	$(BIN)/python -m databuild_assets.runtime.delta_jars fetch
 	touch $@
+
+delta-jars/lib/spark-classes.jsa: delta-jars/lib/.fetched
+	$(BIN)/python -m databuild_assets.runtime.jvm_startup create
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)

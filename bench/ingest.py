@@ -120,6 +120,9 @@ def start_spark(cores: int, shuffle_partitions: int, driver_memory: str) -> Spar
         shuffle_partitions=shuffle_partitions,
         driver_memory=driver_memory,
         extra_config={"spark.ui.showConsoleProgress": "false"},
+        # Full JIT tiers, as on the warm driver a deployment's runs share: the warm ingest and the
+        # plain-Spark anchor are steady-state figures. ingest_job's own JVM gets the defaults.
+        long_lived=True,
     )
     spark = build_spark_session(settings)
     spark.sparkContext.setLogLevel("ERROR")

@@ -116,7 +116,9 @@ def main() -> None:
         start += size
     base, warm, plus_one, plus_tenth = batches
 
-    spark = build_spark_session(SparkSettings(shuffle_partitions=4, extra_config={"spark.ui.enabled": "false"}))
+    spark = build_spark_session(
+        SparkSettings(shuffle_partitions=4, long_lived=True, extra_config={"spark.ui.enabled": "false"})
+    )
     spark.sparkContext.setLogLevel("ERROR")
     lake = Lake(str(workdir / "lake"))
     # Files of 100,000 events (~60 MB each), as a producer would land them in batches. (Until

@@ -16,14 +16,15 @@ import pytest
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.delta_backend import DeltaEventLog
-from databuild_assets.runtime.delta_jars import DeltaJarsMissingError
+from databuild_assets.runtime.delta_jars import DeltaJarsMissingError, jars_dir
 from databuild_assets.runtime.delta_tables import (
     NotADeltaTableError,
     SchemaVersionError,
     ensure_table,
 )
+from databuild_assets.runtime.jvm_startup import ARCHIVE_NAME, QUICK_JIT, driver_java_options
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake, LakeRootError
-from databuild_assets.runtime.spark import InvalidSparkMasterError, SparkSettings, build_spark_session
+from databuild_assets.runtime.spark import InvalidSparkMasterError, SparkSettings, build_spark_session, spark_config
 from databuild_assets_tests.bel_cases import one_build_events
 from databuild_assets_tests.support import REPO_ROOT, tree
 
@@ -260,3 +261,34 @@ def test_a_java_that_cannot_run_spark_is_one_error_naming_java(tmp_path):
     )
     assert "UnsupportedClassVersionError" in child.stderr
     assert tree(tmp_path) == before
+
+
+def test_the_driver_opens_the_class_archive_when_set_up_made_one_and_a_short_lived_one_runs_c1_only(tmp_path):
+    assert driver_java_options(long_lived=False, directory=tmp_path) == QUICK_JIT
+    assert driver_java_options(long_lived=True, directory=tmp_path) == ""
+    (tmp_path / ARCHIVE_NAME).write_bytes(b"an archive")
+    archive = f"-XX:SharedArchiveFile={tmp_path / ARCHIVE_NAME}"
+
+    assert driver_java_options(long_lived=False, directory=tmp_path) == f"{archive} {QUICK_JIT}"
+    assert driver_java_options(long_lived=True, directory=tmp_path) == archive
+    assert (
+        spark_config(SparkSettings(extra_config={"spark.driver.extraJavaOptions": "-Xss4m"}))[
+            "spark.driver.extraJavaOptions"
+        ]
+        == "-Xss4m"
+    )
+
+
+def test_a_class_archive_the_jvm_cannot_use_does_not_stop_spark_from_starting(tmp_path):
+    # Set-up's archive fits one Java build and class path; after an upgrade the JVM starts without it.
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    for jar in jars_dir().glob("*.jar"):
+        (jars / jar.name).symlink_to(jar)
+    (jars / ARCHIVE_NAME).write_bytes(b"not a class archive: another Java build's, or a torn copy" * 1000)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+
+    child = _start_spark_in_a_new_process(workdir, DATABUILD_DELTA_JARS_DIR=str(jars))
+
+    assert child.returncode == 0, child.stdout + child.stderr

@@ -20,6 +20,7 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from databuild_assets.runtime.delta_jars import delta_jar_paths
+from databuild_assets.runtime.jvm_startup import driver_java_options
 
 DEFAULT_MASTER = "local[*]"
 
@@ -53,6 +54,9 @@ class SparkSettings:
     shuffle_partitions: int = 8
     driver_memory: str = "4g"
     extra_config: Mapping[str, str] = field(default_factory=dict)
+    # A driver that serves many runs (the warm driver) compiles hot code fully; one that ends with
+    # its process starts quicker on the quick JIT tier alone (runtime/jvm_startup.py).
+    long_lived: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> SparkSettings:
@@ -102,6 +106,10 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
         "spark.ui.showConsoleProgress": "true",
     }
+    # The class archive set-up made, and the JIT tier for the driver's lifetime (runtime/jvm_startup.py).
+    # DATABUILD_SPARK_CONF's spark.driver.extraJavaOptions replaces these: repeat them there to keep them.
+    if java_options := driver_java_options(settings.long_lived):
+        config["spark.driver.extraJavaOptions"] = java_options
     config.update(settings.extra_config)
     return config
 

@@ -197,7 +197,7 @@ def serve(settings: SparkSettings, folder: Path, idle_minutes: float) -> int:
     when one of them died attached."""
     # Its runs' logs are in Dagster; a progress bar in a log file nobody watches is noise.
     console = {"spark.ui.showConsoleProgress": "false"}
-    spark = build_spark_session(replace(settings, extra_config={**settings.extra_config, **console}))
+    spark = build_spark_session(replace(settings, long_lived=True, extra_config={**settings.extra_config, **console}))
     gateway = SparkContext._gateway
     _warm_up(spark, folder)
     clients = folder / "clients"
