@@ -27,6 +27,9 @@ TEST_SPARK_SETTINGS = SparkSettings(
     app_name="databuild-assets-tests",
     shuffle_partitions=2,
     driver_memory="2g",
+    # A test worker's JVM runs for the whole suite: with C1 alone (a short-lived driver's default)
+    # the suite took 16m21s against 12m25s (docs/decisions.md, The driver's JVM start).
+    long_lived=True,
     extra_config={
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
