@@ -22,7 +22,7 @@ from databuild_assets.runtime.delta_tables import (
     SchemaVersionError,
     ensure_table,
 )
-from databuild_assets.runtime.jvm_startup import ARCHIVE_NAME, QUICK_JIT, driver_java_options
+from databuild_assets.runtime.jvm_startup import ARCHIVE_NAME, QUICK_JIT, WARNINGS_TO_STDERR, driver_java_options
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake, LakeRootError
 from databuild_assets.runtime.spark import InvalidSparkMasterError, SparkSettings, build_spark_session, spark_config
 from databuild_assets_tests.bel_cases import one_build_events
@@ -267,7 +267,7 @@ def test_the_driver_opens_the_class_archive_when_set_up_made_one_and_a_short_liv
     assert driver_java_options(long_lived=False, directory=tmp_path) == QUICK_JIT
     assert driver_java_options(long_lived=True, directory=tmp_path) == ""
     (tmp_path / ARCHIVE_NAME).write_bytes(b"an archive")
-    archive = f"-XX:SharedArchiveFile={tmp_path / ARCHIVE_NAME}"
+    archive = f"-XX:SharedArchiveFile={tmp_path / ARCHIVE_NAME} {WARNINGS_TO_STDERR}"
 
     assert driver_java_options(long_lived=False, directory=tmp_path) == f"{archive} {QUICK_JIT}"
     assert driver_java_options(long_lived=True, directory=tmp_path) == archive

@@ -30,6 +30,9 @@ from databuild_assets.runtime.delta_jars import jars_dir
 
 ARCHIVE_NAME = "spark-classes.jsa"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# The JVM's own warnings (one is an archive it cannot use) to stderr: by default they go to stdout,
+# which the Python process shares (`databuild-assets query` prints JSON there).
+WARNINGS_TO_STDERR = "-Xlog:disable -Xlog:all=warning:stderr"
 
 
 def class_archive(directory: Path | None = None) -> Path:
@@ -41,10 +44,18 @@ def driver_java_options(long_lived: bool, directory: Path | None = None) -> str:
     """The driver JVM's options: the class archive when set-up made one, and C1 only unless the
     driver is `long_lived`."""
     archive = class_archive(directory)
-    options = [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+    options = []
+    if archive.is_file() and _one_argument(str(archive)):
+        options += [f"-XX:SharedArchiveFile={archive}", WARNINGS_TO_STDERR]
     if not long_lived:
         options.append(QUICK_JIT)
     return " ".join(options)
+
+
+def _one_argument(path: str) -> bool:
+    """Whether `path` passes through Spark's launcher, which splits extraJavaOptions at white space,
+    and DATABUILD_SPARK_CONF, split at commas, as one argument."""
+    return not any(character.isspace() or character == "," for character in path)
 
 
 def create(directory: Path | None = None, events: int = 2_000) -> Path:
@@ -52,7 +63,12 @@ def create(directory: Path | None = None, events: int = 2_000) -> Path:
     lake, in a process whose JVM dumps the classes it loaded when it exits; then the dump is
     moved into place, so a JVM never opens one half written. Raises when the demo fails."""
     archive = class_archive(directory)
-    with tempfile.TemporaryDirectory(prefix="databuild-class-archive-") as work:
+    if not _one_argument(str(archive)):
+        raise RuntimeError(
+            f"no class archive: its path {archive} has white space or a comma, which Spark's launcher splits"
+        )
+    # Beside the archive, so the dump moves into place on one filesystem (/tmp may be another).
+    with tempfile.TemporaryDirectory(prefix=".class-archive-", dir=archive.parent) as work:
         dump = Path(work) / ARCHIVE_NAME
         env = {
             key: value
@@ -81,7 +97,13 @@ def main(argv: list[str]) -> int:
         return 2
     started = time.monotonic()
     print("making the Spark driver's class archive: a small demo in a JVM that dumps its classes (about a minute)")
-    archive = create()
+    try:
+        archive = create()
+    except RuntimeError as error:  # an optimisation: set-up goes on, and Spark starts without it
+        print(
+            f"warning: {error}\nSpark's driver starts without a class archive (slower, never wrong).", file=sys.stderr
+        )
+        return 0
     size = archive.stat().st_size / 1e6
     print(f"class archive {archive} ({size:,.0f} MB) made in {time.monotonic() - started:.0f}s")
     return 0
