@@ -1,8 +1,8 @@
 """How the Spark driver's JVM starts: from a class archive made at set-up, and, for a driver that
 lives for one process only, with the quick JIT tier alone.
 
-A new JVM spends its first seconds loading and verifying Spark's and Delta's classes, and its
-first minute compiling them on a machine whose cores the work needs too. Two standard JVM
+A new JVM first loads and verifies Spark's and Delta's classes, then compiles them on a machine
+whose cores the work needs too. Two standard JVM
 settings cut that (docs/decisions.md, "The driver's JVM start"):
 
 - an application class-data archive (AppCDS, `-XX:SharedArchiveFile`): the classes a small run of
