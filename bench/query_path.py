@@ -33,7 +33,7 @@ import duckdb
 from databuild_assets.events.enums import BuildRequestStatus, JobStatus, PartitionStatus
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log import EventFilter, SqliteEventLog, load_events
-from databuild_assets.log.delta_rs_backend import DeltaRsEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 

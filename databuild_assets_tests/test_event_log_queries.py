@@ -38,7 +38,7 @@ from databuild_assets.log import (
     parse_event_log_uri,
 )
 from databuild_assets.log.delta_backend import DeltaEventLog
-from databuild_assets.log.delta_rs_backend import DeltaRsEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.interface import (
     ActivitySummary,
     BuildRequestSummary,

@@ -18,7 +18,7 @@ from databuild_assets.defs.event_log.assets import ingested_event_log, landing_f
 from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
-from databuild_assets.log.delta_rs_backend import DeltaRsEventLog, ReplicaTooLargeError
+from databuild_assets.log.serving.backend import DeltaRsEventLog, ReplicaTooLargeError
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -188,7 +188,7 @@ def test_a_process_that_loads_the_log_and_exits_at_once_exits_cleanly(lake: Lake
             )
     script = (
         "from databuild_assets.events.schema import EVENT_COLUMNS\n"
-        "from databuild_assets.log.delta_follower import DeltaFollower\n"
+        "from databuild_assets.log.serving.follower import DeltaFollower\n"
         f"print(DeltaFollower({lake.table_path(RAW_EVENT_LOG)!r}).load(list(EVENT_COLUMNS)).num_rows)\n"
     )
     for _ in range(6):

@@ -64,7 +64,7 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
             f"{uri!r}: the JVM-free Delta backend follows lakes on this machine's disks only; for a lake on "
             f"object storage pass a SparkSession with Delta configured: open_event_log({uri!r}, spark=spark)"
         )
-    from databuild_assets.log.delta_rs_backend import DEFAULT_MAX_EVENTS, DeltaRsEventLog
+    from databuild_assets.log.serving.backend import DEFAULT_MAX_EVENTS, DeltaRsEventLog
 
     return DeltaRsEventLog(parsed.lake, writer=writer, max_events=max_events or DEFAULT_MAX_EVENTS)
 

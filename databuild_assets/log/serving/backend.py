@@ -1,8 +1,8 @@
 """The JVM-free Delta backend: `BuildEventLog` over a local lake, for a live DataBuild service.
 
-The query process keeps an in-memory replica of the visible log (`log/replica.py`: the SQLite
+The query process keeps an in-memory replica of the visible log (`log/serving/index.py`: the SQLite
 reference backend's tables, indexes and SQL) and follows the lake's raw_event_log and tombstones
-tables by Delta version (`log/delta_follower.py`). Before every read it checks whether either
+tables by Delta version (`log/serving/follower.py`). Before every read it checks whether either
 table has a new commit (one `stat` each) and, if so, applies only those commits, so a read sees
 every append and every tombstone committed before it, its own included. Reads never write to
 the lake. Appends are one delta-rs commit under the raw log's commit lock, which the Spark jobs
@@ -28,8 +28,8 @@ from deltalake import CommitProperties, write_deltalake
 from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.events.validation import require_valid
-from databuild_assets.log.delta_append import CommitConflictError, append_files, writable_by_fast_append
-from databuild_assets.log.delta_follower import DeltaFollower, TableTooLargeError
+from databuild_assets.log.serving.append import CommitConflictError, append_files, writable_by_fast_append
+from databuild_assets.log.serving.follower import DeltaFollower, TableTooLargeError
 from databuild_assets.log.interface import (
     ActivitySummary,
     AppendResult,
@@ -41,7 +41,7 @@ from databuild_assets.log.interface import (
     PartitionSummary,
     canonical_event,
 )
-from databuild_assets.log.replica import EventLogReplica, event_rows
+from databuild_assets.log.serving.index import EventLogReplica, event_rows
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
