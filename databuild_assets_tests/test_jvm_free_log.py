@@ -18,7 +18,7 @@ from databuild_assets.defs.event_log.assets import ingested_event_log, landing_f
 from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
-from databuild_assets.log.serving.backend import DeltaRsEventLog, ReplicaTooLargeError
+from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -162,18 +162,6 @@ def test_the_query_command_prints_the_answer_as_json_on_either_backend(tmp_path:
         text=True,
     )
     assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not valid" in wrong.stderr
-
-
-def test_a_log_larger_than_max_events_is_refused_naming_the_spark_backend(lake: Lake) -> None:
-    with DeltaRsEventLog(lake) as log:
-        log.append_events([partition_event(f"e{i}", i, "br-1", "data/a", P.PARTITION_BUILDING) for i in range(3)])
-
-    with pytest.raises(
-        ReplicaTooLargeError, match=r"holds 3 rows, more than the 2 .*open_event_log\(uri, spark=spark\)"
-    ):
-        open_event_log(f"delta://{lake.root}", max_events=2)
-    with open_event_log(f"delta://{lake.root}", max_events=3) as log:
-        assert log.get_activity_summary().total_events == 3
 
 
 def test_a_process_that_loads_the_log_and_exits_at_once_exits_cleanly(lake: Lake) -> None:

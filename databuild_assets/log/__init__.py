@@ -31,10 +31,10 @@ from databuild_assets.runtime.lake import is_local
 def open_event_log(uri: str, **options: Any) -> BuildEventLog:
     """Open the Build Event Log at `uri`, choosing the backend by its scheme.
 
-    A `delta` URI opens the JVM-free backend (`DeltaRsEventLog`, a local lake; `max_events=`
-    bounds the log it holds in memory) unless `spark=` (a SparkSession with Delta configured) is
-    given, which opens the Spark backend (`DeltaEventLog`, any Hadoop filesystem). Both take
-    `writer=`, the name appends are recorded under.
+    A `delta` URI opens the JVM-free backend (`DeltaRsEventLog`, a local lake, answered from its
+    serving index under `<root>/serving_index/`) unless `spark=` (a SparkSession with Delta
+    configured) is given, which opens the Spark backend (`DeltaEventLog`, any Hadoop
+    filesystem). Both take `writer=`, the name appends are recorded under.
     Raises ValueError for a URI no backend accepts, naming the accepted forms.
 
         with open_event_log("sqlite:///var/lib/databuild/bel.db") as log:
@@ -53,20 +53,19 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
         from databuild_assets.log.delta_backend import DeltaEventLog
 
         return DeltaEventLog(spark, parsed.lake, writer=writer)
-    max_events = options.pop("max_events", None)
     if options:
         raise TypeError(
-            f"{uri}: the JVM-free Delta backend takes writer= and max_events= (spark= chooses the Spark "
-            f"backend), got {', '.join(sorted(options))}"
+            f"{uri}: the JVM-free Delta backend takes writer= (spark= chooses the Spark backend), "
+            f"got {', '.join(sorted(options))}"
         )
     if not is_local(parsed.location):
         raise ValueError(
             f"{uri!r}: the JVM-free Delta backend follows lakes on this machine's disks only; for a lake on "
             f"object storage pass a SparkSession with Delta configured: open_event_log({uri!r}, spark=spark)"
         )
-    from databuild_assets.log.serving.backend import DEFAULT_MAX_EVENTS, DeltaRsEventLog
+    from databuild_assets.log.serving.backend import DeltaRsEventLog
 
-    return DeltaRsEventLog(parsed.lake, writer=writer, max_events=max_events or DEFAULT_MAX_EVENTS)
+    return DeltaRsEventLog(parsed.lake, writer=writer)
 
 
 __all__ = [

@@ -187,7 +187,19 @@ def _statements(script: str) -> Iterator[str]:
 @contextmanager
 def transaction(connection: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iterator[None]:
     """One transaction: IMMEDIATE for writes (take the write lock up front), DEFERRED for reads
-    that run several statements and must see one snapshot."""
+    that run several statements and must see one snapshot. Inside a transaction already open, a
+    savepoint: the block commits with the outer transaction, or rolls back alone."""
+    if connection.in_transaction:
+        connection.execute("SAVEPOINT nested")
+        try:
+            yield
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK TO nested")
+                connection.execute("RELEASE nested")
+            raise
+        connection.execute("RELEASE nested")
+        return
     connection.execute(f"BEGIN {mode}")
     try:
         yield

@@ -329,6 +329,22 @@ def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = No
     return _read_files(table.table_uri, files, names)
 
 
+def iter_local_table(
+    table: deltalake.DeltaTable, columns: list[str], rows_per_batch: int = 200_000
+) -> Iterator[tuple[pa.Table, int]]:
+    """`columns` of a local table's live files at the version `table` was opened at, a few files
+    at a time (about `rows_per_batch` rows, from their statistics), with the table's total row
+    count: a whole table read in bounded memory. A file gone meanwhile raises FileNotFoundError."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    counts = [count or 0 for count in files.column("num_records").to_pylist()] if files.num_rows else []
+    total, start, held = sum(counts), 0, 0
+    for index, count in enumerate(counts):
+        held += count
+        if held >= rows_per_batch or index == len(counts) - 1:
+            yield _read_files(table.table_uri, files.slice(start, index + 1 - start), columns), total
+            start, held = index + 1, 0
+
+
 def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table:
     """`columns` of the data files in `files` (delta-rs's add actions), partition values included.
 

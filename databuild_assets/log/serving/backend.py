@@ -1,12 +1,14 @@
 """The JVM-free Delta backend: `BuildEventLog` over a local lake, for a live DataBuild service.
 
-The query process keeps an in-memory replica of the visible log (`log/serving/index.py`: the SQLite
-reference backend's tables, indexes and SQL) and follows the lake's raw_event_log and tombstones
-tables by Delta version (`log/serving/follower.py`). Before every read it checks whether either
-table has a new commit (one `stat` each) and, if so, applies only those commits, so a read sees
-every append and every tombstone committed before it, its own included. Reads never write to
-the lake. Appends are one delta-rs commit under the raw log's commit lock, which the Spark jobs
-take too (`runtime/commit_lock.py`), deduplicated by event_id against the whole log.
+Reads are answered by the lake's serving index (`log/serving/index.py`: the SQLite reference
+backend's tables, indexes and SQL in a file under `<root>/serving_index/`), stamped with the
+versions of raw_event_log and tombstones it reflects. Opening the log opens the index and
+applies only the commits after its stamp (`log/serving/follower.py`), so the cost of an open
+follows what changed since, not the history; the pipeline's serving_index asset keeps it
+current. Before every read one `stat` per table says whether either moved, so a read sees every
+append and every tombstone committed before it, its own included. Appends are one delta-rs
+commit under the raw log's commit lock, which the Spark jobs take too
+(`runtime/commit_lock.py`), deduplicated by event_id against the whole log.
 
     log = open_event_log("delta:///data/lake")          # no SparkSession: this backend
     log.append_events(events)
@@ -17,6 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -28,8 +35,6 @@ from deltalake import CommitProperties, write_deltalake
 from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.events.validation import require_valid
-from databuild_assets.log.serving.append import CommitConflictError, append_files, writable_by_fast_append
-from databuild_assets.log.serving.follower import DeltaFollower, TableTooLargeError
 from databuild_assets.log.interface import (
     ActivitySummary,
     AppendResult,
@@ -41,7 +46,11 @@ from databuild_assets.log.interface import (
     PartitionSummary,
     canonical_event,
 )
-from databuild_assets.log.serving.index import EventLogReplica, event_rows
+from databuild_assets.log.serving.append import CommitConflictError, append_files, writable_by_fast_append
+from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
+from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
@@ -50,87 +59,221 @@ log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
 _COMMIT_ATTEMPTS = 3
-# The replica is held in memory; past this many events, opening refuses and names the Spark
-# backend (docs/decisions.md, A query path with no JVM).
-DEFAULT_MAX_EVENTS = 5_000_000
 _NS_PER_DAY = 86_400 * 10**9
 
 
-class ReplicaTooLargeError(RuntimeError):
-    """The raw log holds more events than `max_events`: too many to hold in memory here."""
-
-
-def _values_by_key(records: pa.Table) -> dict[str, set[str]]:
-    """{key: values} of every erasure request in the tombstones table (applied or not: an
-    applied one still hides an event that arrives again)."""
-    values: dict[str, set[str]] = {}
-    for record, key, value in zip(
-        *(records.column(name).to_pylist() for name in ("record", "key", "value")), strict=True
-    ):
-        if record == "requested":
-            values.setdefault(key, set()).add(value)
-    return values
+class _NotFollowable(Exception):
+    """The index cannot be brought to the lake's latest versions commit by commit: rebuild it."""
 
 
 class DeltaRsEventLog(BuildEventLog):
     """The Build Event Log of a local lake, read and appended without a JVM (see the module doc).
 
-    Opening it loads the visible log into memory: more than `max_events` raw log rows is refused
-    (ReplicaTooLargeError). One instance per thread; processes share the lake (each follows it).
-    `writer` names the appends' source ("writer:<writer>").
+    Opening it opens the lake's serving index (`<root>/serving_index/`), building it first when
+    there is none or it cannot be followed, and applies the commits after its stamp. One instance
+    per thread; processes share the lake and the index. `writer` names the appends' source
+    ("writer:<writer>").
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
     """
 
-    def __init__(self, lake: Lake, writer: str = "event-log", max_events: int = DEFAULT_MAX_EVENTS) -> None:
+    def __init__(self, lake: Lake, writer: str = "event-log") -> None:
         self.lake = lake
         self.writer = writer
-        self.max_events = max_events
         self._log_path = lake.table_path(RAW_EVENT_LOG)
         self._log = DeltaFollower(self._log_path)
         self._tombstones = DeltaFollower(lake.table_path(TOMBSTONES))
+        self._folder = IndexFolder(lake.path(SERVING_INDEX_FOLDER))
+        self._index: ServingIndex | None = None
+        self._marker: tuple[int, int] | None = None  # CURRENT's identity when the index was opened
+        self._private: str | None = None  # a private copy's folder, on a lake this process cannot write
         self._hidden_by: dict[str, set[str]] = {}
-        self._replica: EventLogReplica | None = EventLogReplica()
+        self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
         self._arrow_schema: pa.Schema | None = None
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
+        self._open()
         self._catch_up()
 
     def __repr__(self) -> str:
         return f"DeltaRsEventLog({self.lake.root!r})"
 
-    # -- following the lake --------------------------------------------------------------------
+    # -- the index ------------------------------------------------------------------------------
 
-    def _store(self) -> EventLogReplica:
-        if self._replica is None:
+    def _store(self) -> ServingIndex:
+        if self._index is None:
             raise ValueError(f"{self!r} is closed; open the event log again")
-        return self._replica
+        return self._index
 
-    def _catch_up(self) -> EventLogReplica:
-        """The replica, with every commit of the tombstones and the raw log applied (a new one
-        when the raw log had to be loaded again)."""
-        replica = self._store()
-        if self._tombstones.moved():
-            values = _values_by_key(self._tombstones.load(["record", "key", "value"]))
-            new = {key: found - self._hidden_by.get(key, set()) for key, found in values.items()}
-            self._hidden_by = values
-            if any(new.values()):
-                replica.hide(new)
-        if self._log.moved():
-            changes = self._log.changes()
-            if changes is None:
-                self._reload(
-                    "opened"
-                    if self._log.version is None
-                    else "a new protocol or schema, or commits no longer in the log"
-                )
-            elif not self._apply(changes.added, changes.removed):
-                self._reload("a data file of a commit is gone (vacuumed)")
+    def _open(self) -> None:
+        """Open the index in use (read-only on a lake this process cannot write), or build one."""
+        path, self._marker = self._folder.current()
+        index, why = None, "there is none"
+        if path is not None:
+            try:
+                index = self._open_file(path)
+            except FileNotFoundError:
+                why = f"{path} is gone"
+            except IndexUnusableError as error:
+                why = str(error)
+            else:
+                why = self._unfollowable_stamp(index.stamp())
+                if why:
+                    index.close()
+                    index = None
+        self._replace(index)
+        if index is None:
+            self._rebuild(why)
+
+    def _open_file(self, path: str) -> ServingIndex:
+        if self._folder.writable():
+            return ServingIndex.open(path)
+        try:
+            return ServingIndex.open(path, read_only=True)
+        except (IndexUnusableError, FileNotFoundError):
+            if os.path.exists(path + "-wal"):
+                raise
+            # No write-ahead log left and no folder to make its shared memory in: read the file
+            # as it is (a catch-up then works on a private copy).
+            return ServingIndex.open(path, read_only=True, immutable=True)
+
+    def _unfollowable_stamp(self, stamp: Stamp) -> str:
+        """Why the index's stamp cannot be followed to the lake's latest versions ("" if it can):
+        a table replaced at the same path, or commits after the stamp no longer in the log."""
+        for follower, mark in ((self._log, stamp.raw_log), (self._tombstones, stamp.tombstones)):
+            if mark.version < 0:
+                continue
+            commit = follower.commit_mark(mark.version)
+            if commit == mark.commit:
+                continue
+            if commit is not None or not follower.exists():
+                return f"{follower.path} is not the table the index followed (replaced or removed)"
+            if follower.open_table().metadata().id != mark.table_id:
+                return f"{follower.path} is not the table the index followed (replaced)"
+            checkpoint = follower.last_checkpoint()
+            if follower.commit_mark(mark.version + 1) is None and checkpoint is not None and checkpoint > mark.version:
+                return f"the index reflects {follower.path} v{mark.version}, older than its log's retention"
+        return ""
+
+    def _replace(self, index: ServingIndex | None) -> None:
+        old, self._index = self._index, index
+        self._table = None  # its protocol or schema may have changed: opened again by the next append
+        if old is not None and old is not index:
+            old.close()
+
+    def _rebuild(self, reason: str) -> None:
+        """A new generation of the index from the lake's snapshot, published for every process
+        (or private, on a lake this process cannot write)."""
+        if not self._folder.writable():
+            self._build_private(reason)
+            return
+        with self._folder.build_lock():
+            path, marker = self._folder.current()
+            if path is not None and marker != self._marker:
+                # Another process published one while this one waited for the lock: use it.
+                try:
+                    index = self._open_file(path)
+                except (FileNotFoundError, IndexUnusableError):
+                    index = None
+                if index is not None and not self._unfollowable_stamp(index.stamp()):
+                    self._marker = marker
+                    self._replace(index)
+                    return
+                if index is not None:
+                    index.close()
+            building = self._folder.new_building_path()
+            log.info("%r: building the serving index (%s)", self, reason)
+            build_index(self.lake, building)
+            final = self._folder.publish(building)
+            self._marker = self._folder.marker()
+            self._replace(ServingIndex.open(final))
+
+    def _build_private(self, reason: str) -> None:
+        folder = self._private or tempfile.mkdtemp(prefix="databuild-serving-index-")
+        self._private = folder
+        path = os.path.join(folder, f"index-{uuid.uuid4().hex}.sqlite")
+        log.info("%r: building a private serving index in %s (%s; the lake is not writable here)", self, path, reason)
+        build_index(self.lake, path)
+        self._replace(ServingIndex.open(path))
+
+    def _make_private(self) -> ServingIndex:
+        """A private, writable copy of a read-only index, to catch up on a lake this process
+        cannot write."""
+        index = self._store()
+        folder = self._private or tempfile.mkdtemp(prefix="databuild-serving-index-")
+        self._private = folder
+        path = os.path.join(folder, f"index-{uuid.uuid4().hex}.sqlite")
+        log.info("%r: the lake is not writable here and its serving index is behind: a private copy %s", self, path)
+        index.copy_to(path)
+        self._replace(ServingIndex.open(path))
         return self._store()
 
-    def _apply(self, added: list[str], removed: list[str]) -> bool:
-        """Apply one run of commits; False when a file is gone and the snapshot must be reloaded."""
-        replica = self._store()
+    def _moved(self, stamp: Stamp) -> bool:
+        return self._log.moved_since(stamp.raw_log.version) or self._tombstones.moved_since(stamp.tombstones.version)
+
+    def _catch_up(self) -> ServingIndex:
+        """The index, with every commit of the tombstones and the raw log applied: one `stat` of
+        CURRENT and one of each table's next commit file when nothing is new."""
+        if self._private is None and self._folder.marker() != self._marker:
+            self._open()  # a new generation was published
+        index = self._store()
+        if not self._moved(index.stamp()):
+            return index
+        if index.read_only:
+            index = self._make_private()
+        for _ in range(2):
+            try:
+                with index.updating():
+                    self._apply_since(index, index.stamp())
+                return index
+            except _NotFollowable as why:
+                self._rebuild(str(why))
+                index = self._store()
+                if not self._moved(index.stamp()):
+                    return index
+        return self._store()
+
+    def _tombstone_values(self, version: int) -> dict[str, set[str]]:
+        """Every tombstone value by key, read again when the index reflects tombstones newer
+        than those this process read (another process applied them)."""
+        if self._hidden_version is None or self._hidden_version < version:
+            self._hidden_by, mark = tombstone_values(self.lake)
+            self._hidden_version = mark.version
+        return self._hidden_by
+
+    def _apply_since(self, index: ServingIndex, stamp: Stamp) -> None:
+        """Apply the commits after `stamp` (inside the index's update), and stamp it."""
+        tombstones = stamp.tombstones
+        if self._tombstones.moved_since(tombstones.version):
+            before = self._tombstone_values(tombstones.version)
+            if tombstones.version < 0:
+                new = before
+            else:
+                self._tombstones.version = tombstones.version
+                changes = self._tombstones.changes()
+                added = self._tombstones.read(changes.added, ["record", "key", "value"]) if changes else None
+                new = values_by_key(added) if added is not None else before
+            latest = max(self._tombstones.version or -1, self._hidden_version or -1)
+            self._hidden_by = self._tombstone_values(latest)
+            if any(new.values()):
+                index.hide(new)
+            table_id = tombstones.table_id or self._tombstones.open_table().metadata().id
+            tombstones = table_mark(self._tombstones, self._tombstones.version, table_id)
+        raw = stamp.raw_log
+        if self._log.moved_since(raw.version):
+            if raw.version < 0:
+                raise _NotFollowable("the raw log was created after the index was built")
+            self._log.version = raw.version
+            changes = self._log.changes()
+            if changes is None:
+                raise _NotFollowable("a new protocol or schema, or commits no longer in the log")
+            if not self._apply(index, changes.added, changes.removed):
+                raise _NotFollowable("a data file of a commit is gone (vacuumed)")
+            raw = table_mark(self._log, changes.version, raw.table_id)
+        index.set_stamp(Stamp(raw, tombstones))
+
+    def _apply(self, index: ServingIndex, added: list[str], removed: list[str]) -> bool:
+        """Apply one run of commits; False when a file is gone and the index must be rebuilt."""
         added_events = self._log.read(added, _EVENT_COLUMNS)
         removed_ids = self._log.read(removed, ["event_id"]) if removed else pa.table({"event_id": []})
         if added_events is None or removed_ids is None:
@@ -138,28 +281,29 @@ class DeltaRsEventLog(BuildEventLog):
         if removed_ids.num_rows:
             # Rows that a commit removed and did not add back (a purge rewrites the rest).
             still_there = set(added_events.column("event_id").to_pylist()) if added_events.num_rows else set()
-            replica.remove(i for i in removed_ids.column("event_id").to_pylist() if i not in still_there)
-        replica.add(event_rows(added_events), self._hidden_by)
+            index.remove(i for i in removed_ids.column("event_id").to_pylist() if i not in still_there)
+        if added_events.num_rows:
+            index.add(event_rows(added_events), self._hidden_by)
         return True
 
-    def _reload(self, reason: str) -> None:
-        """A fresh replica from the raw log's snapshot (first open, or a commit not followable)."""
-        log.info("%r: loading the raw log's snapshot (%s)", self, reason)
-        replica = EventLogReplica()
-        if self._log.exists():
-            try:
-                events = self._log.load(_EVENT_COLUMNS, max_rows=self.max_events)
-            except TableTooLargeError as error:
-                raise ReplicaTooLargeError(
-                    f"{error}: the JVM-free backend holds the whole visible log in memory. Open it through Spark "
-                    f"(open_event_log(uri, spark=spark)), or allow more with open_event_log(uri, max_events=N) "
-                    "on a machine with the memory for it (docs/decisions.md, A query path with no JVM)"
-                ) from error
-            replica.add(event_rows(events), self._hidden_by)
-        old, self._replica = self._replica, replica
-        self._table = None  # its protocol or schema may have changed: opened again by the next append
-        if old is not None:
-            old.close()
+    def refresh_index(self) -> Stamp:
+        """Bring the index to the lake's latest versions (the pipeline's serving_index asset),
+        remove what a builder that died left, and empty the write-ahead log, so that the bytes
+        of erased events leave the disk. Returns the stamp."""
+        index = self._catch_up()
+        if self._private is None and self._folder.writable():
+            with self._folder.build_lock():
+                pass
+        for _ in range(50):
+            if index.checkpoint():
+                break
+            time.sleep(0.1)
+        return index.stamp()
+
+    @property
+    def index_path(self) -> str:
+        """The index file this process reads."""
+        return self._store().path
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -171,28 +315,30 @@ class DeltaRsEventLog(BuildEventLog):
             return AppendResult(0, 0)
         with commit_lock(self._log_path):
             for attempt in range(_COMMIT_ATTEMPTS):
-                replica = self._catch_up()
-                known = replica.known_event_ids(event["event_id"] for event in events)
+                index = self._catch_up()
+                known = index.known_event_ids(event["event_id"] for event in events)
                 new: dict[str, tuple[int, dict[str, Any]]] = {}
-                for index, event in enumerate(events):
+                for position, event in enumerate(events):
                     if event["event_id"] not in known and event["event_id"] not in new:
-                        new[event["event_id"]] = (index, canonical_event(event))
+                        new[event["event_id"]] = (position, canonical_event(event))
                 if not new:
                     break
-                before = self._log.version
+                before = index.stamp().raw_log
                 try:
-                    self._commit(self._rows(new.values()))
+                    self._commit(self._rows(new.values()), before.version)
                 except CommitConflictError:
                     if attempt == _COMMIT_ATTEMPTS - 1:
                         raise
                     continue  # a writer that ignores the lock committed first: dedupe again
-                changes = self._log.changes()
-                if changes is not None and changes.version == before + 1 and not changes.removed:
-                    # Ours is the only commit since (the lock keeps other committers out): apply
-                    # the events we hold instead of reading back the file we wrote.
-                    replica.add_events([event for _, event in new.values()], self._hidden_by)
-                elif changes is None or not self._apply(changes.added, changes.removed):
-                    self._reload("commits other than this append's could not be followed")
+                if before.version >= 0 and not index.read_only:
+                    with index.updating():
+                        if index.stamp().raw_log.version == before.version:
+                            # No process applied our commit yet: apply the events we hold instead
+                            # of reading back the file we wrote.
+                            index.add_events([event for _, event in new.values()], self._hidden_by)
+                            raw = table_mark(self._log, before.version + 1, before.table_id)
+                            index.set_stamp(Stamp(raw, index.stamp().tombstones))
+                self._catch_up()
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
@@ -216,10 +362,10 @@ class DeltaRsEventLog(BuildEventLog):
             self._arrow_schema = pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
         return self._arrow_schema
 
-    def _commit(self, rows: pa.Table) -> None:
+    def _commit(self, rows: pa.Table, latest: int) -> None:
         """One append commit of `rows` as the log's next version (the raw log created first when
         the lake has none): by `delta_append` when the table's protocol allows, else delta-rs."""
-        if not self._log.exists():
+        if latest < 0 and not self._log.exists():
             self._table = deltalake.DeltaTable.create(
                 self._log_path,
                 schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
@@ -231,7 +377,7 @@ class DeltaRsEventLog(BuildEventLog):
         elif self._table is None:
             self._table = deltalake.DeltaTable(self._log_path)
         table, user_metadata = self._table, json.dumps({"writer": self.writer})
-        latest = self._log.version if self._log.version is not None else table.version()
+        latest = latest if latest >= 0 else table.version()
         stats_columns = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
         if stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json()):
             partition_by = table.metadata().partition_columns
@@ -253,7 +399,7 @@ class DeltaRsEventLog(BuildEventLog):
             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
         )
 
-    # -- reads: the replica's, once it has caught up --------------------------------------------
+    # -- reads: the index's, once it has caught up ----------------------------------------------
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         return self._catch_up().get_build_request_events(build_request_id, since_ns)
@@ -294,17 +440,19 @@ class DeltaRsEventLog(BuildEventLog):
 
     @property
     def version(self) -> int | None:
-        """The raw log version the replica reflects (None when the lake has no log yet)."""
-        return self._log.version
+        """The raw log version the index reflects (None when the lake has no log yet)."""
+        version = self._store().stamp().raw_log.version
+        return None if version < 0 else version
 
-    def replica_bytes(self) -> int:
-        """The in-memory replica's size in bytes."""
+    def index_bytes(self) -> int:
+        """The serving index's size in bytes (its pages)."""
         return self._store().stored_bytes()
 
     def close(self) -> None:
-        replica, self._replica = self._replica, None
-        if replica is not None:
-            replica.close()
+        self._replace(None)
+        private, self._private = self._private, None
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
 
-__all__ = ["DEFAULT_MAX_EVENTS", "DeltaRsEventLog", "ReplicaTooLargeError"]
+__all__ = ["DeltaRsEventLog"]

@@ -36,14 +36,6 @@ class UnfollowableTableError(RuntimeError):
     """The table uses a Delta feature this reader cannot follow (deletion vectors, column mapping)."""
 
 
-class TableTooLargeError(RuntimeError):
-    """The table holds more rows than the reader was allowed to load into memory."""
-
-    def __init__(self, path: str, rows: int, max_rows: int) -> None:
-        super().__init__(f"{path} holds {rows:,} rows, more than the {max_rows:,} this reader may load")
-        self.rows, self.max_rows = rows, max_rows
-
-
 @dataclass
 class Changes:
     """The data files that commits after a version added and removed (dataChange only: an
@@ -91,21 +83,44 @@ class DeltaFollower:
             return self.exists()
         return os.path.exists(self._next_commit)
 
-    def load(self, columns: Iterable[str], max_rows: int | None = None) -> pa.Table:
+    def moved_since(self, version: int) -> bool:
+        """Whether the table has a commit after `version` (-1: whether it exists at all): one
+        `stat` of the next commit file."""
+        if version < 0:
+            return self.exists()
+        return self._commit_file(version + 1).exists()
+
+    def commit_mark(self, version: int) -> str | None:
+        """The size and modification time of `version`'s commit file (None when it is gone):
+        what tells the table that wrote it from another table later made at the same path."""
+        try:
+            status = self._commit_file(version).stat()
+        except FileNotFoundError:
+            return None
+        return f"{status.st_size}:{status.st_mtime_ns}"
+
+    def last_checkpoint(self) -> int | None:
+        """The version of the table's newest checkpoint (`_last_checkpoint`), if any."""
+        try:
+            return int(json.loads((self._log_dir / "_last_checkpoint").read_text(encoding="utf-8"))["version"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def open_table(self) -> deltalake.DeltaTable:
+        """The table at its latest version, through delta-rs, checked to be followable."""
+        table = deltalake.DeltaTable(self.path)
+        self.check(table.protocol().reader_features, table.metadata().configuration)
+        return table
+
+    def load(self, columns: Iterable[str]) -> pa.Table:
         """`columns` of every live row at the table's latest version: its live files as delta-rs
         lists them, read with pyarrow (`read_local_table`: a column a file was written without
-        is null there); sets `version`. With `max_rows`, raises TableTooLargeError before reading
-        when the table's files hold more rows (their stats).
+        is null there); sets `version`. For small tables (the tombstones): the raw log is read a
+        few files at a time (`runtime.delta_tables.iter_local_table`).
 
         Not delta-rs's own `to_pyarrow_table`: a process that exits soon after it (a one-shot
         `databuild-assets query`) aborts at exit in most tries (deltalake 1.6.6, pyarrow 26)."""
-        table = deltalake.DeltaTable(self.path)
-        self._check(table.protocol().reader_features, table.metadata().configuration)
-        if max_rows is not None:
-            counts = pa.chunked_array(table.get_add_actions(flatten=True).column("num_records"))
-            total = sum(count or 0 for count in counts.to_pylist())
-            if total > max_rows:
-                raise TableTooLargeError(self.path, total, max_rows)
+        table = self.open_table()
         rows = read_local_table(table, list(columns))
         self.version = table.version()
         return rows
@@ -137,7 +152,7 @@ class DeltaFollower:
         self.version = changes.version
         return changes
 
-    def _check(self, reader_features: Iterable[str] | None, configuration: dict[str, str]) -> None:
+    def check(self, reader_features: Iterable[str] | None, configuration: dict[str, str]) -> None:
         blocked = sorted(set(reader_features or ()) & _UNFOLLOWABLE_READER_FEATURES)
         if blocked:
             raise UnfollowableTableError(
@@ -160,4 +175,4 @@ class DeltaFollower:
         return pa.concat_tables(tables, promote_options="permissive")
 
 
-__all__ = ["Changes", "DeltaFollower", "TableTooLargeError", "UnfollowableTableError"]
+__all__ = ["Changes", "DeltaFollower", "UnfollowableTableError"]

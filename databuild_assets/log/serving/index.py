@@ -1,21 +1,32 @@
-"""An in-memory SQLite copy of the visible event log, for a query process that follows a lake.
+"""The serving index: the visible event log in a SQLite file, stamped with the Delta versions it reflects.
 
-`EventLogReplica` is the SQLite reference backend on a private in-memory database, so every
-read answers with the reference's own SQL and indexes. It is fed events as Arrow tables (the
-raw log's Parquet files), and it mirrors the raw log exactly: `events` holds the rows no
-tombstone matches, `temp.hidden_event_ids` the ids of the rows one does (kept so that an
-append deduplicates against the whole log, as the Spark writer does). Nothing is on disk.
+`ServingIndex` is the SQLite reference backend on a file of the lake (`<root>/serving_index/`),
+so every read answers with the reference's own SQL and indexes, and a process's memory is
+SQLite's page cache, not a copy of the history. It is fed events as Arrow tables (the raw log's
+Parquet files) and mirrors the raw log exactly: `events` holds the rows no tombstone matches,
+`hidden_event_ids` the ids of the rows one does (so that an append deduplicates against the
+whole log, as the Spark writer does). `serving_stamp` says which versions of raw_event_log and
+tombstones it reflects; the stamp and the rows change in one transaction, so every process that
+opens the file agrees on what it holds (docs/decisions.md, The serving index).
 
-    replica = EventLogReplica()
-    replica.add(event_rows(arrow_table_of_events), hidden_by={"partition_ref": {"data/users/id=42"}})
-    replica.get_latest_partition_status("data/users/id=41")
+Deleted rows are overwritten on disk (`secure_delete`): an erased event leaves the file's bytes,
+not only its pages' free lists.
+
+    index = ServingIndex.open("/data/lake/serving_index/index-3.sqlite")
+    index.stamp().raw_log.version                # the raw log version it reflects
+    index.get_latest_partition_status("data/users/id=41")
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 import pyarrow as pa
@@ -31,15 +42,39 @@ from databuild_assets.log.sqlite_backend import (
     refresh_dirty_projections,
     transaction,
 )
+from databuild_assets.log.sqlite_schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION
+
+# The layout of the index's own tables (hidden_event_ids, serving_stamp) and of what it stores:
+# an index of another format is rebuilt, never read.
+INDEX_FORMAT = 1
+
+_INDEX_TABLES = """
+CREATE TABLE IF NOT EXISTS hidden_event_ids (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+-- One row: the Delta versions of raw_event_log and tombstones the index reflects, and how to
+-- tell that a table at that path is still the one it followed (its Delta table id and the
+-- size and time of that version's commit file).
+CREATE TABLE IF NOT EXISTS serving_stamp (
+    one                 INTEGER PRIMARY KEY CHECK (one = 1),
+    index_format        INTEGER NOT NULL,
+    sqlite_schema       INTEGER NOT NULL,
+    raw_log_version     INTEGER NOT NULL,  -- -1: no raw log yet
+    raw_log_id          TEXT,
+    raw_log_commit      TEXT,
+    tombstones_version  INTEGER NOT NULL,  -- -1: no tombstones table yet
+    tombstones_id       TEXT,
+    tombstones_commit   TEXT,
+    built_at            TEXT NOT NULL,
+    updated_at          TEXT NOT NULL
+);
+"""
 
 _ROW_COLUMNS = "event_id, timestamp, build_request_id, event_type, payload, partition_ref, job_run_id, status_code"
 
-_REPLICA_TABLES = """
+_WORK_TABLES = """
 CREATE TEMP TABLE IF NOT EXISTS staged_events (
     event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL,
     event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
 );
-CREATE TEMP TABLE IF NOT EXISTS hidden_event_ids (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TEMP TABLE IF NOT EXISTS leaving (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 
@@ -130,18 +165,169 @@ def tombstone_rule_sql(values_by_key: Mapping[str, Collection[str]]) -> tuple[st
     return (" OR ".join(conditions) or "0"), parameters
 
 
-class EventLogReplica(SqliteEventLog):
-    """The SQLite reference backend in memory, fed from a Delta raw log: see the module doc.
+@dataclass(frozen=True)
+class TableMark:
+    """A followed Delta table as the index last saw it: its version (-1: none yet), its Delta
+    table id, and the size and modification time of that version's commit file."""
 
-    Its reads are `SqliteEventLog`'s; `add`, `hide` and `remove` change it. One per thread.
+    version: int = -1
+    table_id: str | None = None
+    commit: str | None = None
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What the index reflects: the raw log and the tombstones, each at a version."""
+
+    raw_log: TableMark = TableMark()
+    tombstones: TableMark = TableMark()
+
+
+class IndexUnusableError(RuntimeError):
+    """The file is not a serving index this code reads (another format, torn, not SQLite)."""
+
+
+def _pragmas(connection: sqlite3.Connection, temp_store: str = "MEMORY") -> None:
+    connection.execute("PRAGMA busy_timeout = 30000")
+    connection.execute("PRAGMA secure_delete = ON")
+    connection.execute("PRAGMA synchronous = NORMAL")
+    connection.execute(f"PRAGMA temp_store = {temp_store}")
+    connection.executescript(DIRTY_TABLES + _WORK_TABLES)
+
+
+def create_index_file(path: str) -> sqlite3.Connection:
+    """A new, empty index at `path` (which must not exist), open for a bulk load: no journal
+    (a failed build is thrown away whole), temporary tables on disk (bounded memory), and the
+    indexes of `events` dropped until `finish_build`."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("PRAGMA journal_mode = OFF")
+    connection.execute("PRAGMA synchronous = OFF")
+    connection.execute("PRAGMA cache_size = -65536")
+    _pragmas(connection, temp_store="FILE")
+    connection.executescript(SCHEMA + _INDEX_TABLES)
+    connection.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
+    drop_event_indexes(connection)
+    return connection
+
+
+class ServingIndex(SqliteEventLog):
+    """The SQLite reference backend on an index file, fed from a Delta raw log: see the module doc.
+
+    Its reads are `SqliteEventLog`'s; `add`, `add_events`, `hide` and `remove` change it, inside
+    `updating()`. One per thread; processes share the file (WAL).
     """
 
-    def __init__(self) -> None:
-        super().__init__(":memory:")
-        self._connection.executescript(_REPLICA_TABLES)
+    def __init__(self, path: str, connection: sqlite3.Connection, read_only: bool = False) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._connection = connection
+
+    @classmethod
+    def open(cls, path: str, read_only: bool = False, immutable: bool = False) -> ServingIndex:
+        """The index at `path` (never created here); `immutable` reads a file no process may
+        change (a read-only lake with no write-ahead log). Raises FileNotFoundError when it is
+        gone, IndexUnusableError when it is not an index of this format."""
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"serving index {path} is gone")
+        query = "mode=ro&immutable=1" if immutable else "mode=ro" if read_only else "mode=rw"
+        try:
+            connection = sqlite3.connect(f"file:{quote(path)}?{query}", uri=True, isolation_level=None)
+        except sqlite3.OperationalError as error:
+            raise FileNotFoundError(f"serving index {path}: {error}") from error
+        try:
+            _pragmas(connection)
+            found = connection.execute("SELECT index_format, sqlite_schema FROM serving_stamp").fetchone()
+        except sqlite3.DatabaseError as error:
+            connection.close()
+            raise IndexUnusableError(f"{path} is not a readable serving index ({error})") from error
+        if found != (INDEX_FORMAT, SQLITE_SCHEMA_VERSION):
+            connection.close()
+            raise IndexUnusableError(
+                f"{path} is a serving index of format {found}, this code reads {(INDEX_FORMAT, SQLITE_SCHEMA_VERSION)}"
+            )
+        return cls(path, connection, read_only or immutable)
+
+    @classmethod
+    def over(cls, path: str, connection: sqlite3.Connection) -> ServingIndex:
+        """The index being built on `connection` (from `create_index_file`)."""
+        return cls(path, connection)
 
     def __repr__(self) -> str:
-        return "EventLogReplica()"
+        return f"ServingIndex({self.path!r})"
+
+    # -- the stamp ------------------------------------------------------------------------------
+
+    def stamp(self) -> Stamp:
+        row = self._connection.execute(
+            "SELECT raw_log_version, raw_log_id, raw_log_commit, tombstones_version, tombstones_id,"
+            " tombstones_commit FROM serving_stamp"
+        ).fetchone()
+        if row is None:
+            return Stamp()
+        return Stamp(TableMark(*row[:3]), TableMark(*row[3:]))
+
+    def set_stamp(self, stamp: Stamp) -> None:
+        """Record what the index reflects now (inside the transaction that changed it)."""
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        raw, tombstones = stamp.raw_log, stamp.tombstones
+        self._connection.execute(
+            "INSERT INTO serving_stamp VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (one) DO UPDATE SET"
+            " raw_log_version = excluded.raw_log_version, raw_log_id = excluded.raw_log_id,"
+            " raw_log_commit = excluded.raw_log_commit, tombstones_version = excluded.tombstones_version,"
+            " tombstones_id = excluded.tombstones_id, tombstones_commit = excluded.tombstones_commit,"
+            " updated_at = excluded.updated_at",
+            (INDEX_FORMAT, SQLITE_SCHEMA_VERSION, raw.version, raw.table_id, raw.commit)
+            + (tombstones.version, tombstones.table_id, tombstones.commit, now, now),
+        )
+
+    def updating(self):
+        """The write transaction of one update: the stamp read inside it is the one to build on
+        (another process may have moved it), and a process killed inside it changes nothing."""
+        return transaction(self._connection)
+
+    def load(self, rows: list[tuple]) -> None:
+        """A bulk load's next rows (`events` rows; the first of an event_id wins), into an index
+        from `create_index_file`, before `finish_build`."""
+        with transaction(self._connection):
+            self._connection.executemany(
+                f"INSERT OR IGNORE INTO main.events ({_ROW_COLUMNS}) VALUES ({', '.join('?' * 8)})", rows
+            )
+
+    def finish_build(self, hidden_by: Mapping[str, Collection[str]]) -> None:
+        """After a bulk load (`create_index_file`, `load`): the events `hidden_by` (tombstone
+        values by key) matches hidden, the indexes of `events` built once, the projections of
+        every key, and the file switched to WAL for sharing."""
+        connection = self._connection
+        rule, parameters = tombstone_rule_sql(hidden_by)
+        with transaction(connection):
+            connection.execute(
+                f"INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM main.events AS e WHERE {rule}",
+                parameters,
+            )
+            connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM main.hidden_event_ids)")
+            for statement in _MARK_DIRTY:
+                connection.execute(statement.format(rows="main.events"))
+            build_event_indexes(connection)
+            refresh_dirty_projections(connection)
+        connection.execute("PRAGMA journal_mode = WAL")
+
+    def copy_to(self, path: str) -> None:
+        """A consistent copy of the index at `path`, in WAL mode (SQLite's online backup)."""
+        target = sqlite3.connect(path, isolation_level=None)
+        try:
+            self._connection.backup(target)
+            target.execute("PRAGMA journal_mode = WAL")
+        finally:
+            target.close()
+
+    def checkpoint(self) -> bool:
+        """Copy the write-ahead log into the file and empty it (the bytes of rows deleted since
+        the last checkpoint leave the disk with it). False when a reader kept it from finishing."""
+        busy, _, _ = self._connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return not busy
+
+    def event_count(self) -> int:
+        return self._connection.execute("SELECT COUNT(*) FROM main.events").fetchone()[0]
 
     def add(self, rows: list[tuple], hidden_by: Mapping[str, Collection[str]] | None = None) -> int:
         """Store the events of `rows` (`events` rows: `event_rows`, `event_row`) not stored yet
@@ -153,40 +339,23 @@ class EventLogReplica(SqliteEventLog):
         rule, parameters = tombstone_rule_sql(hidden_by or {})
         insert = f"VALUES ({', '.join('?' * 8)})"
         with transaction(connection):
-            if connection.execute("SELECT NOT EXISTS (SELECT 1 FROM main.events)").fetchone()[0]:
-                # An empty replica (the first load): straight into `events`, its indexes built once
-                # at the end, as sqlite_backend's bulk load does.
-                drop_event_indexes(connection)
-                connection.executemany(f"INSERT OR IGNORE INTO main.events ({_ROW_COLUMNS}) {insert}", rows)
-                connection.execute(
-                    "DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.hidden_event_ids)"
-                )
-                connection.execute(
-                    f"INSERT INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters
-                )
-                connection.execute("INSERT OR IGNORE INTO temp.hidden_event_ids SELECT event_id FROM temp.leaving")
-                connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)")
-                connection.execute("DELETE FROM temp.leaving")
-                build_event_indexes(connection)
-                added = "main.events"
-            else:
-                connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
-                connection.execute(
-                    "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM main.events)"
-                    " OR event_id IN (SELECT event_id FROM temp.hidden_event_ids)"
-                )
-                connection.execute(
-                    f"INSERT OR IGNORE INTO temp.hidden_event_ids "
-                    f" SELECT event_id FROM temp.staged_events AS e WHERE {rule}",
-                    parameters,
-                )
-                connection.execute(
-                    "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM temp.hidden_event_ids)"
-                )
-                connection.execute(
-                    f"INSERT INTO main.events ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM temp.staged_events"
-                )
-                added = "temp.staged_events"
+            connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
+            connection.execute(
+                "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM main.events)"
+                " OR event_id IN (SELECT event_id FROM main.hidden_event_ids)"
+            )
+            connection.execute(
+                "INSERT OR IGNORE INTO main.hidden_event_ids"
+                f" SELECT event_id FROM temp.staged_events AS e WHERE {rule}",
+                parameters,
+            )
+            connection.execute(
+                "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM main.hidden_event_ids)"
+            )
+            connection.execute(
+                f"INSERT INTO main.events ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM temp.staged_events"
+            )
+            added = "temp.staged_events"
             accepted = connection.execute(f"SELECT COUNT(*) FROM {added}").fetchone()[0]
             for statement in _MARK_DIRTY:
                 connection.execute(statement.format(rows=added))
@@ -201,7 +370,7 @@ class EventLogReplica(SqliteEventLog):
         hidden = [(event["event_id"],) for event in events if matches(event, hidden_by)]
         if hidden:
             with transaction(self._connection):
-                self._connection.executemany("INSERT OR IGNORE INTO temp.hidden_event_ids VALUES (?)", hidden)
+                self._connection.executemany("INSERT OR IGNORE INTO main.hidden_event_ids VALUES (?)", hidden)
         if visible:
             insert_events(self._connection, visible, validate=False)
 
@@ -212,7 +381,7 @@ class EventLogReplica(SqliteEventLog):
             self._connection.execute(
                 f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters
             )
-            self._connection.execute("INSERT OR IGNORE INTO temp.hidden_event_ids SELECT event_id FROM temp.leaving")
+            self._connection.execute("INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM temp.leaving")
             return self._drop_leaving()
 
     def remove(self, event_ids: Iterable[str]) -> None:
@@ -220,7 +389,7 @@ class EventLogReplica(SqliteEventLog):
         with transaction(self._connection):
             self._connection.executemany("INSERT OR IGNORE INTO temp.leaving VALUES (?)", ((i,) for i in event_ids))
             self._connection.execute(
-                "DELETE FROM temp.hidden_event_ids WHERE event_id IN (SELECT event_id FROM temp.leaving)"
+                "DELETE FROM main.hidden_event_ids WHERE event_id IN (SELECT event_id FROM temp.leaving)"
             )
             self._drop_leaving()
 
@@ -249,16 +418,25 @@ class EventLogReplica(SqliteEventLog):
                 row[0]
                 for row in self._connection.execute(
                     f"SELECT event_id FROM main.events WHERE event_id IN ({marks})"
-                    f" UNION SELECT event_id FROM temp.hidden_event_ids WHERE event_id IN ({marks})",
+                    f" UNION SELECT event_id FROM main.hidden_event_ids WHERE event_id IN ({marks})",
                     chunk + chunk,
                 )
             )
         return known
 
     def stored_bytes(self) -> int:
-        """The in-memory database's size: its pages, temp tables aside."""
+        """The database's size: its pages, temp tables aside."""
         pages, size = (self._connection.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_count", "page_size"))
         return pages * size
 
 
-__all__ = ["EventLogReplica", "event_rows", "tombstone_rule_sql"]
+__all__ = [
+    "INDEX_FORMAT",
+    "IndexUnusableError",
+    "ServingIndex",
+    "Stamp",
+    "TableMark",
+    "create_index_file",
+    "event_rows",
+    "tombstone_rule_sql",
+]

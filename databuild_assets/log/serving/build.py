@@ -1,0 +1,116 @@
+"""A new serving index from a lake's raw log and tombstones, in bounded memory.
+
+The raw log's live files are read a few at a time (about 200,000 events) and loaded into a new
+SQLite file with its indexes dropped; then the events a tombstone matches are hidden, the indexes
+are built once and the projections computed for every key, all in SQLite on disk. Memory stays
+that of one batch and SQLite's cache whatever the history's size. The stamp is the versions the
+snapshot was read at: a catch-up then applies only the commits after them.
+
+    stamp = build_index(lake, "/data/lake/serving_index/.index-4.sqlite.building")
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from databuild_assets.events.schema import EVENT_COLUMNS
+from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, create_index_file, event_rows
+from databuild_assets.runtime.delta_tables import iter_local_table
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
+
+log = logging.getLogger(__name__)
+
+_EVENT_COLUMNS = list(EVENT_COLUMNS)
+_SNAPSHOT_ATTEMPTS = 3
+_PROGRESS_EVERY_S = 10.0
+
+
+def values_by_key(records: pa.Table) -> dict[str, set[str]]:
+    """{key: values} of every erasure request in tombstone records (applied or not: an applied
+    one still hides an event that arrives again)."""
+    values: dict[str, set[str]] = {}
+    if not records.num_rows:
+        return values
+    for record, key, value in zip(
+        *(records.column(name).to_pylist() for name in ("record", "key", "value")), strict=True
+    ):
+        if record == "requested":
+            values.setdefault(key, set()).add(value)
+    return values
+
+
+def table_mark(follower: DeltaFollower, version: int | None, table_id: str | None) -> TableMark:
+    """How the index stamps a followed table at `version` (None: the table does not exist)."""
+    if version is None:
+        return TableMark()
+    return TableMark(version, table_id, follower.commit_mark(version))
+
+
+def tombstone_values(lake: Lake) -> tuple[dict[str, set[str]], TableMark]:
+    """Every tombstone value by key, at the tombstones table's latest version, and its mark."""
+    follower = DeltaFollower(lake.table_path(TOMBSTONES))
+    if not follower.exists():
+        return {}, TableMark()
+    table = follower.open_table()
+    records = follower.load(["record", "key", "value"])
+    return values_by_key(records), table_mark(follower, follower.version, table.metadata().id)
+
+
+def build_index(lake: Lake, path: str, progress: Callable[[str], None] | None = None) -> Stamp:
+    """Build the serving index of `lake` at `path` (a new file; removed if the build fails)
+    from the raw log's latest snapshot; returns its stamp. A data file removed while it was
+    read (a vacuum) starts the build again from a newer snapshot."""
+    progress = progress or log.info
+    for attempt in range(_SNAPSHOT_ATTEMPTS):
+        try:
+            return _build(lake, path, progress)
+        except FileNotFoundError:
+            if attempt == _SNAPSHOT_ATTEMPTS - 1:
+                raise
+            progress(f"a data file of the raw log's snapshot was removed while the index was built; again ({path})")
+    raise AssertionError("unreachable")
+
+
+def _remove_index_files(path: str) -> None:
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+
+
+def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
+    _remove_index_files(path)
+    hidden_by, tombstones = tombstone_values(lake)
+    raw = DeltaFollower(lake.table_path(RAW_EVENT_LOG))
+    connection = create_index_file(path)
+    index = ServingIndex.over(path, connection)
+    try:
+        raw_mark = TableMark()
+        if raw.exists():
+            table = raw.open_table()
+            started, reported, loaded = time.monotonic(), time.monotonic(), 0
+            for batch, total in iter_local_table(table, _EVENT_COLUMNS):
+                index.load(event_rows(batch))
+                loaded += batch.num_rows
+                if time.monotonic() - reported >= _PROGRESS_EVERY_S:
+                    reported = time.monotonic()
+                    progress(f"serving index: {loaded:,} of {total:,} events loaded ({reported - started:.0f} s)")
+            raw_mark = table_mark(raw, table.version(), table.metadata().id)
+        progress(f"serving index: {index.event_count():,} events loaded; hiding, indexing, projecting")
+        index.finish_build(hidden_by)
+        with index.updating():
+            index.set_stamp(Stamp(raw_mark, tombstones))
+    except BaseException:
+        index.close()
+        _remove_index_files(path)
+        raise
+    index.close()
+    return Stamp(raw_mark, tombstones)
+
+
+__all__ = ["build_index", "table_mark", "tombstone_values", "values_by_key"]
