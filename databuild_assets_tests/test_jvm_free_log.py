@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from dagster import materialize
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
