@@ -20,13 +20,14 @@ from databuild_assets.defs.projections.freshness import projection_freshness_che
 from databuild_assets.defs.projections.jobs import refresh_projections_job
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.defs.serving.assets import serving_index
 from databuild_assets.runtime.lake import Lake
 
 lakehouse = LakehouseResource.from_env()
 catalog = CatalogSettings.from_env()
 # Lake(...), not lakehouse.lake: that one checks (and may create) the root, which loading must not do.
 assets = in_catalog(
-    [landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
+    [landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets, serving_index],
     Lake(lakehouse.lake_root),
     catalog,
 )

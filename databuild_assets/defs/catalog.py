@@ -16,6 +16,7 @@ from pathlib import Path
 from dagster import AssetSpec, MetadataValue, TableSchema, map_asset_specs
 
 from databuild_assets.defs.column_schema import projection_table_schema, table_schema
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.runtime.lake import (
@@ -42,7 +43,8 @@ TABLE_ASSETS: dict[str, tuple[TableSpec, TableSchema]] = {
     FILTERED_EVENT_LOG.name: (FILTERED_EVENT_LOG, table_schema(FILTERED_EVENT_LOG, unique=["event_id"])),
     **{name: (projection_spec(p), projection_table_schema(p)) for name, p in PROJECTIONS.items()},
 }
-LANDING_FILES = "landing_files"  # the one asset that is files, not a table: <lake root>/landing
+LANDING_FILES = "landing_files"  # files, not a table: <lake root>/landing
+SERVING_INDEX = "serving_index"  # a SQLite file, not a Delta table: <lake root>/serving_index
 
 OWNERS_ENV = "DATABUILD_ASSET_OWNERS"
 MAX_LAG_ENV = "DATABUILD_PROJECTION_MAX_LAG_MINUTES"
@@ -123,6 +125,8 @@ def catalog_metadata(name: str, lake: Lake) -> dict:
     # Dagster's own keys (its TableMetadataSet and UriMetadataSet, which it does not export).
     if name == LANDING_FILES:
         return {"dagster/uri": MetadataValue.text(location_uri(lake.landing))}
+    if name == SERVING_INDEX:
+        return {"dagster/uri": MetadataValue.text(location_uri(lake.path(SERVING_INDEX_FOLDER)))}
     if name not in TABLE_ASSETS:
         return {}
     spec, columns = TABLE_ASSETS[name]

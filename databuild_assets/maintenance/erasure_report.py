@@ -5,8 +5,9 @@ lake (live or not: what vacuum has not yet deleted counts) and counts the rows t
 value as a whole JSON string value anywhere in the row (any column, any array element, inside
 JSON text). It also searches the Delta logs (commits and checkpoints) for the value. Every other
 file under the lake root (the landing and landing archive folders, hidden in-flight files
-included, and anything else there) is read line by line for the same JSON strings, one finding
-per folder. The tombstones table itself is skipped: it must keep the values to keep hiding them.
+included, the serving index, and anything else there) is read line by line for the same JSON
+strings (the serving index for the bare value too), one finding per folder. The tombstones
+table itself is skipped: it must keep the values to keep hiding them.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones
 from databuild_assets.maintenance.vacuum import lake_tables
 from databuild_assets.runtime.lake import TOMBSTONES, Lake, is_local
 
 # Folders under the lake root that always get a finding, files or not, so a report shows they were looked at.
-ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive")
+ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive", SERVING_INDEX_FOLDER)
 _CHUNK_BYTES = 1 << 20
 
 # Where an erased value can live outside data files, and the setting that keeps it out.
@@ -51,6 +53,11 @@ OUTSIDE_DATA_FILES = (
     (
         "landing files not ingested yet (new, or in a batch not committed)",
         "scanned (rows = lines); compaction rewrites a landing file only after ingestion has read it",
+    ),
+    (
+        "the serving index (serving_index/: the visible log in SQLite)",
+        "scanned for the value itself; deleted rows are overwritten (secure_delete) and compaction_job empties "
+        "its write-ahead log; a new generation removes the old files",
     ),
     (
         "Dagster's run storage (materialization previews)",
@@ -180,11 +187,15 @@ def _file_findings(
     spark: SparkSession, lake: Lake, tombstones: list[Tombstone], table_paths: list[str]
 ) -> list[ErasureFinding]:
     forms = {t.tombstone_id: tuple(form.encode("utf-8") for form in json_string_forms(t.value)) for t in tombstones}
+    # The serving index stores key columns (event_id, partition_ref...) as bare SQLite text, not
+    # as JSON strings: its files are searched for the value itself too.
+    bare = {t.tombstone_id: (*forms[t.tombstone_id], t.value.encode("utf-8")) for t in tombstones}
     findings = []
     for folder, paths in sorted(_files_outside_tables(spark, lake, table_paths).items()):
         lines = dict.fromkeys(forms, 0)
+        folder_forms = bare if folder == SERVING_INDEX_FOLDER else forms
         for path in paths:
-            for tombstone_id, count in lines_holding(_chunks(spark, path), forms).items():
+            for tombstone_id, count in lines_holding(_chunks(spark, path), folder_forms).items():
                 lines[tombstone_id] += count
         findings.extend(
             ErasureFinding(t.tombstone_id, t.key, folder, len(paths), lines[t.tombstone_id], 0) for t in tombstones

@@ -2,6 +2,7 @@
 
 from dagster import AssetSelection, define_asset_job
 
+from databuild_assets.defs.serving.assets import SERVING_INDEX
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG
 
@@ -19,8 +20,8 @@ ingest_job = define_asset_job(
 ingest_and_refresh_job = define_asset_job(
     "ingest_and_refresh_job",
     selection=AssetSelection.assets(
-        RAW_EVENT_LOG.name, EVENT_QUARANTINE.name, FILTERED_EVENT_LOG.name, *PROJECTIONS
+        RAW_EVENT_LOG.name, EVENT_QUARANTINE.name, FILTERED_EVENT_LOG.name, *PROJECTIONS, SERVING_INDEX
     ).without_checks(),
-    description="Ingest new landing files, then fold them into the filtered log and every projection "
-    "(the projections' checks run on projection_freshness_schedule).",
+    description="Ingest new landing files, then fold them into the filtered log, every projection and the "
+    "serving index (the projections' checks run on projection_freshness_schedule).",
 )

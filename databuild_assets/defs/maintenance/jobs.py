@@ -9,7 +9,9 @@ from dagster import (
     AssetMaterialization,
     AssetSelection,
     Config,
+    In,
     MetadataValue,
+    Nothing,
     OpExecutionContext,
     Output,
     RetryRequested,
@@ -21,6 +23,8 @@ from delta.exceptions import DeltaConcurrentModificationException
 from pydantic import Field
 
 from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.defs.serving.assets import SERVING_INDEX
+from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report, format_report
 from databuild_assets.maintenance.landing_files import (
@@ -31,7 +35,7 @@ from databuild_assets.maintenance.landing_files import (
 )
 from databuild_assets.maintenance.vacuum import DEFAULT_RETENTION_HOURS, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
-from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, TOMBSTONES
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, TOMBSTONES, is_local
 
 # Tables of the lake that are not assets: ingestion's bookkeeping. Maintenance reports their
 # figures in the op's output metadata only; a materialization on them would make the UI show an
@@ -48,7 +52,7 @@ def _markdown_table(header: tuple[str, ...], rows: list[tuple]) -> MetadataValue
 # Records the tombstone, then hides its events at once: the filtered log and the projections.
 erase_job = define_asset_job(
     "erase_job",
-    selection=AssetSelection.assets(TOMBSTONES.name, FILTERED_EVENT_LOG.name, *PROJECTIONS),
+    selection=AssetSelection.assets(TOMBSTONES.name, FILTERED_EVENT_LOG.name, *PROJECTIONS, SERVING_INDEX),
     description="Record an erasure request (ops.tombstones.config) and hide the matching events at once.",
 )
 
@@ -131,9 +135,30 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
     )
 
 
-@job(description="Daily: purge what tombstones match from every table, and bin-pack small files.")
+@op(ins={"compacted": In(Nothing)})
+def refresh_index_after_compaction(context: OpExecutionContext, lakehouse: LakehouseResource):
+    """The serving index follows the purge: the erased events leave its file's bytes too."""
+    lake = lakehouse.lake
+    if not is_local(lake.root):
+        return
+    status = refresh_serving_index(lake)
+    context.log.info(f"serving_index: raw_event_log v{status.raw_log_version}, {status.events:,} visible events")
+    yield AssetMaterialization(
+        asset_key=SERVING_INDEX,
+        description="compaction",
+        metadata={
+            "raw_log_version": MetadataValue.int(status.raw_log_version),
+            "tombstones_version": MetadataValue.int(status.tombstones_version),
+            "events": MetadataValue.int(status.events),
+            "bytes": MetadataValue.int(status.bytes),
+        },
+    )
+    yield Output(None)
+
+
+@job(description="Daily: purge what tombstones match from every table and the serving index, and bin-pack small files.")
 def compaction_job():
-    compact_lake()
+    refresh_index_after_compaction(compact_lake())
 
 
 # A minimum raised above the default retention raises the default with it: otherwise the

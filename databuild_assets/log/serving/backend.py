@@ -25,6 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -455,4 +456,30 @@ class DeltaRsEventLog(BuildEventLog):
             shutil.rmtree(private, ignore_errors=True)
 
 
-__all__ = ["DeltaRsEventLog"]
+@dataclass(frozen=True)
+class ServingIndexStatus:
+    """What `refresh_serving_index` left: the versions the index reflects, and its size."""
+
+    path: str
+    raw_log_version: int
+    tombstones_version: int
+    events: int
+    bytes: int
+
+
+def refresh_serving_index(lake: Lake) -> ServingIndexStatus:
+    """Bring the lake's serving index to the latest versions of the raw log and the tombstones
+    (built when there is none), with the bytes of deleted rows off the disk: what the pipeline
+    runs after every change, so that a service's open never pays a build.
+
+        refresh_serving_index(Lake("/data/lake")).raw_log_version
+    """
+    with DeltaRsEventLog(lake, writer="serving-index") as log:
+        stamp = log.refresh_index()
+        index = log._store()
+        return ServingIndexStatus(
+            index.path, stamp.raw_log.version, stamp.tombstones.version, index.event_count(), index.stored_bytes()
+        )
+
+
+__all__ = ["DeltaRsEventLog", "ServingIndexStatus", "refresh_serving_index"]

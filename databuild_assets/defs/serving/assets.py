@@ -1,0 +1,40 @@
+"""The serving index as an asset: what a live service's JVM-free reads answer from, kept current by
+the same runs that refresh the projections, so that opening the log never pays a build."""
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from databuild_assets.defs.catalog import SERVING_INDEX
+from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.log.serving.backend import refresh_serving_index
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
+
+
+@asset(
+    name=SERVING_INDEX,
+    deps=[RAW_EVENT_LOG.name, TOMBSTONES.name],
+    group_name="serving",
+    kinds={"sqlite"},
+    tags={"databuild/layer": "serving", "databuild/erasure": "purged"},
+    description="The visible event log and its projections in SQLite under <lake root>/serving_index/, stamped "
+    "with the raw log's and the tombstones' versions: what `open_event_log('delta:///...')` reads.",
+    pool="serving_index",
+)
+def serving_index(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
+    lake = lakehouse.lake
+    if not is_local(lake.root):
+        context.log.info(f"{lake.root} is not on a local disk: the JVM-free serving path does not follow it yet")
+        return MaterializeResult(metadata={"skipped": MetadataValue.text("lake not on a local disk")})
+    status = refresh_serving_index(lake)
+    context.log.info(
+        f"serving_index: raw_event_log v{status.raw_log_version}, tombstones v{status.tombstones_version}, "
+        f"{status.events:,} visible events"
+    )
+    return MaterializeResult(
+        metadata={
+            "raw_log_version": MetadataValue.int(status.raw_log_version),
+            "tombstones_version": MetadataValue.int(status.tombstones_version),
+            "events": MetadataValue.int(status.events),
+            "bytes": MetadataValue.int(status.bytes),
+            "path": MetadataValue.path(status.path),
+        }
+    )
