@@ -17,6 +17,7 @@ commit under the raw log's commit lock, which the Spark jobs take too
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -63,6 +64,28 @@ _COMMIT_ATTEMPTS = 3
 _NS_PER_DAY = 86_400 * 10**9
 
 
+@functools.cache
+def _raw_log_schema() -> pa.Schema:
+    return pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
+
+
+def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer: str) -> pa.Table:
+    """Raw log rows of canonical events (with their place in the append), as the Spark writer
+    stores them (source "writer:<writer>")."""
+    ingested_at = datetime.now(UTC)
+    rows = []
+    for index, event in indexed_events:
+        row = dict(event)
+        row.update(
+            event_date=datetime.fromtimestamp(event["timestamp"] // _NS_PER_DAY * 86_400, UTC).date(),
+            source_file=f"writer:{writer}",
+            source_line=index + 1,
+            ingested_at=ingested_at,
+        )
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=_raw_log_schema())
+
+
 class _NotFollowable(Exception):
     """The index cannot be brought to the lake's latest versions commit by commit: rebuild it."""
 
@@ -91,7 +114,6 @@ class DeltaRsEventLog(BuildEventLog):
         self._private: str | None = None  # a private copy's folder, on a lake this process cannot write
         self._hidden_by: dict[str, set[str]] = {}
         self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
-        self._arrow_schema: pa.Schema | None = None
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
         self._open()
         self._catch_up()
@@ -326,7 +348,7 @@ class DeltaRsEventLog(BuildEventLog):
                     break
                 before = index.stamp().raw_log
                 try:
-                    self._commit(self._rows(new.values()), before.version)
+                    self._commit(raw_log_rows(new.values(), self.writer), before.version)
                 except CommitConflictError:
                     if attempt == _COMMIT_ATTEMPTS - 1:
                         raise
@@ -342,26 +364,6 @@ class DeltaRsEventLog(BuildEventLog):
                 self._catch_up()
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
-
-    def _rows(self, indexed_events: Iterable[tuple[int, dict[str, Any]]]) -> pa.Table:
-        """Raw log rows of canonical events, as the Spark writer stores them (source "writer:<name>")."""
-        ingested_at = datetime.now(UTC)
-        rows = []
-        for index, event in indexed_events:
-            row = dict(event)
-            row.update(
-                event_date=datetime.fromtimestamp(event["timestamp"] // _NS_PER_DAY * 86_400, UTC).date(),
-                source_file=f"writer:{self.writer}",
-                source_line=index + 1,
-                ingested_at=ingested_at,
-            )
-            rows.append(row)
-        return pa.Table.from_pylist(rows, schema=self._schema())
-
-    def _schema(self) -> pa.Schema:
-        if self._arrow_schema is None:
-            self._arrow_schema = pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
-        return self._arrow_schema
 
     def _commit(self, rows: pa.Table, latest: int) -> None:
         """One append commit of `rows` as the log's next version (the raw log created first when
@@ -482,4 +484,4 @@ def refresh_serving_index(lake: Lake) -> ServingIndexStatus:
         )
 
 
-__all__ = ["DeltaRsEventLog", "ServingIndexStatus", "refresh_serving_index"]
+__all__ = ["DeltaRsEventLog", "ServingIndexStatus", "raw_log_rows", "refresh_serving_index"]

@@ -1,0 +1,198 @@
+"""The serving index as the JVM-free backend keeps it on disk: an open reuses it and applies only
+the commits after its stamp; a process killed inside an update leaves an index the next open
+uses; an index older than the log's retention, or of a replaced table, is rebuilt; a lake this
+process cannot write still opens; and an erased value leaves the index's bytes once compaction
+has run. (Racing appenders, ingestion and compaction over one index: test_jvm_free_log.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import deltalake
+from dagster import materialize
+
+from databuild_assets.defs.maintenance.assets import tombstones
+from databuild_assets.defs.maintenance.jobs import compaction_job
+from databuild_assets.defs.serving.assets import serving_index
+from databuild_assets.log import SqliteEventLog, open_event_log
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests import bel_cases
+from databuild_assets_tests.bel_cases import P, partition_event
+from databuild_assets_tests.support import REPO_ROOT, lakehouse_for
+
+
+def _folder(lake: Lake) -> IndexFolder:
+    return IndexFolder(lake.path(SERVING_INDEX_FOLDER))
+
+
+def _append_behind_the_index(lake: Lake, events: list[dict]) -> None:
+    """Commit `events` to the raw log with delta-rs directly: a writer that does not update the
+    index (as the pipeline's Spark jobs do not)."""
+    rows = raw_log_rows(enumerate(canonical_event(event) for event in events), "behind")
+    deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
+
+
+def _answers_match_the_reference(log, events: list[dict]) -> None:
+    with SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        keys = bel_cases.keys_of(events)
+        assert bel_cases.answers(log, *keys) == bel_cases.answers(reference, *keys)
+
+
+def test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp(lake: Lake) -> None:
+    events = list(generate_events(400, seed=3))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:300])
+        first_index = log.index_path
+    _append_behind_the_index(lake, events[300:])
+
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path == first_index  # no new generation: the commit after the stamp was applied
+        assert log.version == 2
+        _answers_match_the_reference(log, events)
+    assert [path for path in _folder(lake).files() if path.endswith(".sqlite")] == [first_index]
+
+
+def test_a_process_killed_inside_an_index_update_leaves_an_index_the_next_open_uses(lake: Lake) -> None:
+    events = list(generate_events(200, seed=5))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:150])
+        index_path = log.index_path
+    _append_behind_the_index(lake, events[150:])
+    # A process opens the log and catches up inside its update transaction: the events applied
+    # and the stamp moved, then it is killed before the transaction commits.
+    script = (
+        "import time\n"
+        "from databuild_assets.log.serving import index\n"
+        "stamp = index.ServingIndex.set_stamp\n"
+        "def stamp_then_pause(self, new):\n"
+        "    stamp(self, new)\n"
+        "    print('inside', flush=True)\n"
+        "    time.sleep(120)\n"
+        "index.ServingIndex.set_stamp = stamp_then_pause\n"
+        "from databuild_assets.log.serving.backend import DeltaRsEventLog\n"
+        "from databuild_assets.runtime.lake import Lake\n"
+        f"DeltaRsEventLog(Lake({lake.root!r}))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline().strip() == "inside", process.stderr.read()
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path == index_path
+        _answers_match_the_reference(log, events)
+
+
+def test_an_index_older_than_the_logs_retention_is_rebuilt_and_answers_right(lake: Lake) -> None:
+    events = list(generate_events(300, seed=9))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:100])
+        old_index = log.index_path
+    for start in (100, 200):
+        _append_behind_the_index(lake, events[start : start + 100])
+    # A checkpoint at the newest version, then the commits before it cleaned up, as log
+    # retention does: the commit after the index's stamp is gone.
+    table = deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG))
+    table.create_checkpoint()
+    log_dir = Path(lake.table_path(RAW_EVENT_LOG)) / "_delta_log"
+    for version in range(table.version()):
+        (log_dir / f"{version:020d}.json").unlink()
+
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path != old_index and not os.path.exists(old_index)
+        _answers_match_the_reference(log, events)
+
+
+def test_a_raw_log_replaced_at_the_same_path_is_never_answered_from_the_old_index(lake: Lake) -> None:
+    with DeltaRsEventLog(lake) as log:
+        log.append_events([partition_event("old-1", 100, "br-old", "data/old", P.PARTITION_AVAILABLE)])
+        log.append_events([partition_event("old-2", 110, "br-old", "data/old", P.PARTITION_AVAILABLE)])
+    shutil.rmtree(lake.table_path(RAW_EVENT_LOG))
+    new = [partition_event("new-1", 200, "br-new", "data/new", P.PARTITION_BUILDING)]
+    with DeltaRsEventLog(Lake(lake.root + "-elsewhere")) as other:
+        other.append_events(new)
+    shutil.copytree(Path(lake.root + "-elsewhere") / "tables" / RAW_EVENT_LOG.name, lake.table_path(RAW_EVENT_LOG))
+
+    with DeltaRsEventLog(lake) as log:
+        assert log.get_partition_events("data/old") == []
+        _answers_match_the_reference(log, new)
+
+
+def _run_without_write_access(lake: Lake, code: str) -> subprocess.CompletedProcess:
+    """`code` in a process that cannot write the lake: the lake made read-only, and when the
+    tests run as root (which writes through any mode), the process started without the
+    capabilities that let root ignore file modes."""
+    script = f"from databuild_assets.log import open_event_log\nlog = open_event_log('delta://{lake.root}')\n{code}"
+    for directory, _, files in os.walk(lake.root):
+        os.chmod(directory, 0o555)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o444)
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    return subprocess.run([*drop, sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True)
+
+
+def test_a_lake_this_process_cannot_write_still_opens_and_answers_with_every_commit(lake: Lake) -> None:
+    events = list(generate_events(200, seed=13))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:120])
+    _append_behind_the_index(lake, events[120:])  # the index is behind, and this reader cannot update it
+    before = {path: os.stat(path).st_mtime_ns for path in _folder(lake).files()}
+
+    run = _run_without_write_access(lake, "print(log.get_activity_summary().total_events)")
+
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == [str(len(events))]
+    assert {path: os.stat(path).st_mtime_ns for path in _folder(lake).files()} == before
+
+
+def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: Lake, spark) -> None:
+    secret = "data/customers/id=8675309-secret"
+    events = [
+        partition_event("e1", 100, "br-1", secret, P.PARTITION_AVAILABLE),
+        partition_event("e2", 110, "br-1", "data/kept", P.PARTITION_AVAILABLE),
+    ]
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+
+    def index_bytes_holding(value: str) -> int:
+        return sum(Path(path).read_bytes().count(value.encode()) for path in _folder(lake).files())
+
+    assert index_bytes_holding(secret) > 0  # the scan can see it
+    resources = {"lakehouse": lakehouse_for(lake)}
+    request = {
+        "ops": {"tombstones": {"config": {"key": "partition_ref", "value": secret, "actor": "t", "reason": "r"}}}
+    }
+    assert materialize([tombstones], resources=resources, run_config=request).success
+    assert materialize([serving_index], resources=resources).success
+    assert compaction_job.execute_in_process(resources=resources).success
+
+    assert index_bytes_holding(secret) == 0
+    with open_event_log(f"delta://{lake.root}") as log:
+        assert log.get_partition_events(secret) == []
+        assert [e["event_id"] for e in log.get_partition_events("data/kept")] == ["e2"]
+
+
+def test_the_serving_index_asset_reports_the_versions_it_reflects(lake: Lake) -> None:
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(list(generate_events(50, seed=1)))
+    leftover = Path(lake.path(SERVING_INDEX_FOLDER)) / ".index-99.sqlite.building"
+    leftover.write_bytes(b"a builder that died")  # removed by the refresh
+
+    result = materialize([serving_index], resources={"lakehouse": lakehouse_for(lake)})
+
+    metadata = result.asset_materializations_for_node("serving_index")[0].metadata
+    assert (metadata["raw_log_version"].value, metadata["events"].value) == (1, 50)
+    assert metadata["tombstones_version"].value == -1
+    assert not leftover.exists()
