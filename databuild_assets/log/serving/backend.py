@@ -110,6 +110,7 @@ class DeltaRsEventLog(BuildEventLog):
         self._tombstones = DeltaFollower(lake.table_path(TOMBSTONES))
         self._folder = IndexFolder(lake.path(SERVING_INDEX_FOLDER))
         self._index: ServingIndex | None = None
+        self._seen = (-1, -1)  # the raw log's and the tombstones' versions last seen in the index
         self._marker: tuple[int, int] | None = None  # CURRENT's identity when the index was opened
         self._private: str | None = None  # a private copy's folder, on a lake this process cannot write
         self._hidden_by: dict[str, set[str]] = {}
@@ -180,6 +181,7 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _replace(self, index: ServingIndex | None) -> None:
         old, self._index = self._index, index
+        self._seen = index.versions() if index is not None else (-1, -1)
         self._table = None  # its protocol or schema may have changed: opened again by the next append
         if old is not None and old is not index:
             old.close()
@@ -236,10 +238,19 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _catch_up(self) -> ServingIndex:
         """The index, with every commit of the tombstones and the raw log applied: one `stat` of
-        CURRENT and one of each table's next commit file when nothing is new."""
-        if self._private is None and self._folder.marker() != self._marker:
-            self._open()  # a new generation was published
+        each table's next commit file when nothing is new.
+
+        The versions checked are the last this process saw in the index. The index only moves
+        forward, and only to versions whose commit files exist, so when neither table has a
+        commit after them, the index reflects exactly them, whatever other processes did."""
         index = self._store()
+        raw_version, tombstones_version = self._seen
+        if not (self._log.moved_since(raw_version) or self._tombstones.moved_since(tombstones_version)):
+            return index
+        if self._private is None and self._folder.marker() != self._marker:
+            self._open()  # another process published a new generation: read that one
+            index = self._store()
+        self._seen = index.versions()
         if not self._moved(index.stamp()):
             return index
         if index.read_only:
@@ -248,11 +259,13 @@ class DeltaRsEventLog(BuildEventLog):
             try:
                 with index.updating():
                     self._apply_since(index, index.stamp())
+                self._seen = index.versions()
                 return index
             except _NotFollowable as why:
                 self._rebuild(str(why))
                 index = self._store()
                 if not self._moved(index.stamp()):
+                    self._seen = index.versions()
                     return index
         return self._store()
 

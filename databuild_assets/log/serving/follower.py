@@ -52,6 +52,7 @@ class DeltaFollower:
     def __init__(self, path: str) -> None:
         self.path = path.removeprefix("file://").removeprefix("file:")
         self._log_dir = Path(self.path) / "_delta_log"
+        self._log_prefix = f"{self._log_dir}/"
         self._version: int | None = None
         self._next_commit = ""  # the path of the commit after `version`: asked before every read
 
@@ -88,7 +89,7 @@ class DeltaFollower:
         `stat` of the next commit file."""
         if version < 0:
             return self.exists()
-        return self._commit_file(version + 1).exists()
+        return os.path.exists(f"{self._log_prefix}{version + 1:020d}.json")
 
     def commit_mark(self, version: int) -> str | None:
         """The size and modification time of `version`'s commit file (None when it is gone):

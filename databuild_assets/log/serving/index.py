@@ -266,6 +266,10 @@ class ServingIndex(SqliteEventLog):
             return Stamp()
         return Stamp(TableMark(*row[:3]), TableMark(*row[3:]))
 
+    def versions(self) -> tuple[int, int]:
+        """The raw log's and the tombstones' versions of the stamp: the check before every read."""
+        return self._connection.execute("SELECT raw_log_version, tombstones_version FROM serving_stamp").fetchone()
+
     def set_stamp(self, stamp: Stamp) -> None:
         """Record what the index reflects now (inside the transaction that changed it)."""
         now = datetime.now(UTC).isoformat(timespec="seconds")

@@ -38,6 +38,7 @@ class IndexFolder:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._pointer = os.path.join(path, _CURRENT)
 
     def __repr__(self) -> str:
         return f"IndexFolder({self.path!r})"
@@ -59,7 +60,7 @@ class IndexFolder:
     def marker(self) -> tuple[int, int] | None:
         """CURRENT's identity (inode, modification time): one `stat`, asked before every read."""
         try:
-            status = os.stat(os.path.join(self.path, _CURRENT))
+            status = os.stat(self._pointer)
         except FileNotFoundError:
             return None
         return status.st_ino, status.st_mtime_ns

@@ -1,0 +1,236 @@
+"""The Delta BEL's serving index against SQLite on the same events, side by side in one run.
+
+    python -m bench.serving_index --events 1000000 [--workdir /var/tmp/bench-serving] [--loops 200]
+
+Builds (or reuses, in --workdir) a lake whose raw log holds `generate_events(N, seed=7)` and a
+SQLite BEL of the same events, builds the serving index as the pipeline does
+(`refresh_serving_index`), then prints, each figure from fresh processes (median of 3):
+- open to the first answer, and the peak resident memory of a process that opened and answered;
+- a `databuild-assets query URI get_latest_partition_status REF` call, whole process;
+- catch-up: opening after N commits the index has not seen (N = 1, 10, 100), and the slope;
+- the service loop (append 5 events, then the partition's status and the build's events) and
+  every query method, p50/p95 in one process per backend, with the p95 ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from functools import partial
+from itertools import islice
+from pathlib import Path
+
+import deltalake
+
+from bench.query_path import ms, percentile, service_build, timings
+from databuild_assets.log import EventFilter, SqliteEventLog, load_events
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows, refresh_serving_index
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+
+BATCH = 250_000
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Run in a fresh interpreter: the backend's imports first (not timed, as a service has them
+# loaded), then the open and the first answer; prints seconds and the process's peak resident memory.
+_OPEN_AND_ANSWER = """
+import json, resource, sys, time
+from databuild_assets.log import open_event_log
+if sys.argv[1].startswith("delta"):
+    import databuild_assets.log.serving.backend
+started = time.perf_counter()
+log = open_event_log(sys.argv[1])
+log.get_latest_partition_status(sys.argv[2])
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def build(workdir: Path, events: int) -> tuple[Lake, Path]:
+    """The lake and the SQLite BEL of `events` generated events, made once per workdir."""
+    lake, sqlite_path = Lake(str(workdir / "lake")), workdir / "bel.db"
+    done = workdir / "built.json"
+    if done.exists() and json.loads(done.read_text())["events"] == events:
+        return lake, sqlite_path
+    workdir.mkdir(parents=True, exist_ok=True)
+    stream = generate_events(events, seed=7)
+    with DeltaRsEventLog(lake, writer="bench") as log:  # creates the raw log with its properties
+        first = list(islice(stream, 1_000))
+        log.append_events(first)
+    load_events(sqlite_path, first)
+    table_path = lake.table_path(RAW_EVENT_LOG)
+
+    def batches_to_delta():
+        written = len(first)
+        while batch := list(islice(stream, BATCH)):
+            deltalake.write_deltalake(
+                table_path, raw_log_rows(enumerate(map(canonical_event, batch)), "bench"), mode="append"
+            )
+            written += len(batch)
+            print(f"  {written:,} events written", flush=True)
+            yield from batch
+
+    load_events(sqlite_path, batches_to_delta())
+    done.write_text(json.dumps({"events": events}))
+    return lake, sqlite_path
+
+
+def fresh(uri: str, ref: str, runs: int = 3) -> dict[str, float]:
+    """Open to the first answer and peak memory in fresh processes: the median of `runs`."""
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _OPEN_AND_ANSWER, uri, ref],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.splitlines()[-1]
+        )
+        for _ in range(runs)
+    ]
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def cli_seconds(uri: str, ref: str) -> float:
+    command = [str(Path(sys.executable).parent / "databuild-assets"), "query", uri, "get_latest_partition_status", ref]
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run(command, cwd=REPO_ROOT, capture_output=True, check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def commits_behind(lake: Lake, commits: int, seed: int) -> None:
+    """`commits` commits of 5 events each that the index has not applied (written by delta-rs)."""
+    for number in range(commits):
+        batch, _, _ = service_build(seed * 1_000 + number)
+        rows = raw_log_rows(enumerate(map(canonical_event, batch)), "bench-behind")
+        deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--workdir", default=None, help="where the lake and the SQLite BEL are kept between runs")
+    parser.add_argument("--loops", type=int, default=200, help="service loop iterations")
+    parser.add_argument("--calls", type=int, default=200, help="calls per query method")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir or f"/var/tmp/bench-serving-index-{args.events}")
+    started = time.perf_counter()
+    lake, sqlite_path = build(workdir, args.events)
+    print(f"lake and SQLite BEL of {args.events:,} events ready in {time.perf_counter() - started:.0f} s ({workdir})")
+    delta_uri, sqlite_uri = f"delta://{lake.root}", f"sqlite://{sqlite_path}"
+
+    started = time.perf_counter()
+    status = refresh_serving_index(lake)
+    print(
+        f"serving index: {time.perf_counter() - started:.1f} s to bring up to date (a build when new), "
+        f"{status.events:,} events, {status.bytes / 1e6:,.0f} MB; "
+        f"SQLite BEL {os.path.getsize(sqlite_path) / 1e6:,.0f} MB"
+    )
+    with SqliteEventLog(sqlite_path) as sqlite_log:
+        connection = sqlite_log._connection
+        refs = [
+            r[0] for r in connection.execute("SELECT partition_ref FROM partition_state ORDER BY random() LIMIT 500")
+        ]
+        builds = [
+            r[0] for r in connection.execute("SELECT build_request_id FROM build_requests ORDER BY random() LIMIT 500")
+        ]
+        jobs = [r[0] for r in connection.execute("SELECT job_run_id FROM job_runs ORDER BY random() LIMIT 500")]
+        times = [r[0] for r in connection.execute("SELECT timestamp FROM events ORDER BY random() LIMIT 500")]
+    ref = refs[0]
+
+    print("\n| fresh process | SQLite | Delta, serving index | ratio |\n|---|---:|---:|---:|")
+    sqlite_open, delta_open = fresh(sqlite_uri, ref), fresh(delta_uri, ref)
+    print(
+        f"| open to the first answer | {sqlite_open['seconds']:.3f} s | {delta_open['seconds']:.3f} s "
+        f"| {delta_open['seconds'] / sqlite_open['seconds']:.2f}x |"
+    )
+    print(
+        f"| peak resident memory | {sqlite_open['peak_rss'] / 1e6:,.0f} MB | {delta_open['peak_rss'] / 1e6:,.0f} MB "
+        f"| +{(delta_open['peak_rss'] - sqlite_open['peak_rss']) / 1e6:,.0f} MB |"
+    )
+    sqlite_cli, delta_cli = cli_seconds(sqlite_uri, ref), cli_seconds(delta_uri, ref)
+    print(
+        f"| `query ... get_latest_partition_status`, whole process | {sqlite_cli:.2f} s | {delta_cli:.2f} s "
+        f"| {delta_cli / sqlite_cli:.2f}x |"
+    )
+
+    print("\n| commits behind the index | open to the first answer |\n|---:|---:|")
+    catch_up = {}
+    for number, commits in enumerate((1, 10, 100)):
+        commits_behind(lake, commits, seed=number + 1)
+        catch_up[commits] = fresh(delta_uri, ref, runs=1)["seconds"]  # the first open catches up
+        print(f"| {commits} | {catch_up[commits]:.3f} s |")
+        refresh_serving_index(lake)
+    print(f"slope: {(catch_up[100] - catch_up[1]) / 99 * 1000:.1f} ms per commit of 5 events")
+
+    rng = random.Random(1)
+    methods = [
+        ("get_build_request_events", lambda log: log.get_build_request_events(rng.choice(builds))),
+        ("get_partition_events", lambda log: log.get_partition_events(rng.choice(refs))),
+        ("get_job_run_events", lambda log: log.get_job_run_events(rng.choice(jobs))),
+        ("get_events_in_range (1 s)", lambda log: log.get_events_in_range(t := rng.choice(times), t + 10**9)),
+        ("list_events (page of 100)", lambda log: log.list_events(limit=100)),
+        (
+            "list_events (filtered)",
+            lambda log: log.list_events(
+                filter=EventFilter(event_types=["partition_event"], partition_refs=[rng.choice(refs)]), limit=100
+            ),
+        ),
+        ("get_latest_partition_status", lambda log: log.get_latest_partition_status(rng.choice(refs))),
+        ("get_active_builds_for_partition", lambda log: log.get_active_builds_for_partition(rng.choice(refs))),
+        (
+            "get_build_request_for_available_partition",
+            lambda log: log.get_build_request_for_available_partition(rng.choice(refs)),
+        ),
+        ("list_build_requests (page of 20)", lambda log: log.list_build_requests(limit=20)),
+        ("list_recent_partitions (page of 20)", lambda log: log.list_recent_partitions(limit=20)),
+        ("get_activity_summary", lambda log: log.get_activity_summary()),
+    ]
+    steps: dict[str, dict[str, list[float]]] = {"sqlite": {}, "delta": {}}
+    answers: dict[str, dict[str, list[float]]] = {"sqlite": {}, "delta": {}}
+    for name, opener in (("sqlite", partial(SqliteEventLog, sqlite_path)), ("delta", partial(DeltaRsEventLog, lake))):
+        with opener() as log:
+            for index in range(args.loops):
+                batch, build_id, build_ref = service_build(10**6 + index)
+                for step, action in (
+                    ("append 5 events", partial(log.append_events, batch)),
+                    (
+                        "get_latest_partition_status after the append",
+                        partial(log.get_latest_partition_status, build_ref),
+                    ),
+                    ("get_build_request_events after the append", partial(log.get_build_request_events, build_id)),
+                ):
+                    steps[name].setdefault(step, []).extend(timings(action, 1))
+            rng.seed(2)
+            for method, call in methods:
+                answers[name][method] = timings(partial(call, log), args.calls, budget_s=float("inf"))
+
+    def rows(table: dict[str, dict[str, list[float]]]) -> None:
+        for step in table["sqlite"]:
+            a, b = table["sqlite"][step], table["delta"][step]
+            print(
+                f"| {step} | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
+                f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))} | "
+                f"{percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
+            )
+
+    print("\n| service loop | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |\n|---|---:|---:|---:|")
+    rows(steps)
+    print("\n| method | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |\n|---|---:|---:|---:|")
+    rows(answers)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
