@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
 _COMMIT_ATTEMPTS = 3
 # The replica is held in memory; past this many events, opening refuses and names the Spark
-# backend (docs/decisions.md, A query path with no JVM).
+# backend (docs/decisions/0008-query-path-without-jvm.md).
 DEFAULT_MAX_EVENTS = 5_000_000
 _NS_PER_DAY = 86_400 * 10**9
 
@@ -153,7 +153,7 @@ class DeltaRsEventLog(BuildEventLog):
                 raise ReplicaTooLargeError(
                     f"{error}: the JVM-free backend holds the whole visible log in memory. Open it through Spark "
                     f"(open_event_log(uri, spark=spark)), or allow more with open_event_log(uri, max_events=N) "
-                    "on a machine with the memory for it (docs/decisions.md, A query path with no JVM)"
+                    "on a machine with the memory for it (docs/decisions/0008-query-path-without-jvm.md)"
                 ) from error
             replica.add(event_rows(events), self._hidden_by)
         old, self._replica = self._replica, replica
