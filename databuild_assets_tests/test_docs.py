@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dagster
 import pytest
+import yaml
 from dagster import DagsterInvalidConfigError, validate_run_config
 
 from databuild_assets import cli
@@ -194,9 +195,20 @@ def test_the_run_configuration_table_names_each_ops_config_fields() -> None:
             assert field in fields_of[op], f"ops.{op}.config has no field {field}: {fields_of[op]}"
 
 
+def run_config_snippets() -> list[dict]:
+    """The run configs the docs show: inline JSON (`{"ops": ...}`) and YAML blocks starting `ops:`."""
+    inline = [json.loads(code) for code in inline_code() if code.startswith('{"ops"')]
+    blocks = [
+        yaml.safe_load(block)
+        for path in DOCS
+        for block in re.findall(r"^```yaml\n(ops:.*?)^```", path.read_text(), re.M | re.S)
+    ]
+    return inline + blocks
+
+
 def test_every_run_config_snippet_the_docs_show_is_accepted_by_the_jobs_that_have_those_ops() -> None:
-    snippets = [json.loads(code) for code in inline_code() if code.startswith('{"ops"')]
-    assert snippets
+    snippets = run_config_snippets()
+    assert len(snippets) >= 4
     for snippet in snippets:
         accepting = [job for job in jobs() if set(snippet["ops"]) <= set(ops_of(job))]
         assert accepting, f"no job has the ops of {snippet}"
