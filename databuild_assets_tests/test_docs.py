@@ -272,3 +272,25 @@ def test_every_bench_module_the_docs_show_parses_with_the_options_shown(
         text = help_of(importlib.import_module(module).main, ["--help"], capsys, monkeypatch)
         missing = {option for option in options if option not in text}
         assert not missing, f"python -m {module} has no {sorted(missing)}"
+
+
+def test_every_make_target_the_docs_name_is_in_the_makefile() -> None:
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (REPO_ROOT / "Makefile").read_text(), re.M))
+    named = {name for path in DOCS for name in re.findall(r"(?:`|^)make ([a-z][a-z-]*)", path.read_text(), re.M)}
+    assert named, "the docs name make targets"
+    assert named <= targets, f"make targets the Makefile lacks: {sorted(named - targets)}"
+
+
+def test_every_setting_the_docs_name_is_read_somewhere() -> None:
+    sources = (
+        "\n".join(
+            path.read_text()
+            for pattern in ("databuild_assets/**/*.py", "databuild_assets_tests/*.py", "bench/*.py")
+            for path in REPO_ROOT.glob(pattern)
+        )
+        + (REPO_ROOT / "Makefile").read_text()
+    )
+    named = set(re.findall(r"\bDATABUILD_[A-Z_]*[A-Z]\b", docs_text()))
+    assert named
+    unread = sorted(name for name in named if name not in sources)
+    assert not unread, f"the docs name settings no code reads: {unread}"
