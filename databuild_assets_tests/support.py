@@ -27,8 +27,8 @@ TEST_SPARK_SETTINGS = SparkSettings(
     app_name="databuild-assets-tests",
     shuffle_partitions=2,
     driver_memory="2g",
-    # A test worker's JVM runs for the whole suite: with C1 alone (a short-lived driver's default)
-    # the suite took 16m21s against 12m25s (docs/decisions/0023-driver-jvm-start.md).
+    # A test worker's JVM runs for the whole suite, so it keeps the full JIT tiers: with C1 alone
+    # (a short-lived driver's default) the suite is much slower (docs/decisions/0023-driver-jvm-start.md).
     long_lived=True,
     extra_config={
         "spark.ui.enabled": "false",
