@@ -27,15 +27,15 @@ TEST_SPARK_SETTINGS = SparkSettings(
     app_name="databuild-assets-tests",
     shuffle_partitions=2,
     driver_memory="2g",
-    # A test worker's JVM runs for the whole suite: with C1 alone (a short-lived driver's default)
-    # the suite took 16m21s against 12m25s (docs/decisions.md, The driver's JVM start).
+    # A test worker's JVM runs for the whole suite, so it keeps the full JIT tiers: with C1 alone
+    # (a short-lived driver's default) the suite is much slower (docs/decisions/0023-driver-jvm-start.md).
     long_lived=True,
     extra_config={
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # Interpreted execution instead of generated code: the tables hold a few rows, and
         # generating and compiling code for each plan (Delta's log replay included) was most of
-        # the test JVMs' CPU. Results do not depend on it (docs/decisions.md, The test suite).
+        # the test JVMs' CPU. Results do not depend on it (docs/decisions/0033-test-suite.md).
         "spark.sql.codegen.wholeStage": "false",
         "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     },

@@ -1,6 +1,7 @@
 """Bad input: mutated landing lines never crash ingestion, every bad line lands in quarantine with
 a reason, good lines land unchanged, and the counts reconcile. Plus the files that are not
-JSON Lines at all, empty files, and files still being written (docs/decisions.md, Ingestion)."""
+JSON Lines at all, empty files, and files still being written (docs/decisions/0002-landing-files-ingested-once.md,
+0005-msgspec-first-pass.md)."""
 
 from __future__ import annotations
 

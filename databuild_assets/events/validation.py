@@ -3,7 +3,7 @@
 Pure Python, so the same checks (and the same words) serve JSON Lines ingestion, which runs
 them inside Spark's Python workers, and the writer API, which runs them before it commits.
 
-Choices where EVENTS.md is silent (docs/decisions.md):
+Choices where EVENTS.md is silent (docs/decisions/0001-strict-event-validation.md):
 - unknown fields are refused, top level and in payloads: a field we would not store is data lost;
 - the identity fields a projection keys on are required (`REQUIRED_PAYLOAD_FIELDS`);
 - `status_name` may be omitted, but when given it must match `status_code`;

@@ -12,7 +12,7 @@ A run first replays any batch that was planned but not recorded, with exactly th
 planned, then plans a new batch from the files no batch has read. Events are keyed by
 event_id: one already in the log (or earlier in the same batch) is skipped and counted.
 
-A file that may still be being written is not planned yet (docs/decisions.md, Ingestion): one
+A file that may still be being written is not planned yet (docs/decisions/0002-landing-files-ingested-once.md): one
 that is empty or does not end with a newline, unless it has not changed for `settle_seconds`.
 A batch reads each file only up to the size it planned, so bytes appended after planning are
 never ingested half (a replay reads the same bytes).

@@ -92,7 +92,8 @@ def _is(event_type: str) -> Column:
 
 def _concerns_partitions(refs: tuple[str, ...]) -> Column:
     """Events of `get_partition_events` for any of `refs`: those carrying one as partition_ref,
-    and build request and job events listing one (decisions.md, Events of a partition)."""
+    and build request and job events listing one (docs/decisions/0006-query-semantics.md, Events of a
+    partition)."""
     if not refs:
         return F.lit(False)
     wanted = F.array(*(F.lit(ref) for ref in refs))
@@ -102,7 +103,8 @@ def _concerns_partitions(refs: tuple[str, ...]) -> Column:
 
 
 def _carries_job_runs(job_run_ids: tuple[str, ...]) -> Column:
-    """Events of `get_job_run_events` for any of `job_run_ids` (decisions.md, Events of a job run)."""
+    """Events of `get_job_run_events` for any of `job_run_ids`
+    (docs/decisions/0006-query-semantics.md, Events of a job run)."""
     if not job_run_ids:
         return F.lit(False)
     return _any_of(_is(name) & F.col(f"{name}.job_run_id").isin(list(job_run_ids)) for name in _CARRY_JOB_RUN_ID)

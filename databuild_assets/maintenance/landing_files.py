@@ -3,7 +3,7 @@ without the lines a tombstone matches). Only files the ingest ledger records as 
 committed batch are touched, so nothing is lost and nothing is ingested twice.
 
 Retention runs with vacuum; erasure runs in compaction. Both act on a local lake root only and
-refuse, changing nothing, on any other (docs/decisions.md, Landing files and erasure).
+refuse, changing nothing, on any other (docs/decisions/0017-landing-files-and-erasure.md).
 
     retain_landing_files(spark, Lake("/data/lake"), retention_days=7, mode="archive")
 """

@@ -194,9 +194,9 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
     old_runs = stored_states_of(old_runs, new_runs.select("job_run_id"))
     # `runs` and `local` are read three and two times below; computed once here instead (a local
     # checkpoint: two small jobs, the blocks dropped with the DataFrames), since recomputing them
-    # per read costs several times more (docs/decisions.md, "The MERGE source is not persisted by
-    # us"). Eager: a lazy checkpoint computes them after Spark has cleaned up the original plans'
-    # metrics, and logs an ERROR per task.
+    # per read costs several times more (docs/decisions/0011-incremental-fold.md). Eager: a lazy
+    # checkpoint computes them after Spark has cleaned up the original plans' metrics, and logs an
+    # ERROR per task.
     runs = (
         new_runs.join(old_runs, "job_run_id", "left")
         .select("job_run_id", "old_owner", merge_run(F.col("old_run"), F.col("run")).alias("run"))

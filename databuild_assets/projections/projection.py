@@ -106,8 +106,8 @@ def by_key(
 def stored_states_of(states: DataFrame, keys: DataFrame) -> DataFrame:
     """The rows of `states` whose key is one of `keys` (a one-column DataFrame named like the
     key column), filtered where the states are read: the keys a refresh touches are few, so
-    they are broadcast, and the whole stored table is not shuffled to join them (docs/decisions.md,
-    "The MERGE source is not persisted by us")."""
+    they are broadcast, and the whole stored table is not shuffled to join them
+    (docs/decisions/0011-incremental-fold.md)."""
     return states.join(F.broadcast(keys), keys.columns[0], "left_semi")
 
 

@@ -78,11 +78,11 @@ class RebuildRule:
 
     - A log under `small_log_bytes`: the fold's fixed cost is more than reading the whole log.
       The floor sits well under the measured crossover so that a copy per refresh stays small
-      (docs/decisions.md, "A small log is rebuilt, not folded").
+      (docs/decisions/0012-rebuild-rule.md).
     - A backfill: new commits of at least `backfill_share` of the log's bytes and at least
       `backfill_min_bytes`. The share is set where the fold was never measured faster; the
       floor keeps small batches on the fold, which does not write a whole new copy of the table
-      for each (docs/decisions.md, "A backfill is rebuilt, not folded").
+      for each (docs/decisions/0012-rebuild-rule.md).
 
     `RebuildRule(small_log_bytes=0)` folds into a log of any size (tests of the fold use it).
     """
@@ -146,7 +146,7 @@ def projection_spec(projection: Projection) -> TableSpec:
     """The projection's table: its name, read-model columns and description (`table_spec` has
     the columns it is written with). No deletion vectors, like every table of ours: a refresh's
     MERGE rewrites the files holding the rows it replaces, and delta-rs can read the table
-    (docs/decisions.md, "Every table is readable by delta-rs")."""
+    (docs/decisions/0015-every-table-readable-by-delta-rs.md)."""
     return TableSpec(
         projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}."
     )
@@ -338,8 +338,8 @@ def refresh_projections(
     They can run side by side: each refresh pins the source version it reads, works in a Spark
     session of its own and writes only its own table. It is worth it because a refresh of a small
     batch spends most of its time in the driver (planning, reading and writing the Delta log)
-    and in jobs too small to use every core (docs/decisions.md, "The projections refresh side by
-    side").
+    and in jobs too small to use every core
+    (docs/decisions/0013-projections-refresh-side-by-side.md).
 
         results = refresh_projections(spark, lake, PROJECTIONS.values(), FILTERED_EVENT_LOG)
     """

@@ -15,7 +15,7 @@ call each.
         merge_new_events(...)
 
 Object stores (s3a://, abfss://) are not locked here: they need a log store made for them
-(docs/decisions.md, One lock for every committer of the raw log).
+(docs/decisions/0009-one-commit-lock-for-the-raw-log.md).
 """
 
 from __future__ import annotations

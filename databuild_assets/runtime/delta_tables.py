@@ -86,8 +86,8 @@ def upgrade_table(spark: SparkSession, path: str, spec: TableSpec) -> tuple[str,
     rows a newer reader would misread. Drops the deletion vectors feature from a table an
     earlier release gave it (the projections had it): readers without deletion vectors, such as
     delta-rs and what is built on it (Polars, dagster-deltalake), refuse a table whose protocol
-    names it, even with the property off (docs/decisions.md, "Every table is readable by
-    delta-rs").
+    names it, even with the property off
+    (docs/decisions/0015-every-table-readable-by-delta-rs.md).
 
         upgrade_table(spark, lake.table_path(RAW_EVENT_LOG), RAW_EVENT_LOG)
     """

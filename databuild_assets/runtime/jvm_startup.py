@@ -3,7 +3,7 @@ lives for one process only, with the quick JIT tier alone.
 
 A new JVM first loads and verifies Spark's and Delta's classes, then compiles them on a machine
 whose cores the work needs too. Two standard JVM
-settings cut that (docs/decisions.md, "The driver's JVM start"):
+settings cut that (docs/decisions/0023-driver-jvm-start.md):
 
 - an application class-data archive (AppCDS, `-XX:SharedArchiveFile`): the classes a small run of
   the whole pipeline loaded, dumped once by `make setup` (`python -m

@@ -39,7 +39,7 @@ SCHEMA_VERSION_PROPERTY = "databuild.schemaVersion"
 # - no change data feed: change files would keep copies of rows a tombstone later erases;
 # - no deletion vectors, on any table: a delete or an update rewrites the files, so the rows leave
 #   the live Parquet at once, and readers without them (delta-rs, Polars, dagster-deltalake) can
-#   read every table (docs/decisions.md, "Every table is readable by delta-rs");
+#   read every table (docs/decisions/0015-every-table-readable-by-delta-rs.md);
 # - statistics only on columns that cannot hold an erasable value (min/max of string columns
 #   would copy event ids and partition refs into the Delta log and its checkpoints);
 # - the Delta log's own history kept 7 days (default 30), the same as vacuum's retention.

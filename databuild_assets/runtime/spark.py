@@ -97,9 +97,9 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # it) in this many partitions (default 50), again at every new version a session sees, and
         # every MERGE or filtered read scans that state. Our tables hold few files (compaction
         # bin-packs them), so one partition: a landing file's run makes a dozen such snapshots and
-        # scans, each a Spark job of one task instead of eight (docs/decisions.md, "Freshness, a
-        # second pass"). A table of many thousands of files wants more: set it in
-        # DATABUILD_SPARK_CONF.
+        # scans, each a Spark job of one task instead of eight
+        # (docs/decisions/0024-delta-state-in-one-partition.md). A table of many thousands of
+        # files wants more: set it in DATABUILD_SPARK_CONF.
         "spark.databricks.delta.snapshotPartitions": "1",
         # Delta's VACUUM lists a table's files with this many tasks (Spark's default: 10,000).
         # Sized like the shuffle; on a cluster raise both.

@@ -18,7 +18,7 @@ setting or a changed line of code gets a new host, never a stale one.
 Crashes keep the semantics of a JVM per process: a process that dies attached (killed, or a run
 Dagster terminated) takes the host down with it, so no job or Delta commit of a dead process goes
 on behind the commit lock it held. `databuild-assets spark-driver status|stop` lists and stops
-hosts. Why this and not Spark Connect: docs/decisions.md, "A warm Spark driver".
+hosts. Why this and not Spark Connect: docs/decisions/0021-warm-spark-driver.md.
 """
 
 from __future__ import annotations

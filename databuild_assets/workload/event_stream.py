@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from databuild_assets.workload.encoding import uuid4
-from databuild_assets.workload.simulation import BuildEvent, Simulation, check_workload
+from databuild_assets.workload.job_runs import BuildEvent
+from databuild_assets.workload.simulation import Simulation, check_workload
 
 # The workload ends here (2026-11-18T00:00:00Z) unless told otherwise, so that output is reproducible.
 DEFAULT_START_NS = 1_794_960_000 * 1_000_000_000

@@ -1,6 +1,7 @@
 """The simulated DataBuild graph service: build requests arrive over a window of days, overlap,
 plan jobs over the data catalogue (`catalogue.py`), delegate partitions to concurrent builds, fail
-and are retried, invalidated and cancelled. `event_stream.py` releases their events in time order.
+and are retried, invalidated and cancelled; each job run's timeline and events are `job_runs.py`'s.
+`event_stream.py` releases their events in time order.
 
     simulation = Simulation(n_events=5_000, seed=1, days=3, start_ns=1_794_960_000 * 10**9)
     events = simulation.build("br-1", simulation.next_arrival(0))  # one build request, unsorted
@@ -13,7 +14,6 @@ import math
 import random
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -28,7 +28,6 @@ from databuild_assets.workload.catalogue import (
     REGIONAL,
     REGIONS,
     SUMMARY,
-    DepType,
     PartitionKey,
     dataset_index,
     domains_for,
@@ -36,16 +35,15 @@ from databuild_assets.workload.catalogue import (
     inputs_of,
 )
 from databuild_assets.workload.encoding import encode_json, uuid4
+from databuild_assets.workload.job_runs import NS as _NS
+from databuild_assets.workload.job_runs import BuildEvent, Job, JobConfig, cancel_jobs, emit_job_events, run_job
 
-_NS = 1_000_000_000
 _HOUR_NS = 3600 * _NS
 _DAY_NS = 24 * _HOUR_NS
 # No build request outlives this, by construction: it runs at most three layers of jobs (raw, daily,
-# report), each within `_MAX_QUEUE_S + _MAX_RUN_S` plus seconds, and an input it delegates is ready
+# report), each within job_runs' `_MAX_QUEUE_S + _MAX_RUN_S` plus seconds, and an input it delegates is ready
 # within its owner's (earlier) layers. Arrivals stop this long before the window's end.
 _MAX_BUILD_SPAN_NS = 3 * _HOUR_NS
-_MAX_QUEUE_S = 180.0
-_MAX_RUN_S = 2400.0
 # A build request delegates a partition only if its owner is still this far from finishing it.
 _DELEGATION_MARGIN_NS = 5 * _NS
 # Builds request partitions of yesterday mostly, and backfill up to this many days back.
@@ -54,27 +52,11 @@ _BACKFILL_DAYS = 90
 # Relative build-request arrival rate by hour of day (UTC): the nightly batch, then office hours.
 _HOURLY_ARRIVAL_WEIGHTS = (3, 6, 8, 8, 6, 4, 2, 2, 3, 4, 4, 4, 3, 4, 4, 4, 3, 3, 2, 2, 2, 2, 2, 2)
 
-# Outcome probabilities of one job run.
-_JOB_FAILURE_RATE = 0.05
-_JOB_TIMEOUT_RATE = 0.01
 # Build-request mix.
 _BUILD_CANCEL_RATE = 0.03
 _DRY_RUN_RATE = 0.04
 _BURST_RATE = 0.2  # a request arrives seconds after the previous one (a trigger storm)
 
-_FAILURE_MESSAGES = (
-    "exit code 1: AnalysisException: Path does not exist: {source}",
-    "exit code 137: container OOMKilled (limit {memory})",
-    "exit code 1: schema mismatch: column 'amount' is DECIMAL(18,2) upstream, expected DECIMAL(12,2)",
-    "exit code 2: upstream export incomplete: _SUCCESS marker missing",
-    "exit code 1: S3 SlowDown: reduce your request rate (after 5 retries)",
-)
-_BUILD_CANCEL_REASONS = (
-    "cancelled by alice@example.com",
-    "cancelled by bob@example.com: wrong date range",
-    "superseded by a newer build request",
-    "cancelled by operator: maintenance window",
-)
 _RESTATEMENT_REASONS = (
     "upstream correction: POS export re-delivered",
     "data quality check failed: duplicate order ids",
@@ -84,7 +66,6 @@ _RESTATEMENT_REASONS = (
 # status_name of every status code, precomputed: the event model's enums are the one source.
 _BR = {member: member.name for member in BuildRequestStatus}
 _PS = {member: member.name for member in PartitionStatus}
-_JS = {member: member.name for member in JobStatus}
 
 
 class Attempt(NamedTuple):
@@ -104,39 +85,7 @@ class Readiness(NamedTuple):
     ok: bool
 
 
-class JobConfig(NamedTuple):
-    """A job's JobConfig as JSON text, and its inputs and outputs as JSON (for its manifests)."""
-
-    config_json: str
-    inputs_json: str
-    outputs_json: str
-
-
-class BuildEvent(NamedTuple):
-    """One event of a build request as the simulation makes it, before it has an event_id."""
-
-    timestamp: int
-    event_type: str
-    payload: dict
-
-
 # --- Simulating build requests -------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    """One planned job run and its simulated timeline (ns); `outcome` names its terminal JobStatus."""
-
-    job_run_id: str
-    dataset: int
-    outputs: list[PartitionKey]
-    inputs: list[tuple[PartitionKey, DepType]]
-    scheduled: int = 0
-    running: int = 0
-    end: int = 0
-    outcome: JobStatus = JobStatus.JOB_COMPLETED
-    message: str = ""
-    cancelled_at: int = 0  # a task_cancel_event's time, for timeouts and cancelled builds
 
 
 class Simulation:
@@ -186,7 +135,7 @@ class Simulation:
             date = self.dates[day_number] = (datetime(1970, 1, 1) + timedelta(days=day_number)).strftime("%Y-%m-%d")
         return date
 
-    def job_config(self, job: _Job) -> JobConfig:
+    def job_config(self, job: Job) -> JobConfig:
         """The JobConfig JSON of `job`, with its inputs and outputs JSON: computed once per shape."""
         cache_key = (job.dataset, tuple(job.outputs))
         cached = self.configs.get(cache_key)
@@ -435,7 +384,7 @@ class Simulation:
                 job.end = ready_at + int(rng.uniform(0.01, 0.5) * _NS)
                 job.message = f"Skipped: input {self.ref(failed_input)} failed"
             else:
-                self._run(job, ready_at)
+                run_job(rng, job, ready_at, self.ref)
             ok = job.outcome == JobStatus.JOB_COMPLETED
             for key in job.outputs:
                 ready[key] = Readiness(job.end, ok)
@@ -446,10 +395,10 @@ class Simulation:
         )
         if jobs and rng.random() < _BUILD_CANCEL_RATE:
             cancelled_at = t_executing + int(rng.random() * (last_end - t_executing)) + 1
-            last_end = self._cancel(jobs, cancelled_at, events)
+            last_end = cancel_jobs(rng, jobs, cancelled_at, events)
 
         for job, config in zip(jobs, configs, strict=True):
-            self._emit_job(job, config, cancelled_at, events, partition_status)
+            emit_job_events(rng, job, config, cancelled_at, events, partition_status, self.ref)
             ok = job.outcome == JobStatus.JOB_COMPLETED
             for key in job.outputs:
                 self.attempts[key] = Attempt(build_request_id, job.job_run_id, t_requested, job.end, ok)
@@ -505,11 +454,11 @@ class Simulation:
             visit(key, True)
         return to_build, delegated
 
-    def _jobs(self, to_build: dict[PartitionKey, None]) -> list[_Job]:
+    def _jobs(self, to_build: dict[PartitionKey, None]) -> list[Job]:
         """One job run per partition, or per date for datasets built a date at a time; inputs first."""
         rng = self.rng
-        jobs: list[_Job] = []
-        job_of_date: dict[tuple[int, str], _Job] = {}
+        jobs: list[Job] = []
+        job_of_date: dict[tuple[int, str], Job] = {}
         for key in to_build:
             per_date = DATASETS[key.dataset].job_per_date
             if per_date and (key.dataset, key.date) in job_of_date:
@@ -517,128 +466,11 @@ class Simulation:
                 job.outputs.append(key)
                 job.inputs += inputs_of(key)
                 continue
-            job = _Job(uuid4(rng), key.dataset, [key], inputs_of(key))
+            job = Job(uuid4(rng), key.dataset, [key], inputs_of(key))
             jobs.append(job)
             if per_date:
                 job_of_date[key.dataset, key.date] = job
         return jobs
-
-    def _run(self, job: _Job, ready_at: int) -> None:
-        """Schedule, run and finish `job`: its timeline and outcome."""
-        rng = self.rng
-        job.scheduled = ready_at + int(rng.uniform(0.01, 2.0) * _NS)
-        queue_s = min(rng.lognormvariate(math.log(5.0), 1.0), _MAX_QUEUE_S) + 0.2
-        job.running = job.scheduled + int(queue_s * _NS)
-        run_s = min(rng.lognormvariate(math.log(DATASETS[job.dataset].median_run_s), 0.5), _MAX_RUN_S) + 1.0
-        draw = rng.random()
-        if draw < _JOB_FAILURE_RATE:
-            job.outcome = JobStatus.JOB_FAILED
-            job.end = job.running + int(run_s * rng.random() * _NS) + _NS
-            dataset = DATASETS[job.dataset]
-            job.message = rng.choice(_FAILURE_MESSAGES).format(
-                source=self.ref(job.outputs[0]).replace("data/", "s3://lake/", 1),
-                memory=dict(dataset.env)["JOB_MEMORY"],
-            )
-        elif draw < _JOB_FAILURE_RATE + _JOB_TIMEOUT_RATE:
-            job.outcome = JobStatus.JOB_CANCELLED
-            timeout_s = rng.choice((600, 900, 1800))
-            job.cancelled_at = job.running + timeout_s * _NS
-            job.end = job.cancelled_at + int(rng.uniform(0.5, 5.0) * _NS)
-            job.message = f"Cancelled: exceeded timeout of {timeout_s // 60}m"
-        else:
-            job.outcome = JobStatus.JOB_COMPLETED
-            job.end = job.running + int(run_s * _NS)
-            job.message = "Job completed"
-
-    def _cancel(self, jobs: list[_Job], cancelled_at: int, events: list) -> int:
-        """A person cancels the build at `cancelled_at`: jobs under way are cancelled, jobs not yet
-        scheduled never start. Returns the time the last job stopped."""
-        rng = self.rng
-        events.append(BuildEvent(cancelled_at, "build_cancel_event", {"reason": rng.choice(_BUILD_CANCEL_REASONS)}))
-        last = cancelled_at
-        for job in jobs:
-            if job.end <= cancelled_at:
-                continue
-            if job.outcome != JobStatus.JOB_SKIPPED and job.scheduled <= cancelled_at:
-                job.cancelled_at = cancelled_at + int(rng.uniform(0.001, 0.05) * _NS)
-                job.end = job.cancelled_at + int(rng.uniform(0.5, 5.0) * _NS)
-                job.message = "Cancelled: build request cancelled"
-            else:  # never started: no job events, its partitions fail
-                job.scheduled = 0
-                job.end = cancelled_at + int(rng.uniform(0.1, 1.0) * _NS)
-                job.message = "Not built: build request cancelled"
-            if job.running > cancelled_at:
-                job.running = 0
-            job.outcome = JobStatus.JOB_CANCELLED
-            last = max(last, job.end)
-        return last
-
-    def _emit_job(self, job: _Job, config: JobConfig, cancelled_at: int | None, events: list, partition_status) -> None:
-        """The events of `job` and of the partitions it builds."""
-        label = DATASETS[job.dataset].job_label
-        targets = [self.ref(key) for key in job.outputs]
-        config_json = config.config_json
-
-        def job_status(ts: int, status: JobStatus, message: str, manifests: str | None = None) -> None:
-            payload = {
-                "job_run_id": job.job_run_id,
-                "job_label": label,
-                "target_partitions": list(targets),
-                "status_code": int(status),
-                "status_name": _JS[status],
-                "message": message,
-                "config": config_json,
-            }
-            if manifests is not None:
-                payload["manifests"] = manifests
-            events.append(BuildEvent(ts, "job_event", payload))
-
-        def partitions(ts: int, status: PartitionStatus, message: str) -> None:
-            for key in job.outputs:
-                partition_status(ts, key, status, message, job.job_run_id)
-
-        outcome = job.outcome
-        never_started = cancelled_at is not None and outcome == JobStatus.JOB_CANCELLED and not job.scheduled
-        if outcome == JobStatus.JOB_SKIPPED or never_started:
-            if outcome == JobStatus.JOB_SKIPPED:
-                job_status(job.end, JobStatus.JOB_SKIPPED, job.message)
-            partitions(job.end, PartitionStatus.PARTITION_FAILED, job.message)
-        else:
-            job_status(job.scheduled, JobStatus.JOB_SCHEDULED, "Job scheduled")
-            partitions(job.scheduled, PartitionStatus.PARTITION_SCHEDULED, "Job scheduled")
-            if job.running:
-                job_status(job.running, JobStatus.JOB_RUNNING, "Job running")
-                partitions(job.running, PartitionStatus.PARTITION_BUILDING, "Building")
-            if outcome == JobStatus.JOB_COMPLETED:
-                manifests = (
-                    '[{"outputs":%s,"inputs":%s,"start_time":%d,"end_time":%d,"task":{"job":{"label":"%s"},'
-                    '"config":%s},"metadata":{"rows_written":"%d","bytes_written":"%d"}}]'
-                    % (
-                        config.outputs_json,
-                        config.inputs_json,
-                        job.running // _NS,
-                        job.end // _NS,
-                        label,
-                        config_json,
-                        self.rng.randint(1_000, 5_000_000),
-                        self.rng.randint(100_000, 2_000_000_000),
-                    )
-                )
-                job_status(job.end, JobStatus.JOB_COMPLETED, job.message, manifests)
-                partitions(job.end, PartitionStatus.PARTITION_AVAILABLE, "Partition available")
-            elif outcome == JobStatus.JOB_FAILED:
-                job_status(job.end, JobStatus.JOB_FAILED, f"Job failed: {job.message}")
-                partitions(job.end, PartitionStatus.PARTITION_FAILED, f"Job failed: {job.message}")
-            else:  # cancelled: by a timeout or with its build request
-                events.append(
-                    BuildEvent(
-                        job.cancelled_at,
-                        "task_cancel_event",
-                        {"job_run_id": job.job_run_id, "reason": job.message.removeprefix("Cancelled: ")},
-                    )
-                )
-                job_status(job.end, JobStatus.JOB_CANCELLED, job.message)
-                partitions(job.end, PartitionStatus.PARTITION_FAILED, job.message)
 
 
 def check_workload(n_events: int, days: int, start_ns: int) -> None:

@@ -67,7 +67,7 @@ def projections(context: AssetExecutionContext, config: RefreshConfig, lakehouse
 
 # Refreshed before the others, alone: partition_state is what a DataBuild service reads to decide
 # what to build, so a landing file's run makes it fresh first instead of sharing two cores with
-# the other two folds (docs/decisions.md, "Freshness, a second pass").
+# the other two folds (docs/decisions/0016-partition-state-first.md).
 FIRST = ("partition_state",)
 
 

@@ -7,7 +7,7 @@ Parquet files) and mirrors the raw log exactly: `events` holds the rows no tombs
 `hidden_event_ids` the ids of the rows one does (so that an append deduplicates against the
 whole log, as the Spark writer does). `serving_stamp` says which versions of raw_event_log and
 tombstones it reflects; the stamp and the rows change in one transaction, so every process that
-opens the file agrees on what it holds (docs/decisions.md, The serving index).
+opens the file agrees on what it holds (docs/decisions/0034-serving-index.md).
 
 Deleted rows are overwritten on disk (`secure_delete`): an erased event leaves the file's bytes,
 not only its pages' free lists.
