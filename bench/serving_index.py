@@ -1,10 +1,12 @@
 """The Delta BEL's serving index against SQLite on the same events, side by side in one run.
 
     python -m bench.serving_index --events 1000000 [--workdir /var/tmp/bench-serving] [--loops 200]
+    python -m bench.serving_index --lake /var/tmp/lake-10m     # a lake `databuild-assets demo` made
 
-Builds (or reuses, in --workdir) a lake whose raw log holds `generate_events(N, seed=7)` and a
-SQLite BEL of the same events, builds the serving index as the pipeline does
-(`refresh_serving_index`), then prints, each figure from fresh processes (median of 3):
+Builds (or reuses, in --workdir) a lake whose raw log holds `generate_events(N, seed=7)`, or
+takes the lake given (the bench appends to it), and a SQLite BEL of the same events, brings the
+serving index up to date as the pipeline does (`refresh_serving_index`), then prints, each
+figure from fresh processes (median of 3):
 - open to the first answer, and the peak resident memory of a process that opened and answered;
 - a `databuild-assets query URI get_latest_partition_status REF` call, whole process;
 - catch-up: opening after N commits the index has not seen (N = 1, 10, 100), and the slope;
@@ -29,9 +31,11 @@ from pathlib import Path
 import deltalake
 
 from bench.query_path import ms, percentile, service_build, timings
+from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log import EventFilter, SqliteEventLog, load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows, refresh_serving_index
+from databuild_assets.runtime.delta_tables import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 
@@ -64,10 +68,10 @@ def build(workdir: Path, events: int) -> tuple[Lake, Path]:
     with DeltaRsEventLog(lake, writer="bench") as log:  # creates the raw log with its properties
         first = list(islice(stream, 1_000))
         log.append_events(first)
-    load_events(sqlite_path, first)
     table_path = lake.table_path(RAW_EVENT_LOG)
 
     def batches_to_delta():
+        yield from first
         written = len(first)
         while batch := list(islice(stream, BATCH)):
             deltalake.write_deltalake(
@@ -77,9 +81,25 @@ def build(workdir: Path, events: int) -> tuple[Lake, Path]:
             print(f"  {written:,} events written", flush=True)
             yield from batch
 
-    load_events(sqlite_path, batches_to_delta())
+    load_events(sqlite_path, batches_to_delta())  # one bulk load: SQLite's indexes built once, at the end
     done.write_text(json.dumps({"events": events}))
     return lake, sqlite_path
+
+
+def sqlite_of_lake(lake: Lake, sqlite_path: Path) -> None:
+    """A SQLite BEL of the lake's raw log (made once), read a few files at a time."""
+    if sqlite_path.exists():
+        return
+    table = deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG))
+
+    def events():
+        loaded = 0
+        for batch, total in iter_local_table(table, list(EVENT_COLUMNS)):
+            yield from batch.to_pylist()
+            loaded += batch.num_rows
+            print(f"  {loaded:,} of {total:,} events loaded into SQLite", flush=True)
+
+    load_events(sqlite_path, events())
 
 
 def fresh(uri: str, ref: str, runs: int = 3) -> dict[str, float]:
@@ -121,13 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--workdir", default=None, help="where the lake and the SQLite BEL are kept between runs")
+    parser.add_argument("--lake", default=None, help="an existing lake to use (its SQLite BEL is kept in --workdir)")
     parser.add_argument("--loops", type=int, default=200, help="service loop iterations")
     parser.add_argument("--calls", type=int, default=200, help="calls per query method")
     args = parser.parse_args(argv)
-    workdir = Path(args.workdir or f"/var/tmp/bench-serving-index-{args.events}")
+    workdir = Path(args.workdir or f"/var/tmp/bench-serving-index-{args.lake and Path(args.lake).name or args.events}")
     started = time.perf_counter()
-    lake, sqlite_path = build(workdir, args.events)
-    print(f"lake and SQLite BEL of {args.events:,} events ready in {time.perf_counter() - started:.0f} s ({workdir})")
+    if args.lake:
+        lake, sqlite_path = Lake(args.lake), workdir / "bel.db"
+        workdir.mkdir(parents=True, exist_ok=True)
+        sqlite_of_lake(lake, sqlite_path)
+    else:
+        lake, sqlite_path = build(workdir, args.events)
+    print(f"lake and SQLite BEL ready in {time.perf_counter() - started:.0f} s ({workdir})")
     delta_uri, sqlite_uri = f"delta://{lake.root}", f"sqlite://{sqlite_path}"
 
     started = time.perf_counter()

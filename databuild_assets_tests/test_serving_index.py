@@ -115,6 +115,19 @@ def test_an_index_older_than_the_logs_retention_is_rebuilt_and_answers_right(lak
         _answers_match_the_reference(log, events)
 
 
+def test_a_torn_or_foreign_index_file_is_rebuilt_never_read(lake: Lake) -> None:
+    events = list(generate_events(120, seed=4))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+        torn = log.index_path
+    with open(torn, "r+b") as file:  # the header and first pages overwritten: not a database any more
+        file.write(b"\0" * 8192)
+
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path != torn
+        _answers_match_the_reference(log, events)
+
+
 def test_a_raw_log_replaced_at_the_same_path_is_never_answered_from_the_old_index(lake: Lake) -> None:
     with DeltaRsEventLog(lake) as log:
         log.append_events([partition_event("old-1", 100, "br-old", "data/old", P.PARTITION_AVAILABLE)])

@@ -131,20 +131,24 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _open(self) -> None:
         """Open the index in use (read-only on a lake this process cannot write), or build one."""
-        path, self._marker = self._folder.current()
         index, why = None, "there is none"
-        if path is not None:
+        for _ in range(3):  # a generation published between reading CURRENT and opening its file
+            path, self._marker = self._folder.current()
+            if path is None:
+                break
             try:
                 index = self._open_file(path)
             except FileNotFoundError:
                 why = f"{path} is gone"
+                continue
             except IndexUnusableError as error:
                 why = str(error)
-            else:
-                why = self._unfollowable_stamp(index.stamp())
-                if why:
-                    index.close()
-                    index = None
+                break
+            why = self._unfollowable_stamp(index.stamp())
+            if why:
+                index.close()
+                index = None
+            break
         self._replace(index)
         if index is None:
             self._rebuild(why)
