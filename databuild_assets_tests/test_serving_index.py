@@ -11,9 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import deltalake
+import pyarrow as pa
 from dagster import materialize
 
 from databuild_assets.defs.maintenance.assets import tombstones
@@ -23,7 +25,8 @@ from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.delta_tables import table_properties
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import P, partition_event
@@ -195,6 +198,37 @@ def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: La
     with open_event_log(f"delta://{lake.root}") as log:
         assert log.get_partition_events(secret) == []
         assert [e["event_id"] for e in log.get_partition_events("data/kept")] == ["e2"]
+
+
+def _request_erasure_without_spark(lake: Lake, key: str, value: str) -> None:
+    """A 'requested' tombstone record, committed by delta-rs with the table's own properties."""
+    path = lake.table_path(TOMBSTONES)
+    schema = deltalake.Schema.from_json(TOMBSTONES.schema.json())
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        deltalake.DeltaTable.create(
+            path, schema=schema, configuration=table_properties(TOMBSTONES), raise_if_key_not_exists=False
+        )
+    record = {"tombstone_id": f"t-{value}", "record": "requested", "key": key, "value": value, "actor": "test"}
+    record |= {"reason": "a test", "requested_at": datetime.now(UTC), "applied_at": None, "applied_log_version": None}
+    deltalake.write_deltalake(path, pa.Table.from_pylist([record], schema=pa.schema(schema.to_arrow())), mode="append")
+
+
+def test_events_arriving_after_a_tombstone_are_hidden_by_a_process_that_never_read_it(lake: Lake) -> None:
+    secret = "data/customers/id=42"
+    with DeltaRsEventLog(lake) as log:
+        log.append_events([partition_event("e1", 100, "br-1", secret, P.PARTITION_AVAILABLE)])
+        _request_erasure_without_spark(lake, "partition_ref", secret)
+        assert log.get_partition_events(secret) == []  # the index now reflects the tombstone
+        assert log._store().stamp().tombstones.version == 1  # create, then the request
+
+    # One event written behind the index, one appended, each read by a new log instance.
+    _append_behind_the_index(lake, [partition_event("e2", 110, "br-2", secret, P.PARTITION_BUILDING)])
+    with DeltaRsEventLog(lake) as log:
+        assert log.get_partition_events(secret) == []
+    with DeltaRsEventLog(lake) as log:
+        assert log.append_events([partition_event("e3", 120, "br-2", secret, P.PARTITION_AVAILABLE)]).accepted == 1
+        assert log.get_partition_events(secret) == [] and log.get_latest_partition_status(secret) is None
+        assert log.append_events([partition_event("e3", 120, "br-2", secret, P.PARTITION_AVAILABLE)]).duplicates == 1
 
 
 def test_the_serving_index_asset_reports_the_versions_it_reflects(lake: Lake) -> None:

@@ -274,8 +274,10 @@ class DeltaRsEventLog(BuildEventLog):
         return self._store()
 
     def _tombstone_values(self, version: int) -> dict[str, set[str]]:
-        """Every tombstone value by key, read again when the index reflects tombstones newer
-        than those this process read (another process applied them)."""
+        """Every tombstone value by key, at least as of tombstones `version` (what the index
+        reflects): read once per process, and again when the index has moved past what this
+        process read. Kept in memory only: the tombstones table is the one place on disk that
+        may hold an erased value."""
         if self._hidden_version is None or self._hidden_version < version:
             self._hidden_by, mark = tombstone_values(self.lake)
             self._hidden_version = mark.version
@@ -285,20 +287,18 @@ class DeltaRsEventLog(BuildEventLog):
         """Apply the commits after `stamp` (inside the index's update), and stamp it."""
         tombstones = stamp.tombstones
         if self._tombstones.moved_since(tombstones.version):
-            before = self._tombstone_values(tombstones.version)
-            if tombstones.version < 0:
-                new = before
-            else:
+            new = None
+            if tombstones.version >= 0:
                 self._tombstones.version = tombstones.version
                 changes = self._tombstones.changes()
                 added = self._tombstones.read(changes.added, ["record", "key", "value"]) if changes else None
-                new = values_by_key(added) if added is not None else before
-            latest = max(self._tombstones.version or -1, self._hidden_version or -1)
-            self._hidden_by = self._tombstone_values(latest)
+                if added is not None:
+                    new = values_by_key(added)
+                    tombstones = table_mark(self._tombstones, changes.version, tombstones.table_id)
+            if new is None:  # the first tombstones, or commits not followable: every value again
+                new, tombstones = tombstone_values(self.lake)
             if any(new.values()):
                 index.hide(new)
-            table_id = tombstones.table_id or self._tombstones.open_table().metadata().id
-            tombstones = table_mark(self._tombstones, self._tombstones.version, table_id)
         raw = stamp.raw_log
         if self._log.moved_since(raw.version):
             if raw.version < 0:
@@ -307,13 +307,16 @@ class DeltaRsEventLog(BuildEventLog):
             changes = self._log.changes()
             if changes is None:
                 raise _NotFollowable("a new protocol or schema, or commits no longer in the log")
-            if not self._apply(index, changes.added, changes.removed):
+            if not self._apply(index, changes.added, changes.removed, self._tombstone_values(tombstones.version)):
                 raise _NotFollowable("a data file of a commit is gone (vacuumed)")
             raw = table_mark(self._log, changes.version, raw.table_id)
         index.set_stamp(Stamp(raw, tombstones))
 
-    def _apply(self, index: ServingIndex, added: list[str], removed: list[str]) -> bool:
-        """Apply one run of commits; False when a file is gone and the index must be rebuilt."""
+    def _apply(
+        self, index: ServingIndex, added: list[str], removed: list[str], hidden_by: Mapping[str, set[str]]
+    ) -> bool:
+        """Apply one run of commits, hiding the new events `hidden_by` (every tombstone value by
+        key) matches; False when a file is gone and the index must be rebuilt."""
         added_events = self._log.read(added, _EVENT_COLUMNS)
         removed_ids = self._log.read(removed, ["event_id"]) if removed else pa.table({"event_id": []})
         if added_events is None or removed_ids is None:
@@ -323,7 +326,7 @@ class DeltaRsEventLog(BuildEventLog):
             still_there = set(added_events.column("event_id").to_pylist()) if added_events.num_rows else set()
             index.remove(i for i in removed_ids.column("event_id").to_pylist() if i not in still_there)
         if added_events.num_rows:
-            index.add(event_rows(added_events), self._hidden_by)
+            index.add(event_rows(added_events), hidden_by)
         return True
 
     def refresh_index(self) -> Stamp:
@@ -363,7 +366,8 @@ class DeltaRsEventLog(BuildEventLog):
                         new[event["event_id"]] = (position, canonical_event(event))
                 if not new:
                     break
-                before = index.stamp().raw_log
+                stamp = index.stamp()
+                before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
                 try:
                     self._commit(raw_log_rows(new.values(), self.writer), before.version)
                 except CommitConflictError:
@@ -372,12 +376,12 @@ class DeltaRsEventLog(BuildEventLog):
                     continue  # a writer that ignores the lock committed first: dedupe again
                 if before.version >= 0 and not index.read_only:
                     with index.updating():
-                        if index.stamp().raw_log.version == before.version:
-                            # No process applied our commit yet: apply the events we hold instead
+                        if index.stamp() == stamp:
+                            # No process moved the index since: apply the events we hold instead
                             # of reading back the file we wrote.
-                            index.add_events([event for _, event in new.values()], self._hidden_by)
+                            index.add_events([event for _, event in new.values()], hidden_by)
                             raw = table_mark(self._log, before.version + 1, before.table_id)
-                            index.set_stamp(Stamp(raw, index.stamp().tombstones))
+                            index.set_stamp(Stamp(raw, stamp.tombstones))
                 self._catch_up()
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
