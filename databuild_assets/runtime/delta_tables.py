@@ -330,18 +330,24 @@ def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = No
 
 
 def iter_local_table(
-    table: deltalake.DeltaTable, columns: list[str], rows_per_batch: int = 200_000
+    table: deltalake.DeltaTable, columns: list[str], rows_per_batch: int = 200_000, order_by: str | None = None
 ) -> Iterator[tuple[pa.Table, int]]:
     """`columns` of a local table's live files at the version `table` was opened at, a few files
     at a time (about `rows_per_batch` rows, from their statistics), with the table's total row
-    count: a whole table read in bounded memory. A file gone meanwhile raises FileNotFoundError."""
+    count: a whole table read in bounded memory. With `order_by` (a column with statistics), the
+    files come by their smallest value and each batch is sorted by it: nearly in that order.
+    A file gone meanwhile raises FileNotFoundError."""
     files = pa.table(table.get_add_actions(flatten=True))
+    smallest = f"min.{order_by}"
+    if order_by is not None and smallest in files.column_names:
+        files = files.take(pc.sort_indices(files, sort_keys=[(smallest, "ascending", "at_start")]))
     counts = [count or 0 for count in files.column("num_records").to_pylist()] if files.num_rows else []
     total, start, held = sum(counts), 0, 0
     for index, count in enumerate(counts):
         held += count
         if held >= rows_per_batch or index == len(counts) - 1:
-            yield _read_files(table.table_uri, files.slice(start, index + 1 - start), columns), total
+            batch = _read_files(table.table_uri, files.slice(start, index + 1 - start), columns)
+            yield (batch.sort_by(order_by) if order_by is not None else batch), total
             start, held = index + 1, 0
 
 

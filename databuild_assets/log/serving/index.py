@@ -344,9 +344,12 @@ class ServingIndex(SqliteEventLog):
         insert = f"VALUES ({', '.join('?' * 8)})"
         with transaction(connection):
             connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
+            # EXISTS, not `event_id IN (SELECT event_id FROM main.events)`: SQLite runs that IN by
+            # walking the whole index of events, a cost that would follow the history's size.
             connection.execute(
-                "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM main.events)"
-                " OR event_id IN (SELECT event_id FROM main.hidden_event_ids)"
+                "DELETE FROM temp.staged_events AS s WHERE EXISTS (SELECT 1 FROM main.events AS e"
+                " WHERE e.event_id = s.event_id) OR EXISTS (SELECT 1 FROM main.hidden_event_ids AS h"
+                " WHERE h.event_id = s.event_id)"
             )
             connection.execute(
                 "INSERT OR IGNORE INTO main.hidden_event_ids"
@@ -354,7 +357,8 @@ class ServingIndex(SqliteEventLog):
                 parameters,
             )
             connection.execute(
-                "DELETE FROM temp.staged_events WHERE event_id IN (SELECT event_id FROM main.hidden_event_ids)"
+                "DELETE FROM temp.staged_events AS s WHERE EXISTS (SELECT 1 FROM main.hidden_event_ids AS h"
+                " WHERE h.event_id = s.event_id)"
             )
             connection.execute(
                 f"INSERT INTO main.events ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM temp.staged_events"
