@@ -94,6 +94,12 @@ def demo(events: int, seed: int) -> int:
             f"  tombstones          {metadata['tombstones']['tombstones']}"
             f" ({metadata['tombstones']['pending']} pending)"
         )
+    if "serving_index" in metadata:
+        index = metadata["serving_index"]
+        print(
+            f"  serving_index       raw_event_log v{index['raw_log_version']}, {index['events']:,} visible events, "
+            f"{index['bytes'] / 1e6:.1f} MB"
+        )
     print(f"  tables under        {lake.path('tables')}")
     print(f"  landing folder      {lake.landing}")
     return 0

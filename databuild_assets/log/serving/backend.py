@@ -374,6 +374,7 @@ class DeltaRsEventLog(BuildEventLog):
                     if attempt == _COMMIT_ATTEMPTS - 1:
                         raise
                     continue  # a writer that ignores the lock committed first: dedupe again
+                applied = False
                 if before.version >= 0 and not index.read_only:
                     with index.updating():
                         if index.stamp() == stamp:
@@ -382,7 +383,11 @@ class DeltaRsEventLog(BuildEventLog):
                             index.add_events([event for _, event in new.values()], hidden_by)
                             raw = table_mark(self._log, before.version + 1, before.table_id)
                             index.set_stamp(Stamp(raw, stamp.tombstones))
-                self._catch_up()
+                            applied = True
+                if applied:
+                    self._seen = (before.version + 1, stamp.tombstones.version)
+                else:
+                    self._catch_up()
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
