@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -132,17 +133,21 @@ def test_a_torn_or_foreign_index_file_is_rebuilt_never_read(lake: Lake) -> None:
 
 
 def test_a_raw_log_replaced_at_the_same_path_is_never_answered_from_the_old_index(lake: Lake) -> None:
-    with DeltaRsEventLog(lake) as log:
-        log.append_events([partition_event("old-1", 100, "br-old", "data/old", P.PARTITION_AVAILABLE)])
-        log.append_events([partition_event("old-2", 110, "br-old", "data/old", P.PARTITION_AVAILABLE)])
-    shutil.rmtree(lake.table_path(RAW_EVENT_LOG))
-    new = [partition_event("new-1", 200, "br-new", "data/new", P.PARTITION_BUILDING)]
-    with DeltaRsEventLog(Lake(lake.root + "-elsewhere")) as other:
-        other.append_events(new)
-    shutil.copytree(Path(lake.root + "-elsewhere") / "tables" / RAW_EVENT_LOG.name, lake.table_path(RAW_EVENT_LOG))
+    old = [partition_event(f"old-{i}", 100 + i, "br-old", "data/old", P.PARTITION_AVAILABLE) for i in range(2)]
+    new = [partition_event(f"new-{i}", 200 + i, "br-new", "data/new", P.PARTITION_BUILDING) for i in range(4)]
+    elsewhere = Lake(lake.root + "-elsewhere")
+    with DeltaRsEventLog(elsewhere) as other:
+        for event in new:  # more versions than the old table has: the live reader sees it move
+            other.append_events([event])
+    with DeltaRsEventLog(lake) as live:
+        for event in old:
+            live.append_events([event])
+        shutil.rmtree(lake.table_path(RAW_EVENT_LOG))
+        shutil.copytree(elsewhere.table_path(RAW_EVENT_LOG), lake.table_path(RAW_EVENT_LOG))
 
-    with DeltaRsEventLog(lake) as log:
-        assert log.get_partition_events("data/old") == []
+        assert live.get_partition_events("data/old") == []  # a process that was reading all along
+        _answers_match_the_reference(live, new)
+    with DeltaRsEventLog(lake) as log:  # and a new one
         _answers_match_the_reference(log, new)
 
 
@@ -165,12 +170,19 @@ def test_a_lake_this_process_cannot_write_still_opens_and_answers_with_every_com
         log.append_events(events[:120])
     _append_behind_the_index(lake, events[120:])  # the index is behind, and this reader cannot update it
     before = {path: os.stat(path).st_mtime_ns for path in _folder(lake).files()}
+    private_before = _private_folders()
 
+    # The process exits without closing the log: its private copy goes with it all the same.
     run = _run_without_write_access(lake, "print(log.get_activity_summary().total_events)")
 
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == [str(len(events))]
     assert {path: os.stat(path).st_mtime_ns for path in _folder(lake).files()} == before
+    assert _private_folders() == private_before
+
+
+def _private_folders() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("databuild-serving-index-")}
 
 
 def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: Lake, spark) -> None:

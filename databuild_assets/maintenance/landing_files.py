@@ -32,6 +32,7 @@ from databuild_assets.maintenance.tombstones import (
     event_matches,
     text_mentions,
 )
+from databuild_assets.runtime.durable import fsync_folder
 from databuild_assets.runtime.lake import Lake, is_local
 
 log = logging.getLogger(__name__)
@@ -179,14 +180,6 @@ def _refuse_remote(lake: Lake, what: str, paths: list[str]) -> None:
         )
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def retain_landing_files(
     spark: SparkSession,
     lake: Lake,
@@ -244,7 +237,7 @@ def retain_landing_files(
         for folder in (lake.landing, lake.landing_archive):
             local_folder = _local_path(spark, _qualified(spark, folder))
             if os.path.isdir(local_folder):
-                _fsync_dir(local_folder)
+                fsync_folder(local_folder)
 
     result = LandingRetentionResult(
         mode,
@@ -328,10 +321,10 @@ def _rewrite(source: str, target: str, drop: set[int], expected_lines: int) -> L
             )
         else:
             os.replace(temp, target)
-            _fsync_dir(folder)
+            fsync_folder(folder)
         if source != target or kept == 0:
             os.remove(source)
-            _fsync_dir(os.path.dirname(source))
+            fsync_folder(os.path.dirname(source))
     finally:
         if os.path.exists(temp):
             os.remove(temp)

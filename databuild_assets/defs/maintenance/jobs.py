@@ -23,7 +23,7 @@ from delta.exceptions import DeltaConcurrentModificationException
 from pydantic import Field
 
 from databuild_assets.defs.resources import LakehouseResource
-from databuild_assets.defs.serving.assets import SERVING_INDEX
+from databuild_assets.defs.serving.assets import SERVING_INDEX, serving_index_metadata
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report, format_report
@@ -144,14 +144,7 @@ def refresh_index_after_compaction(context: OpExecutionContext, lakehouse: Lakeh
     status = refresh_serving_index(lake)
     context.log.info(f"serving_index: raw_event_log v{status.raw_log_version}, {status.events:,} visible events")
     yield AssetMaterialization(
-        asset_key=SERVING_INDEX,
-        description="compaction",
-        metadata={
-            "raw_log_version": MetadataValue.int(status.raw_log_version),
-            "tombstones_version": MetadataValue.int(status.tombstones_version),
-            "events": MetadataValue.int(status.events),
-            "bytes": MetadataValue.int(status.bytes),
-        },
+        asset_key=SERVING_INDEX, description="compaction", metadata=serving_index_metadata(status)
     )
     yield Output(None)
 

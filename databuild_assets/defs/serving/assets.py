@@ -5,7 +5,7 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 
 from databuild_assets.defs.catalog import SERVING_INDEX
 from databuild_assets.defs.resources import LakehouseResource
-from databuild_assets.log.serving.backend import refresh_serving_index
+from databuild_assets.log.serving.backend import ServingIndexStatus, refresh_serving_index
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
 
 
@@ -29,12 +29,15 @@ def serving_index(context: AssetExecutionContext, lakehouse: LakehouseResource) 
         f"serving_index: raw_event_log v{status.raw_log_version}, tombstones v{status.tombstones_version}, "
         f"{status.events:,} visible events"
     )
-    return MaterializeResult(
-        metadata={
-            "raw_log_version": MetadataValue.int(status.raw_log_version),
-            "tombstones_version": MetadataValue.int(status.tombstones_version),
-            "events": MetadataValue.int(status.events),
-            "bytes": MetadataValue.int(status.bytes),
-            "path": MetadataValue.path(status.path),
-        }
-    )
+    return MaterializeResult(metadata=serving_index_metadata(status))
+
+
+def serving_index_metadata(status: ServingIndexStatus) -> dict[str, MetadataValue]:
+    """What a materialization of the serving index reports (this asset's, and compaction's)."""
+    return {
+        "raw_log_version": MetadataValue.int(status.raw_log_version),
+        "tombstones_version": MetadataValue.int(status.tombstones_version),
+        "events": MetadataValue.int(status.events),
+        "bytes": MetadataValue.int(status.bytes),
+        "path": MetadataValue.path(status.path),
+    }

@@ -20,11 +20,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import shutil
-import tempfile
+import sqlite3
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +29,7 @@ from typing import Any
 
 import deltalake
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, write_deltalake
 
 from databuild_assets.events.enums import BuildRequestStatus
@@ -52,7 +50,7 @@ from databuild_assets.log.serving.append import CommitConflictError, append_file
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
-from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder, PrivateFolder
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
@@ -61,6 +59,8 @@ log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
 _COMMIT_ATTEMPTS = 3
+_FILES_PER_BATCH = 16  # a catch-up reads the new files this many at a time
+_CHECKPOINT_WAIT_S = 30.0
 _NS_PER_DAY = 86_400 * 10**9
 
 
@@ -112,7 +112,7 @@ class DeltaRsEventLog(BuildEventLog):
         self._index: ServingIndex | None = None
         self._seen = (-1, -1)  # the raw log's and the tombstones' versions last seen in the index
         self._marker: tuple[int, int] | None = None  # CURRENT's identity when the index was opened
-        self._private: str | None = None  # a private copy's folder, on a lake this process cannot write
+        self._private: PrivateFolder | None = None  # on a lake this process cannot write
         self._hidden_by: dict[str, set[str]] = {}
         self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
@@ -158,12 +158,11 @@ class DeltaRsEventLog(BuildEventLog):
             return ServingIndex.open(path)
         try:
             return ServingIndex.open(path, read_only=True)
-        except (IndexUnusableError, FileNotFoundError):
-            if os.path.exists(path + "-wal"):
-                raise
-            # No write-ahead log left and no folder to make its shared memory in: read the file
-            # as it is (a catch-up then works on a private copy).
-            return ServingIndex.open(path, read_only=True, immutable=True)
+        except sqlite3.OperationalError:
+            # SQLite cannot share a file whose write-ahead log and shared memory it cannot make
+            # in a read-only folder; reading it without locks could see a writer's torn pages.
+            # A copy taken while nothing changed it is read instead.
+            return ServingIndex.open(self._private_folder().copy_of(path))
 
     def _unfollowable_stamp(self, stamp: Stamp) -> str:
         """Why the index's stamp cannot be followed to the lake's latest versions ("" if it can):
@@ -217,10 +216,13 @@ class DeltaRsEventLog(BuildEventLog):
             self._marker = self._folder.marker()
             self._replace(ServingIndex.open(final))
 
+    def _private_folder(self) -> PrivateFolder:
+        if self._private is None:
+            self._private = PrivateFolder(self)
+        return self._private
+
     def _build_private(self, reason: str) -> None:
-        folder = self._private or tempfile.mkdtemp(prefix="databuild-serving-index-")
-        self._private = folder
-        path = os.path.join(folder, f"index-{uuid.uuid4().hex}.sqlite")
+        path = self._private_folder().new_index_path()
         log.info("%r: building a private serving index in %s (%s; the lake is not writable here)", self, path, reason)
         build_index(self.lake, path)
         self._replace(ServingIndex.open(path))
@@ -229,9 +231,7 @@ class DeltaRsEventLog(BuildEventLog):
         """A private, writable copy of a read-only index, to catch up on a lake this process
         cannot write."""
         index = self._store()
-        folder = self._private or tempfile.mkdtemp(prefix="databuild-serving-index-")
-        self._private = folder
-        path = os.path.join(folder, f"index-{uuid.uuid4().hex}.sqlite")
+        path = self._private_folder().new_index_path()
         log.info("%r: the lake is not writable here and its serving index is behind: a private copy %s", self, path)
         index.copy_to(path)
         self._replace(ServingIndex.open(path))
@@ -246,7 +246,9 @@ class DeltaRsEventLog(BuildEventLog):
 
         The versions checked are the last this process saw in the index. The index only moves
         forward, and only to versions whose commit files exist, so when neither table has a
-        commit after them, the index reflects exactly them, whatever other processes did."""
+        commit after them, the index reflects exactly them, whatever other processes did. A
+        table replaced at the same path, or commits gone past the log's retention, are found
+        when a table has moved (and at every open): the index is then built again."""
         index = self._store()
         raw_version, tombstones_version = self._seen
         if not (self._log.moved_since(raw_version) or self._tombstones.moved_since(tombstones_version)):
@@ -271,7 +273,10 @@ class DeltaRsEventLog(BuildEventLog):
                 if not self._moved(index.stamp()):
                     self._seen = index.versions()
                     return index
-        return self._store()
+        raise RuntimeError(
+            f"{self!r}: the serving index could not be brought to the lake's latest versions after a rebuild; "
+            "the lake is changing faster than an index can be built, or a table keeps being replaced"
+        )
 
     def _tombstone_values(self, version: int) -> dict[str, set[str]]:
         """Every tombstone value by key, at least as of tombstones `version` (what the index
@@ -285,6 +290,9 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _apply_since(self, index: ServingIndex, stamp: Stamp) -> None:
         """Apply the commits after `stamp` (inside the index's update), and stamp it."""
+        why = self._unfollowable_stamp(stamp)  # a table replaced at the same path, or retention
+        if why:
+            raise _NotFollowable(why)
         tombstones = stamp.tombstones
         if self._tombstones.moved_since(tombstones.version):
             new = None
@@ -317,29 +325,41 @@ class DeltaRsEventLog(BuildEventLog):
     ) -> bool:
         """Apply one run of commits, hiding the new events `hidden_by` (every tombstone value by
         key) matches; False when a file is gone and the index must be rebuilt."""
-        added_events = self._log.read(added, _EVENT_COLUMNS)
-        removed_ids = self._log.read(removed, ["event_id"]) if removed else pa.table({"event_id": []})
-        if added_events is None or removed_ids is None:
-            return False
-        if removed_ids.num_rows:
-            # Rows that a commit removed and did not add back (a purge rewrites the rest).
-            still_there = set(added_events.column("event_id").to_pylist()) if added_events.num_rows else set()
-            index.remove(i for i in removed_ids.column("event_id").to_pylist() if i not in still_there)
-        if added_events.num_rows:
-            index.add(event_rows(added_events), hidden_by)
+        if removed:
+            removed_ids = self._log.read(removed, ["event_id"])
+            added_ids = (
+                self._log.read(added, ["event_id"]) if added else pa.table({"event_id": pa.array([], pa.string())})
+            )
+            if removed_ids is None or added_ids is None:
+                return False
+            # Rows that the commits removed and did not add back (a purge rewrites the rest).
+            kept = pc.is_in(removed_ids.column("event_id"), value_set=added_ids.column("event_id").combine_chunks())
+            index.remove(removed_ids.filter(pc.invert(kept)).column("event_id").to_pylist())
+        for start in range(0, len(added), _FILES_PER_BATCH):  # memory: a few files at a time
+            added_events = self._log.read(added[start : start + _FILES_PER_BATCH], _EVENT_COLUMNS)
+            if added_events is None:
+                return False
+            if added_events.num_rows:
+                index.add(event_rows(added_events), hidden_by)
         return True
 
     def refresh_index(self) -> Stamp:
         """Bring the index to the lake's latest versions (the pipeline's serving_index asset),
         remove what a builder that died left, and empty the write-ahead log, so that the bytes
         of erased events leave the disk. Returns the stamp."""
-        index = self._catch_up()
         if self._private is None and self._folder.writable():
-            with self._folder.build_lock():
-                pass
-        for _ in range(50):
-            if index.checkpoint():
-                break
+            with self._folder.build_lock():  # no build in flight, and what a dead one left removed
+                if self._folder.marker() != self._marker:
+                    self._open()
+        index = self._catch_up()
+        deadline = time.monotonic() + _CHECKPOINT_WAIT_S
+        while not index.checkpoint():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{index.path}: its write-ahead log could not be emptied in {_CHECKPOINT_WAIT_S:.0f} s (a reader "
+                    "kept a transaction open); the bytes of rows deleted since stay in it until the next refresh. "
+                    "Run the serving_index asset again"
+                )
             time.sleep(0.1)
         return index.stamp()
 
@@ -369,21 +389,26 @@ class DeltaRsEventLog(BuildEventLog):
                 stamp = index.stamp()
                 before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
                 try:
-                    self._commit(raw_log_rows(new.values(), self.writer), before.version)
+                    next_version = self._commit(raw_log_rows(new.values(), self.writer), before.version)
                 except CommitConflictError:
                     if attempt == _COMMIT_ATTEMPTS - 1:
                         raise
                     continue  # a writer that ignores the lock committed first: dedupe again
                 applied = False
-                if before.version >= 0 and not index.read_only:
-                    with index.updating():
-                        if index.stamp() == stamp:
-                            # No process moved the index since: apply the events we hold instead
-                            # of reading back the file we wrote.
-                            index.add_events([event for _, event in new.values()], hidden_by)
-                            raw = table_mark(self._log, before.version + 1, before.table_id)
-                            index.set_stamp(Stamp(raw, stamp.tombstones))
-                            applied = True
+                if before.version >= 0 and next_version and not index.read_only:
+                    try:
+                        with index.updating():
+                            if index.stamp() == stamp:
+                                # No process moved the index since: apply the events we hold
+                                # instead of reading back the file we wrote.
+                                index.add_events([event for _, event in new.values()], hidden_by)
+                                raw = table_mark(self._log, before.version + 1, before.table_id)
+                                index.set_stamp(Stamp(raw, stamp.tombstones))
+                                applied = True
+                    except sqlite3.OperationalError as error:
+                        # The events are committed; the next read's catch-up applies them.
+                        log.warning("%r: the append is committed, its index update waits (%s)", self, error)
+                        break
                 if applied:
                     self._seen = (before.version + 1, stamp.tombstones.version)
                 else:
@@ -391,9 +416,11 @@ class DeltaRsEventLog(BuildEventLog):
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
-    def _commit(self, rows: pa.Table, latest: int) -> None:
+    def _commit(self, rows: pa.Table, latest: int) -> bool:
         """One append commit of `rows` as the log's next version (the raw log created first when
-        the lake has none): by `delta_append` when the table's protocol allows, else delta-rs."""
+        the lake has none): by `delta_append` when the table's protocol allows, else delta-rs.
+        True when the commit is exactly version `latest + 1` (delta-rs may retry past a commit
+        of a writer that ignores the lock)."""
         if latest < 0 and not self._log.exists():
             self._table = deltalake.DeltaTable.create(
                 self._log_path,
@@ -418,7 +445,7 @@ class DeltaRsEventLog(BuildEventLog):
                 stats_columns.split(","),
                 {"userMetadata": user_metadata},
             )
-            return
+            return True
         if table.version() != latest:
             table.update_incremental()  # to the latest commit: the one this append follows
         write_deltalake(
@@ -427,6 +454,7 @@ class DeltaRsEventLog(BuildEventLog):
             mode="append",
             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
         )
+        return False
 
     # -- reads: the index's, once it has caught up ----------------------------------------------
 
@@ -481,7 +509,7 @@ class DeltaRsEventLog(BuildEventLog):
         self._replace(None)
         private, self._private = self._private, None
         if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
+            private.remove()
 
 
 @dataclass(frozen=True)

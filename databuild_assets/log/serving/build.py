@@ -12,7 +12,6 @@ snapshot was read at: a catch-up then applies only the commits after them.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -21,6 +20,7 @@ import pyarrow as pa
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, create_index_file, event_rows
+from databuild_assets.log.serving.store import remove_index_files
 from databuild_assets.runtime.delta_tables import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
@@ -77,18 +77,12 @@ def build_index(lake: Lake, path: str, progress: Callable[[str], None] | None = 
     raise AssertionError("unreachable")
 
 
-def _remove_index_files(path: str) -> None:
-    for suffix in ("", "-journal", "-wal", "-shm"):
-        if os.path.exists(path + suffix):
-            os.unlink(path + suffix)
-
-
 def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
-    _remove_index_files(path)
+    remove_index_files(path)
     hidden_by, tombstones = tombstone_values(lake)
     raw = DeltaFollower(lake.table_path(RAW_EVENT_LOG))
     connection = create_index_file(path)
-    index = ServingIndex.over(path, connection)
+    index = ServingIndex(path, connection)
     try:
         raw_mark = TableMark()
         if raw.exists():
@@ -109,7 +103,7 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
             index.set_stamp(Stamp(raw_mark, tombstones))
     except BaseException:
         index.close()
-        _remove_index_files(path)
+        remove_index_files(path)
         raise
     index.close()
     return Stamp(raw_mark, tombstones)

@@ -53,36 +53,16 @@ class DeltaFollower:
         self.path = path.removeprefix("file://").removeprefix("file:")
         self._log_dir = Path(self.path) / "_delta_log"
         self._log_prefix = f"{self._log_dir}/"
-        self._version: int | None = None
-        self._next_commit = ""  # the path of the commit after `version`: asked before every read
-
-    @property
-    def version(self) -> int | None:
-        """The version read up to, or None before the first load."""
-        return self._version
-
-    @version.setter
-    def version(self, version: int | None) -> None:
-        self._version = version
-        self._next_commit = "" if version is None else str(self._commit_file(version + 1))
+        self.version: int | None = None  # the version read up to (`load`, `changes`), or None
 
     def _commit_file(self, version: int) -> Path:
         return self._log_dir / f"{version:020d}.json"
 
     def exists(self) -> bool:
         """Whether the table has a first commit (or a checkpoint, if its early commits aged out)."""
-        if self._version is not None:
-            return True
         return os.path.isdir(self._log_dir) and any(
             name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir)
         )
-
-    def moved(self) -> bool:
-        """Whether a commit after `version` exists (always true before the first load of a
-        table that exists)."""
-        if self._version is None:
-            return self.exists()
-        return os.path.exists(self._next_commit)
 
     def moved_since(self, version: int) -> bool:
         """Whether the table has a commit after `version` (-1: whether it exists at all): one

@@ -42,7 +42,7 @@ from databuild_assets.log.sqlite_backend import (
     refresh_dirty_projections,
     transaction,
 )
-from databuild_assets.log.sqlite_schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION
+from databuild_assets.log.sqlite_schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION, select_listed_partitions
 
 # The layout of the index's own tables (hidden_event_ids, serving_stamp) and of what it stores:
 # an index of another format is rebuilt, never read.
@@ -183,6 +183,11 @@ class Stamp:
     tombstones: TableMark = TableMark()
 
 
+# What SQLite says of a file that is not an index this code can read (as opposed to a lock or an
+# I/O error, which says nothing about the file).
+_UNUSABLE = ("not a database", "malformed", "no such table", "no such column")
+
+
 class IndexUnusableError(RuntimeError):
     """The file is not a serving index this code reads (another format, torn, not SQLite)."""
 
@@ -223,13 +228,13 @@ class ServingIndex(SqliteEventLog):
         self._connection = connection
 
     @classmethod
-    def open(cls, path: str, read_only: bool = False, immutable: bool = False) -> ServingIndex:
-        """The index at `path` (never created here); `immutable` reads a file no process may
-        change (a read-only lake with no write-ahead log). Raises FileNotFoundError when it is
-        gone, IndexUnusableError when it is not an index of this format."""
+    def open(cls, path: str, read_only: bool = False) -> ServingIndex:
+        """The index at `path` (never created here). Raises FileNotFoundError when it is gone,
+        IndexUnusableError when it is not an index of this format (another format, torn, not
+        SQLite), and sqlite3's own error for anything else (a lock held too long, I/O)."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"serving index {path} is gone")
-        query = "mode=ro&immutable=1" if immutable else "mode=ro" if read_only else "mode=rw"
+        query = "mode=ro" if read_only else "mode=rw"
         try:
             connection = sqlite3.connect(f"file:{quote(path)}?{query}", uri=True, isolation_level=None)
         except sqlite3.OperationalError as error:
@@ -239,18 +244,15 @@ class ServingIndex(SqliteEventLog):
             found = connection.execute("SELECT index_format, sqlite_schema FROM serving_stamp").fetchone()
         except sqlite3.DatabaseError as error:
             connection.close()
+            if not any(sign in str(error) for sign in _UNUSABLE):
+                raise
             raise IndexUnusableError(f"{path} is not a readable serving index ({error})") from error
         if found != (INDEX_FORMAT, SQLITE_SCHEMA_VERSION):
             connection.close()
             raise IndexUnusableError(
                 f"{path} is a serving index of format {found}, this code reads {(INDEX_FORMAT, SQLITE_SCHEMA_VERSION)}"
             )
-        return cls(path, connection, read_only or immutable)
-
-    @classmethod
-    def over(cls, path: str, connection: sqlite3.Connection) -> ServingIndex:
-        """The index being built on `connection` (from `create_index_file`)."""
-        return cls(path, connection)
+        return cls(path, connection, read_only)
 
     def __repr__(self) -> str:
         return f"ServingIndex({self.path!r})"
@@ -404,10 +406,16 @@ class ServingIndex(SqliteEventLog):
     def _drop_leaving(self) -> int:
         """Delete the events listed in temp.leaving and refresh the keys they touched."""
         connection = self._connection
-        leaving = "(SELECT e.* FROM main.events AS e JOIN temp.leaving USING (event_id))"
+        # CROSS JOIN keeps SQLite from walking every event: temp.leaving first, then by event_id.
+        joined = "temp.leaving AS l CROSS JOIN main.events AS e ON e.event_id = l.event_id"
         for statement in _MARK_DIRTY:
-            connection.execute(statement.format(rows=leaving))
-        connection.execute("DELETE FROM event_listed_partitions WHERE event_id IN (SELECT event_id FROM temp.leaving)")
+            connection.execute(statement.format(rows=f"(SELECT e.* FROM {joined})"))
+        # By event_listed_partitions' own key: the partitions the leaving events list.
+        connection.execute(
+            "DELETE FROM event_listed_partitions WHERE (partition_ref, timestamp, event_id) IN ("
+            + select_listed_partitions("e", source=f"{joined}, ")
+            + ")"
+        )
         dropped = connection.execute(
             "DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)"
         ).rowcount

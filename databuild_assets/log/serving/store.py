@@ -6,6 +6,10 @@
         build.lock                      held by the one process building a new generation
         .index-<n>.sqlite.building      a build in progress (a dead builder's is removed by the next)
 
+A process that cannot write the lake (a read-only mount) keeps a private copy in a temporary
+folder named after its process id (`PrivateFolder`), removed when it closes or exits, or by
+the next such process once its owner is dead.
+
 An index is updated in place, one SQLite transaction per catch-up. A new generation is built
 only when the old one cannot be followed (none yet, another format, older than the log's
 retention, a replaced table): beside the old one, then published by replacing CURRENT, so a
@@ -24,13 +28,23 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shutil
+import tempfile
+import time
+import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from databuild_assets.runtime.durable import fsync_file, fsync_folder
 
 SERVING_INDEX_FOLDER = "serving_index"
 _CURRENT = "CURRENT"
 _GENERATION = re.compile(r"^\.?index-(\d+)\.sqlite")
-_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+# A SQLite database's files: the main file first (a process can no longer open it by name), then
+# the files beside it.
+INDEX_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+_PRIVATE_PREFIX = "databuild-serving-index-"
 
 
 class IndexFolder:
@@ -95,23 +109,20 @@ class IndexFolder:
         it (a process still reading one keeps its open file until it sees CURRENT change)."""
         name = os.path.basename(building).lstrip(".").removesuffix(".building")
         final = os.path.join(self.path, name)
-        _fsync(building)
+        fsync_file(building)
         os.replace(building, final)
         pointer = os.path.join(self.path, f".{_CURRENT}.tmp")
         with open(pointer, "w", encoding="utf-8") as file:
             file.write(name + "\n")
             file.flush()
             os.fsync(file.fileno())
-        os.replace(pointer, os.path.join(self.path, _CURRENT))
-        _fsync_folder(self.path)
-        for other in os.listdir(self.path):
-            match = _GENERATION.match(other)
-            if match and not other.startswith(name) and not other.endswith(".building"):
-                _remove(os.path.join(self.path, other))
+        os.replace(pointer, self._pointer)
+        fsync_folder(self.path)
+        self._remove_other_generations(name)
         return final
 
     def files(self) -> list[str]:
-        """Every file of the folder (for the erasure report and checks)."""
+        """Every file of the folder."""
         if not os.path.isdir(self.path):
             return []
         return sorted(os.path.join(self.path, name) for name in os.listdir(self.path))
@@ -121,29 +132,85 @@ class IndexFolder:
         return max(numbers, default=0)
 
     def _remove_leftovers(self) -> None:
+        """What a process that died left: builds in progress, a CURRENT not yet in place, and
+        generations CURRENT does not name (a builder killed between its rename and CURRENT)."""
         for name in os.listdir(self.path):
             if name.endswith(".building") or name.startswith(f".{_CURRENT}.tmp"):
-                _remove(os.path.join(self.path, name))
+                remove_index_files(os.path.join(self.path, name))
+        current, _ = self.current()
+        self._remove_other_generations(os.path.basename(current) if current else None)
+
+    def _remove_other_generations(self, keep: str | None) -> None:
+        mains = {
+            name
+            for name in os.listdir(self.path)
+            if _GENERATION.match(name) and name.endswith(".sqlite") and not name.startswith(".")
+        }
+        for name in sorted(mains - {keep}):
+            remove_index_files(os.path.join(self.path, name))
+        # Files beside a main file that is gone (a process that had it open wrote them after).
+        for name in os.listdir(self.path):
+            base = name.removesuffix("-wal").removesuffix("-shm").removesuffix("-journal")
+            if base != name and _GENERATION.match(base) and base != keep and base not in mains:
+                remove_index_files(os.path.join(self.path, base))
 
 
-def _remove(path: str) -> None:
+def remove_index_files(path: str) -> None:
+    """Remove a SQLite database's files, the main file first (see INDEX_FILE_SUFFIXES)."""
+    for suffix in INDEX_FILE_SUFFIXES:
+        try:
+            os.unlink(path + suffix)
+        except FileNotFoundError:
+            pass
+
+
+class PrivateFolder:
+    """A temporary folder of this process's own, for an index on a lake it cannot write: named
+    after the process id, removed when the owner is closed or collected, or at exit; the folders
+    of processes that died are removed when the next one is made."""
+
+    def __init__(self, owner: object) -> None:
+        _remove_dead_private_folders()
+        self.path = tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-")
+        self._finalizer = weakref.finalize(owner, shutil.rmtree, self.path, True)
+
+    def new_index_path(self) -> str:
+        return os.path.join(self.path, f"index-{uuid.uuid4().hex}.sqlite")
+
+    def copy_of(self, path: str, attempts: int = 3) -> str:
+        """A copy of the index file at `path` taken while no process changed it (its size and
+        modification time the same before and after), in this folder."""
+        for _ in range(attempts):
+            before = os.stat(path)
+            target = self.new_index_path()
+            shutil.copyfile(path, target)
+            after = os.stat(path)
+            if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns):
+                return target
+            remove_index_files(target)
+            time.sleep(0.2)
+        raise RuntimeError(f"{path} changed during every copy of it; is a process rewriting it?")
+
+    def remove(self) -> None:
+        self._finalizer()
+
+
+def _remove_dead_private_folders() -> None:
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        match = re.match(rf"^{_PRIVATE_PREFIX}(\d+)-", name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
-def _fsync(path: str) -> None:
-    with open(path, "rb") as file:
-        os.fsync(file.fileno())
-
-
-def _fsync_folder(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-__all__ = ["SERVING_INDEX_FOLDER", "IndexFolder"]
+__all__ = ["INDEX_FILE_SUFFIXES", "SERVING_INDEX_FOLDER", "IndexFolder", "PrivateFolder", "remove_index_files"]
