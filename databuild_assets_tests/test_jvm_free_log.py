@@ -161,7 +161,7 @@ def test_the_query_command_prints_the_answer_as_json_on_either_backend(tmp_path:
         capture_output=True,
         text=True,
     )
-    assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not valid" in wrong.stderr
+    assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not a build request status" in wrong.stderr
 
 
 def test_a_log_larger_than_max_events_is_refused_naming_the_spark_backend(lake: Lake) -> None:
