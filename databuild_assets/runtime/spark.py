@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,12 @@ def parse_conf_pairs(text: str) -> dict[str, str]:
     return pairs
 
 
+def warehouse_dir() -> str:
+    """Spark's warehouse folder: `databuild-spark-warehouse-<uid>` in the temp dir, as a file: URI
+    (on a cluster, too, it names the driver's disk, not the default Hadoop filesystem)."""
+    return (Path(tempfile.gettempdir()) / f"databuild-spark-warehouse-{os.getuid()}").as_uri()
+
+
 def spark_config(settings: SparkSettings) -> dict[str, str]:
     """The full Spark configuration for `settings`, Delta included."""
     config = {
@@ -105,6 +112,11 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # Sized like the shuffle; on a cluster raise both.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
         "spark.ui.showConsoleProgress": "true",
+        # Every table of ours is a Delta table at a path (delta.`...`), none a managed one, yet Spark
+        # makes its catalog's default database folder, by default `spark-warehouse/` in whatever
+        # folder the process started in. A folder of this user's in the temp dir instead: no
+        # leftovers in the caller's folder, and the same for every process (the warm driver's key).
+        "spark.sql.warehouse.dir": warehouse_dir(),
     }
     # The class archive set-up made, and the JIT tier for the driver's lifetime (runtime/jvm_startup.py).
     # DATABUILD_SPARK_CONF's spark.driver.extraJavaOptions replaces these: repeat them there to keep them.
