@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -141,8 +142,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
             "(DATABUILD_SPARK_MASTER, or the lakehouse resource's master). Spark was not started."
         )
     config = spark_config(settings)  # DeltaJarsMissingError (run `make setup`) before any JVM starts
-    starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-    if starts_jvm:
+    if starts_own_jvm():
         _require_java()
     # Python workers must import this package and pyarrow, so they must run an interpreter that
     # has them, not the first `python3` on PATH. When this process starts the JVM, pyspark tells
@@ -164,6 +164,34 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
             "Spark 4.2 needs Java 17 or 21: install it (Debian: apt-get install openjdk-17-jdk-headless) or "
             "point JAVA_HOME at one, then run `make setup`."
         ) from error
+
+
+def starts_own_jvm() -> bool:
+    """Whether the next `build_spark_session` of this process starts a JVM (none running, none attached)."""
+    return SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
+def stop_own_jvm(spark: SparkSession, timeout_s: float = 60.0) -> None:
+    """Stop `spark` and the JVM this process started for it (by `build_spark_session`), so that
+    nothing of Spark outlives the work that needed it: Spark's own `stop()` leaves the JVM running
+    until the Python process exits. A later `build_spark_session` starts a new one.
+
+        stop_own_jvm(spark)   # e.g. when a job run in a script's process returns
+    """
+    gateway = SparkContext._gateway
+    spark.stop()
+    if gateway is None or "PYSPARK_GATEWAY_PORT" in os.environ or getattr(gateway, "proc", None) is None:
+        return  # a JVM this process attached to (the warm driver) is not its to stop
+    gateway.shutdown()
+    # pyspark's gateway JVM exits when its stdin closes (PythonGatewayServer reads it until EOF).
+    gateway.proc.stdin.close()
+    try:
+        gateway.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        gateway.proc.kill()
+        gateway.proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _java_command() -> str:
