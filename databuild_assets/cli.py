@@ -19,13 +19,26 @@ from dagster import DagsterInstance
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake, LakeRootError, is_local
 
 # Exit codes: 0 done; 1 the work failed (a run, Spark); 2 what the command was given is wrong (an
-# argument, a URI, a log or a lake root that is not there): one line on stderr says what and how to fix it.
+# argument, a URI, a log or a lake root that is not there, Spark settings Spark cannot start with):
+# one line on stderr says what and how to fix it.
 EXIT_BAD_INPUT = 2
 
 
 def _refuse(command: str, problem: object) -> int:
     print(f"databuild-assets {command}: {problem}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def _spark_or_refusal(command: str):
+    """(SparkSession, None) from the environment's settings, or (None, exit code) once a bad
+    setting, no Java or no Delta jars is reported in one line."""
+    from databuild_assets.runtime.delta_jars import DeltaJarsMissingError
+    from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session
+
+    try:
+        return build_spark_session(SparkSettings.from_env()), None
+    except (ValueError, SparkStartError, DeltaJarsMissingError) as error:
+        return None, _refuse(command, error)
 
 
 def _instance() -> DagsterInstance:
@@ -116,7 +129,6 @@ def migrate(sqlite_uri: str) -> int:
 
     from databuild_assets.log import parse_event_log_uri
     from databuild_assets.log.migrate import migrate_sqlite_to_delta
-    from databuild_assets.runtime.spark import SparkSettings, build_spark_session
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -126,7 +138,10 @@ def migrate(sqlite_uri: str) -> int:
         lake = Lake.from_env().ensure_root()
     except (ValueError, LakeRootError) as error:
         return _refuse("migrate", error)
-    result = migrate_sqlite_to_delta(build_spark_session(SparkSettings.from_env()), sqlite_uri, lake)
+    spark, refused = _spark_or_refusal("migrate")
+    if spark is None:
+        return refused
+    result = migrate_sqlite_to_delta(spark, sqlite_uri, lake)
     print(f"migrated {sqlite_uri} -> {lake.table_path(RAW_EVENT_LOG)}")
     print(f"  events read         {result.read:,}")
     print(f"  new in the log      {result.accepted:,}")
@@ -152,9 +167,9 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
         # A lake on object storage is read through Spark; a local one without a JVM.
         from delta.tables import DeltaTable
 
-        from databuild_assets.runtime.spark import SparkSettings, build_spark_session
-
-        options["spark"] = build_spark_session(SparkSettings.from_env())
+        options["spark"], refused = _spark_or_refusal("query")
+        if options["spark"] is None:
+            return refused
         log_path = parsed.lake.table_path(RAW_EVENT_LOG)
         if not DeltaTable.isDeltaTable(options["spark"], log_path):
             return _refuse("query", f"no event log in the lake {parsed.location}: {log_path} is not a Delta table")

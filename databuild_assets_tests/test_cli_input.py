@@ -152,3 +152,16 @@ def test_migrate_refuses_a_sqlite_log_that_does_not_exist(tmp_path):
 
     assert_refused(run, f"no SQLite event log at {tmp_path}/typo.db")
     assert not (tmp_path / "typo.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"DATABUILD_SPARK_MASTER": "bogus"}, "Spark master URL 'bogus' is not one Spark knows"),
+        ({"DATABUILD_SPARK_CONF": "no-equals-sign"}, "DATABUILD_SPARK_CONF: 'no-equals-sign' is not key=value"),
+    ],
+)
+def test_migrate_refuses_spark_settings_spark_cannot_start_with(tmp_path, sqlite_uri, setting, named):
+    run = databuild_assets("migrate", sqlite_uri, DATABUILD_LAKE_ROOT=str(tmp_path / "lake"), **setting)
+
+    assert_refused(run, named)
