@@ -127,14 +127,15 @@ def demo(events: int, seed: int) -> int:
 def migrate(sqlite_uri: str) -> int:
     import logging
 
-    from databuild_assets.log import parse_event_log_uri
+    from databuild_assets.log import open_event_log, parse_event_log_uri
     from databuild_assets.log.migrate import migrate_sqlite_to_delta
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if not sqlite_uri.lower().startswith("sqlite:"):
             raise ValueError(f"migrate copies a SQLite BEL (sqlite:///path/to/bel.db), not {sqlite_uri!r}")
-        parse_event_log_uri(sqlite_uri).require_log()
+        with open_event_log(parse_event_log_uri(sqlite_uri).require_log().uri):
+            pass  # a file that is no event log, or one of another schema version, is refused before Spark starts
         lake = Lake.from_env().ensure_root()
     except (ValueError, LakeRootError) as error:
         return _refuse("migrate", error)
@@ -173,7 +174,11 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
         log_path = parsed.lake.table_path(RAW_EVENT_LOG)
         if not DeltaTable.isDeltaTable(options["spark"], log_path):
             return _refuse("query", f"no event log in the lake {parsed.location}: {log_path} is not a Delta table")
-    with open_event_log(uri, **options) as log:
+    try:
+        log = open_event_log(uri, **options)
+    except ValueError as error:  # a file that is no event log, or one of another schema version
+        return _refuse("query", error)
+    with log:
         answer = getattr(log, method)(**keywords)
     print(to_json(answer))
     return 0

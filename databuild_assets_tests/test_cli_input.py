@@ -165,3 +165,17 @@ def test_migrate_refuses_spark_settings_spark_cannot_start_with(tmp_path, sqlite
     run = databuild_assets("migrate", sqlite_uri, DATABUILD_LAKE_ROOT=str(tmp_path / "lake"), **setting)
 
     assert_refused(run, named)
+
+
+@pytest.mark.parametrize("command", ["query", "migrate"])
+def test_a_sqlite_file_that_is_no_event_log_is_refused_and_left_alone(tmp_path, command):
+    (tmp_path / "notes.db").write_text("not a database")
+    arguments = ["get_activity_summary"] if command == "query" else []
+    before = tree(tmp_path)
+
+    run = databuild_assets(
+        command, f"sqlite://{tmp_path}/notes.db", *arguments, DATABUILD_LAKE_ROOT=str(tmp_path / "lake")
+    )
+
+    assert_refused(run, f"cannot open SQLite event log {tmp_path}/notes.db: file is not a database")
+    assert tree(tmp_path) == before
