@@ -155,9 +155,9 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
     from databuild_assets.log import open_event_log, parse_event_log_uri
     from databuild_assets.log.commands import parse_arguments, to_json
 
-    # Everything the command line can get wrong is checked before a log is opened or Spark
-    # started: the URI, the method, its arguments, and that the log exists (a reader never
-    # creates one, so a mistyped path is an error, not an empty log).
+    # What the command line can get wrong is checked before the log is opened (and, but for a
+    # lake on object storage, before Spark starts): the URI, the method, its arguments, and that
+    # the log exists (a reader never creates one: a mistyped path is an error, not an empty log).
     try:
         parsed = parse_event_log_uri(uri).require_log()
         keywords = parse_arguments(method, arguments)
