@@ -16,7 +16,29 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake, is_local
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake, LakeRootError, is_local
+
+# Exit codes: 0 done; 1 the work failed (a run, Spark); 2 what the command was given is wrong (an
+# argument, a URI, a log or a lake root that is not there, Spark settings Spark cannot start with):
+# one line on stderr says what and how to fix it.
+EXIT_BAD_INPUT = 2
+
+
+def _refuse(command: str, problem: object) -> int:
+    print(f"databuild-assets {command}: {problem}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _spark_or_refusal(command: str):
+    """(SparkSession, None) from the environment's settings, or (None, exit code) once a bad
+    setting, no Java or no Delta jars is reported in one line."""
+    from databuild_assets.runtime.delta_jars import DeltaJarsMissingError
+    from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session
+
+    try:
+        return build_spark_session(SparkSettings.from_env()), None
+    except (ValueError, SparkStartError, DeltaJarsMissingError) as error:
+        return None, _refuse(command, error)
 
 
 def _instance() -> DagsterInstance:
@@ -30,12 +52,15 @@ def _landing_has_files(lake: Lake) -> bool:
 
 
 def demo(events: int, seed: int) -> int:
+    try:  # as the Dagster resource checks it: a mistyped root is refused, not created with its parents
+        lake = Lake.from_env().ensure_root()
+    except LakeRootError as error:
+        return _refuse("demo", error)
     # The demo is one process: a JVM of its own, gone when it ends (the warm driver is for runs).
     os.environ.setdefault("DATABUILD_SPARK_DRIVER", "own")
     from databuild_assets.definitions import all_assets_job, defs
     from databuild_assets.workload import write_landing_files
 
-    lake = Lake.from_env()
     started = time.monotonic()
     if not is_local(lake.root):
         print(f"lake root {lake.root} is remote: not generating a workload; ingesting what is in {lake.landing}")
@@ -108,12 +133,22 @@ def demo(events: int, seed: int) -> int:
 def migrate(sqlite_uri: str) -> int:
     import logging
 
+    from databuild_assets.log import open_event_log, parse_event_log_uri
     from databuild_assets.log.migrate import migrate_sqlite_to_delta
-    from databuild_assets.runtime.spark import SparkSettings, build_spark_session
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    lake = Lake.from_env()
-    result = migrate_sqlite_to_delta(build_spark_session(SparkSettings.from_env()), sqlite_uri, lake)
+    try:
+        if not sqlite_uri.lower().startswith("sqlite:"):
+            raise ValueError(f"migrate copies a SQLite BEL (sqlite:///path/to/bel.db), not {sqlite_uri!r}")
+        with open_event_log(parse_event_log_uri(sqlite_uri).require_log().uri):
+            pass  # a file that is no event log, or one of another schema version, is refused before Spark starts
+        lake = Lake.from_env().ensure_root()
+    except (ValueError, LakeRootError) as error:
+        return _refuse("migrate", error)
+    spark, refused = _spark_or_refusal("migrate")
+    if spark is None:
+        return refused
+    result = migrate_sqlite_to_delta(spark, sqlite_uri, lake)
     print(f"migrated {sqlite_uri} -> {lake.table_path(RAW_EVENT_LOG)}")
     print(f"  events read         {result.read:,}")
     print(f"  new in the log      {result.accepted:,}")
@@ -124,22 +159,33 @@ def migrate(sqlite_uri: str) -> int:
 
 def query(uri: str, method: str, arguments: list[str]) -> int:
     from databuild_assets.log import open_event_log, parse_event_log_uri
-    from databuild_assets.log.commands import QueryArgumentError, call, to_json
-    from databuild_assets.runtime.lake import is_local
+    from databuild_assets.log.commands import parse_arguments, to_json
 
+    # What the command line can get wrong is checked before the log is opened (and, but for a
+    # lake on object storage, before Spark starts): the URI, the method, its arguments, and that
+    # the log exists (a reader never creates one: a mistyped path is an error, not an empty log).
+    try:
+        parsed = parse_event_log_uri(uri).require_log()
+        keywords = parse_arguments(method, arguments)
+    except (ValueError, LakeRootError) as error:
+        return _refuse("query", error)
     options = {}
-    parsed = parse_event_log_uri(uri)
     if parsed.scheme == "delta" and not is_local(parsed.location):
         # A lake on object storage is read through Spark; a local one without a JVM.
-        from databuild_assets.runtime.spark import SparkSettings, build_spark_session
+        from delta.tables import DeltaTable
 
-        options["spark"] = build_spark_session(SparkSettings.from_env())
+        options["spark"], refused = _spark_or_refusal("query")
+        if options["spark"] is None:
+            return refused
+        log_path = parsed.lake.table_path(RAW_EVENT_LOG)
+        if not DeltaTable.isDeltaTable(options["spark"], log_path):
+            return _refuse("query", f"no event log in the lake {parsed.location}: {log_path} is not a Delta table")
     try:
-        with open_event_log(uri, **options) as log:
-            answer = call(log, method, arguments)
-    except QueryArgumentError as error:
-        print(f"databuild-assets query: {error}", file=sys.stderr)
-        return 2
+        log = open_event_log(uri, **options)
+    except ValueError as error:  # a file that is no event log, or one of another schema version
+        return _refuse("query", error)
+    with log:
+        answer = getattr(log, method)(**keywords)
     print(to_json(answer))
     return 0
 

@@ -213,7 +213,10 @@ def test_materializing_again_with_no_new_files_ingests_nothing(spark, lake):
 
 def test_a_deployments_runs_share_the_warm_driver_unless_told_otherwise(monkeypatch):
     monkeypatch.delenv("DATABUILD_SPARK_DRIVER", raising=False)
-    assert LakehouseResource.from_env().driver == "warm"  # each run is a process: one JVM for them all
+    # Each launched run is a process: one JVM for them all; a job run in a script's process, its own.
+    assert LakehouseResource.from_env().driver == "auto"
+    monkeypatch.setenv("DATABUILD_SPARK_DRIVER", "warm")
+    assert LakehouseResource.from_env().driver == "warm"
     monkeypatch.setenv("DATABUILD_SPARK_DRIVER", "own")
     assert LakehouseResource.from_env().driver == "own"
     monkeypatch.setenv("DATABUILD_SPARK_DRIVER", "shared")

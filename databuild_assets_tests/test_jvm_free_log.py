@@ -160,7 +160,7 @@ def test_the_query_command_prints_the_answer_as_json_on_either_backend(tmp_path:
         capture_output=True,
         text=True,
     )
-    assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not valid" in wrong.stderr
+    assert wrong.returncode == 2 and "status='NOT_A_STATUS' is not a build request status" in wrong.stderr
 
 
 def test_a_process_that_loads_the_log_and_exits_at_once_exits_cleanly(lake: Lake) -> None:

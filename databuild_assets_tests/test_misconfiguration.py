@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -292,3 +294,12 @@ def test_a_class_archive_the_jvm_cannot_use_does_not_stop_spark_from_starting(tm
     child = _start_spark_in_a_new_process(workdir, DATABUILD_DELTA_JARS_DIR=str(jars))
 
     assert child.returncode == 0, child.stdout + child.stderr
+
+
+def test_spark_keeps_its_warehouse_folder_out_of_the_folder_the_process_started_in(spark):
+    # Spark makes its default database's folder on first use; ours are all Delta tables at paths.
+    spark.sql("SHOW TABLES").collect()
+    location = Path(urlparse(spark.catalog.getDatabase("default").locationUri).path)
+
+    assert location == Path(tempfile.gettempdir()) / f"databuild-spark-warehouse-{os.getuid()}"
+    assert not location.is_relative_to(Path.cwd())

@@ -483,6 +483,7 @@ def test_migrating_a_sqlite_log_copies_every_event_once_and_again_adds_nothing(s
     again = migrate_sqlite_to_delta(spark, f"sqlite:///{sqlite_path}", lake, chunk=120)
 
     assert (first.read, first.accepted, first.duplicates, first.commits) == (300, 300, 0, 3)
-    assert (again.read, again.accepted, again.duplicates) == (300, 0, 300)
+    assert (again.read, again.accepted, again.duplicates, again.commits) == (300, 0, 300, 0)
+    assert again.log_version == first.log_version  # nothing new: the raw log did not move
     ids = [row.event_id for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()]
     assert sorted(ids) == sorted(event["event_id"] for event in workload[:300])

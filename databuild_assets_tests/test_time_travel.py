@@ -21,6 +21,7 @@ from databuild_assets.log.time_travel import (
 )
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.tombstones import request_erasure
+from databuild_assets.maintenance.vacuum import vacuum_lake
 from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets_tests.bel_cases import (
@@ -197,3 +198,22 @@ def test_the_diff_over_the_whole_history_nets_out_events_added_and_erased_in_bet
     assert (ids(list(diff.added)), diff.hidden_event_ids, diff.removed_event_ids) == (["e12", "e17"], (), ())
     with pytest.raises(ValueError, match="is after to_version"):
         log_diff(spark, history.lake, history.after_compaction, history.after_a)
+
+
+def test_a_version_whose_files_vacuum_removed_is_refused_when_asked_for_not_at_the_first_query(spark, tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    log = DeltaEventLog(spark, lake)
+    path = lake.table_path(RAW_EVENT_LOG)
+    log.append_events(one_build_events())
+    log.append_events(BATCH_B)
+    after_b = current_version(spark, path)
+    request_erasure(spark, lake, "job_run_id", "job-2", actor="alice@example.com", reason="ticket 1234")
+    compact(spark, lake)  # rewrites batch B's file without the erased events
+    vacuum_lake(spark, lake, retention_hours=0, allow_short_retention=True)  # and deletes the old one
+
+    with pytest.raises(TimeTravelError, match=rf"{path} version {after_b} cannot be read: vacuum removed \d+ of its"):
+        log.as_of(version=after_b)
+    with pytest.raises(TimeTravelError, match="vacuum removed"):
+        log_diff(spark, lake, after_b, current_version(spark, path))
+    visible = len(one_build_events()) + len(BATCH_B) - len(ERASED)
+    assert log.as_of(version=current_version(spark, path)).get_activity_summary().total_events == visible

@@ -95,3 +95,50 @@ def test_other_settings_or_other_code_get_another_host(tmp_path):
     (source / "ingest" / "lines.py").write_text("VALIDATE = 2\n")  # the host's Python workers run the old code
     assert driver_key(SETTINGS, source) != key
     assert driver_key(SETTINGS) == driver_key(SETTINGS)
+
+
+# A script that runs a job in its own process, as a user's script or notebook does, with the
+# deployment's definitions (DATABUILD_SPARK_DRIVER unset), then reports what of Spark is left.
+IN_PROCESS_RUN = """
+import json, os
+from pathlib import Path
+from databuild_assets.definitions import defs
+
+result = defs.resolve_job_def("ingest_job").execute_in_process()
+children = [
+    Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\\0")[0].decode()
+    for pid in os.listdir("/proc")
+    if pid.isdigit() and Path(f"/proc/{pid}/stat").exists()
+    and Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1] == str(os.getpid())
+]
+print(json.dumps({"success": result.success, "children": children}))
+"""
+
+
+def test_a_job_executed_in_a_scripts_process_leaves_no_warm_driver_nor_jvm_behind(tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    write_landing(lake, "first.jsonl", one_partition_build("br-1", "data/a", 0))
+    drivers = tmp_path / "spark-drivers"
+    environ = {key: value for key, value in os.environ.items() if key != "DATABUILD_SPARK_DRIVER"}
+    environ.update(
+        {DRIVERS_DIR_ENV: str(drivers), "DATABUILD_LAKE_ROOT": lake.root, "DATABUILD_SPARK_DRIVER_MEMORY": "1g"}
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS_RUN],
+            cwd=tmp_path,
+            env={**environ, "PYTHONPATH": str(REPO_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        reported = json.loads(run.stdout.splitlines()[-1])
+
+        assert reported["success"]
+        assert reported["children"] == []  # its JVM stopped when the run returned, not when the script ends
+        assert (not drivers.exists()) or running_hosts(drivers) == []  # and no detached driver was started
+        assert not (tmp_path / "spark-warehouse").exists()
+    finally:
+        if drivers.exists():  # what a run that attached to a warm driver left behind
+            stop_hosts(drivers, wait_s=60)

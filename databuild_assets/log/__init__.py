@@ -24,7 +24,7 @@ from databuild_assets.log.interface import (
     PartitionSummary,
 )
 from databuild_assets.log.sqlite_backend import SqliteEventLog, load_events
-from databuild_assets.log.uris import ACCEPTED_URIS, parse_event_log_uri
+from databuild_assets.log.uris import ACCEPTED_URIS, EventLogNotFoundError, parse_event_log_uri
 from databuild_assets.runtime.lake import is_local
 
 
@@ -35,7 +35,8 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
     serving index under `<root>/serving_index/`) unless `spark=` (a SparkSession with Delta
     configured) is given, which opens the Spark backend (`DeltaEventLog`, any Hadoop
     filesystem). Both take `writer=`, the name appends are recorded under.
-    Raises ValueError for a URI no backend accepts, naming the accepted forms.
+    Raises ValueError for a URI no backend accepts, naming the accepted forms, and LakeRootError
+    for a local lake root that is a file or is missing with its parent folder (nothing is created).
 
         with open_event_log("sqlite:///var/lib/databuild/bel.db") as log:
             log.list_build_requests(limit=20)
@@ -45,6 +46,8 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
         if options:
             raise TypeError(f"{uri}: the SQLite backend takes no options, got {', '.join(sorted(options))}")
         return SqliteEventLog(parsed.location)
+    if is_local(parsed.location):
+        parsed.lake.check_root()  # a mistyped root must not become a fresh, empty lake
     spark = options.pop("spark", None)
     writer = options.pop("writer", "event-log")
     if spark is not None:
@@ -75,6 +78,7 @@ __all__ = [
     "BuildEventLog",
     "BuildRequestSummary",
     "EventFilter",
+    "EventLogNotFoundError",
     "EventPage",
     "PartitionStatusInfo",
     "PartitionSummary",

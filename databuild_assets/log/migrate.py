@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from databuild_assets.ingest.writer import append_events
@@ -31,8 +32,12 @@ class MigrationResult:
     read: int
     accepted: int
     duplicates: int
-    commits: int
-    log_version: int
+    commits: int  # appends that committed to the raw log; 0 when it held every event already
+    log_version: int  # the raw log's version after the migration; -1 when there is no raw log
+
+
+def _log_version(spark: SparkSession, path: str) -> int:
+    return current_version(spark, path) if DeltaTable.isDeltaTable(spark, path) else -1
 
 
 def migrate_sqlite_to_delta(
@@ -42,6 +47,8 @@ def migrate_sqlite_to_delta(
     if not sqlite_uri.startswith("sqlite:"):
         raise ValueError(f"migrate reads a SQLite BEL (sqlite:///path/to/bel.db), not {sqlite_uri!r}")
     read = accepted = duplicates = commits = 0
+    log_path = lake.table_path(RAW_EVENT_LOG)
+    version = _log_version(spark, log_path)
     with open_event_log(sqlite_uri) as source:
         cursor = None
         while True:
@@ -53,10 +60,11 @@ def migrate_sqlite_to_delta(
                     accepted + result.accepted,
                     duplicates + result.duplicates,
                 )
-                commits += 1
+                # A chunk the log already holds whole makes no commit, and is not counted as one.
+                before, version = version, _log_version(spark, log_path)
+                commits += version != before
                 log.info("migrated %d events so far (%d new, %d already in the log)", read, accepted, duplicates)
             cursor = page.next_cursor
             if not page.has_more:
                 break
-    version = current_version(spark, lake.table_path(RAW_EVENT_LOG)) if commits else -1
     return MigrationResult(sqlite_uri, read, accepted, duplicates, commits, version)

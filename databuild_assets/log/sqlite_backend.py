@@ -54,6 +54,7 @@ from databuild_assets.log.sqlite_schema import (
     SQLITE_SCHEMA_VERSION,
     select_listed_partitions,
 )
+from databuild_assets.log.uris import EventLogNotFoundError
 
 
 def _event_from_row(row: tuple[str, int, str, str, str]) -> dict[str, Any]:
@@ -127,6 +128,12 @@ def event_row(event: Mapping[str, Any], dirty: _DirtyKeys | None = None) -> tupl
 
 def _connect(path: str) -> sqlite3.Connection:
     """Open the log at `path`, creating its tables in a new (or empty) database file."""
+    folder = os.path.dirname(path)
+    if path != ":memory:" and folder and not os.path.isdir(folder):
+        raise EventLogNotFoundError(
+            f"cannot open SQLite event log {path}: its folder {folder} does not exist; create it "
+            f"(mkdir -p {folder}) or fix the path"
+        )
     try:
         # isolation_level=None: transactions are opened explicitly (BEGIN ...), never implicitly.
         connection = sqlite3.connect(path, isolation_level=None)

@@ -27,7 +27,8 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
 
 class TimeTravelError(ValueError):
-    """The version or timestamp asked for is not in the raw log's retained history."""
+    """The version or timestamp asked for is not in the raw log's retained history, or vacuum
+    removed the files of that version."""
 
 
 class ReadOnlyEventLogError(RuntimeError):
@@ -75,12 +76,35 @@ def resolve_log_version(
     if version is not None:
         if version not in {v for v, _ in commits}:
             raise TimeTravelError(f"{path} has no version {version} to read: {available}")
-        return version
-    wanted = _epoch_ms(timestamp)
-    before = [v for v, ms in commits if ms <= wanted]
-    if not before:
-        raise TimeTravelError(f"{path} had no commit yet at {_iso(wanted)}: {available}")
-    return before[-1]
+    else:
+        wanted = _epoch_ms(timestamp)
+        before = [v for v, ms in commits if ms <= wanted]
+        if not before:
+            raise TimeTravelError(f"{path} had no commit yet at {_iso(wanted)}: {available}")
+        version = before[-1]
+    if gone := _vacuumed_files(spark, path, version):
+        raise TimeTravelError(
+            f"{path} version {version} cannot be read: vacuum removed {len(gone)} of its data files "
+            f"(e.g. {gone[0]}). Read a more recent version (vacuum keeps the files of its last retention_hours) "
+            f"or the live log; {available}"
+        )
+    return version
+
+
+def _vacuumed_files(spark: SparkSession, path: str, version: int) -> list[str]:
+    """The data files of `version` no longer on disk. The files it shares with the current
+    version are there (vacuum removes only files no longer in the table), so only the others are
+    looked up: none for a recent version, one `exists` each otherwise."""
+    then = set(spark.read.format("delta").option("versionAsOf", version).load(path).inputFiles())
+    now = set(spark.read.format("delta").load(path).inputFiles())
+    jvm = spark.sparkContext._jvm
+    configuration = spark.sparkContext._jsc.hadoopConfiguration()
+    gone = []
+    for file in sorted(then - now):
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(file)
+        if not hadoop_path.getFileSystem(configuration).exists(hadoop_path):
+            gone.append(file)
+    return gone
 
 
 def _iso(epoch_ms: int) -> str:

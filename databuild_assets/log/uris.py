@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake, is_local
 
 ACCEPTED_URIS = (
     "sqlite:///absolute/path/to/bel.db",
@@ -20,6 +20,10 @@ ACCEPTED_URIS = (
 )
 
 _LOG_SUFFIX = f"/tables/{RAW_EVENT_LOG.name}"
+
+
+class EventLogNotFoundError(ValueError):
+    """The URI names no event log there is: a reader would answer from an empty log instead."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,29 @@ class EventLogUri:
     @property
     def lake(self) -> Lake:
         return Lake(self.location)
+
+    def require_log(self) -> EventLogUri:
+        """This URI, once its log is known to exist on this machine: EventLogNotFoundError (or
+        LakeRootError for a lake root that is a file, or missing with its parent) otherwise.
+        For readers, which must not take a mistyped path for an empty log; a writer may create
+        the log instead. Creates nothing; a remote lake is not checked here.
+
+            parse_event_log_uri("delta:///data/lake").require_log()
+        """
+        if self.scheme == "sqlite":
+            if self.location != ":memory:" and not os.path.isfile(self.location):
+                raise EventLogNotFoundError(
+                    f"no SQLite event log at {self.location} (in {self.uri!r}): no such file; check the path "
+                    "(a SQLite log is created by its first writer)"
+                )
+        elif is_local(self.location):
+            log_path = self.lake.check_root().table_path(RAW_EVENT_LOG)
+            if not os.path.isdir(os.path.join(log_path, "_delta_log")):
+                raise EventLogNotFoundError(
+                    f"no event log in the lake {self.location} (in {self.uri!r}): {log_path} is not a Delta table; "
+                    "check the path (a lake root holds tables/raw_event_log; its first ingestion or append creates it)"
+                )
+        return self
 
 
 def parse_event_log_uri(uri: str) -> EventLogUri:
@@ -88,4 +115,4 @@ def _lake_root(uri: str, scheme: str, rest: str) -> str:
     return path
 
 
-__all__ = ["ACCEPTED_URIS", "EventLogUri", "parse_event_log_uri"]
+__all__ = ["ACCEPTED_URIS", "EventLogNotFoundError", "EventLogUri", "parse_event_log_uri"]

@@ -119,6 +119,9 @@ INGEST_LEDGER = TableSpec(
 )
 
 
+_FIX_ROOT = "fix DATABUILD_LAKE_ROOT (the lakehouse resource's lake_root)"
+
+
 def is_local(root: str) -> bool:
     return "://" not in root or root.startswith("file://")
 
@@ -158,6 +161,26 @@ class Lake:
         files it rewrites (maintenance/landing_files.py). Ingestion never reads it."""
         return self.path("landing_archive")
 
+    def check_root(self) -> Lake:
+        """This lake, its local root checked for a reader: LakeRootError when the root is a file,
+        or is missing together with its parent folder (a typo or an unmounted volume). Creates
+        nothing and needs no write access. Remote roots are not checked.
+
+            lake = Lake("/data/lake").check_root()
+        """
+        if not is_local(self.root):
+            return self
+        root = Path(self.root)
+        if root.exists() and not root.is_dir():
+            raise LakeRootError(f"lake root {root} is a file, not a folder; {_FIX_ROOT}, or move that file away")
+        if not root.exists() and self.root != DEFAULT_LAKE_ROOT and not root.parent.is_dir():
+            raise LakeRootError(
+                f"lake root {root} does not exist, nor does its parent folder {root.parent}: a typo or a volume "
+                f"not mounted? Nothing was created. Create it (mkdir -p {root}) if it is meant to be new, "
+                f"or {_FIX_ROOT}."
+            )
+        return self
+
     def ensure_root(self) -> Lake:
         """This lake, its local root checked (and created when only its last folder is missing).
 
@@ -171,29 +194,20 @@ class Lake:
         """
         if not is_local(self.root):
             return self
-        root = Path(self.root.removeprefix("file://").removeprefix("file:"))
-        fix = "fix DATABUILD_LAKE_ROOT (the lakehouse resource's lake_root)"
-        if root.exists() and not root.is_dir():
-            raise LakeRootError(f"lake root {root} is a file, not a folder; {fix}, or move that file away")
+        self.check_root()
+        root = Path(self.root)
         if not root.exists():
-            parent = root.parent
-            if self.root != DEFAULT_LAKE_ROOT and not parent.is_dir():
-                raise LakeRootError(
-                    f"lake root {root} does not exist, nor does its parent folder {parent}: a typo or a volume "
-                    f"not mounted? Nothing was created. Create it (mkdir -p {root}) if it is meant to be new, "
-                    f"or {fix}."
-                )
             try:
                 root.mkdir(parents=self.root == DEFAULT_LAKE_ROOT, exist_ok=True)
             except OSError as error:
                 raise LakeRootError(
-                    f"lake root {root} cannot be created ({error.strerror}); {fix}, or create it "
+                    f"lake root {root} cannot be created ({error.strerror}); {_FIX_ROOT}, or create it "
                     "with write access for this user"
                 ) from error
         elif not os.access(root, os.W_OK | os.X_OK):
             raise LakeRootError(
                 f"lake root {root} is not writable by this user (uid {os.geteuid()}); nothing was written. "
-                f"Give this user write access to it (chown/chmod), or {fix}."
+                f"Give this user write access to it (chown/chmod), or {_FIX_ROOT}."
             )
         return self
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +83,12 @@ def parse_conf_pairs(text: str) -> dict[str, str]:
     return pairs
 
 
+def warehouse_dir() -> str:
+    """Spark's warehouse folder: `databuild-spark-warehouse-<uid>` in the temp dir, as a file: URI
+    (on a cluster, too, it names the driver's disk, not the default Hadoop filesystem)."""
+    return (Path(tempfile.gettempdir()) / f"databuild-spark-warehouse-{os.getuid()}").as_uri()
+
+
 def spark_config(settings: SparkSettings) -> dict[str, str]:
     """The full Spark configuration for `settings`, Delta included."""
     config = {
@@ -105,6 +113,11 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # Sized like the shuffle; on a cluster raise both.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
         "spark.ui.showConsoleProgress": "true",
+        # Every table of ours is a Delta table at a path (delta.`...`), none a managed one, yet Spark
+        # makes its catalog's default database folder, by default `spark-warehouse/` in whatever
+        # folder the process started in. A folder of this user's in the temp dir instead: no
+        # leftovers in the caller's folder, and the same for every process (the warm driver's key).
+        "spark.sql.warehouse.dir": warehouse_dir(),
     }
     # The class archive set-up made, and the JIT tier for the driver's lifetime (runtime/jvm_startup.py).
     # DATABUILD_SPARK_CONF's spark.driver.extraJavaOptions replaces these: repeat them there to keep them.
@@ -129,8 +142,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
             "(DATABUILD_SPARK_MASTER, or the lakehouse resource's master). Spark was not started."
         )
     config = spark_config(settings)  # DeltaJarsMissingError (run `make setup`) before any JVM starts
-    starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-    if starts_jvm:
+    if starts_own_jvm():
         _require_java()
     # Python workers must import this package and pyarrow, so they must run an interpreter that
     # has them, not the first `python3` on PATH. When this process starts the JVM, pyspark tells
@@ -152,6 +164,34 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
             "Spark 4.2 needs Java 17 or 21: install it (Debian: apt-get install openjdk-17-jdk-headless) or "
             "point JAVA_HOME at one, then run `make setup`."
         ) from error
+
+
+def starts_own_jvm() -> bool:
+    """Whether the next `build_spark_session` of this process starts a JVM (none running, none attached)."""
+    return SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
+def stop_own_jvm(spark: SparkSession, timeout_s: float = 60.0) -> None:
+    """Stop `spark` and the JVM this process started for it (by `build_spark_session`), so that
+    nothing of Spark outlives the work that needed it: Spark's own `stop()` leaves the JVM running
+    until the Python process exits. A later `build_spark_session` starts a new one.
+
+        stop_own_jvm(spark)   # e.g. when a job run in a script's process returns
+    """
+    gateway = SparkContext._gateway
+    spark.stop()
+    if gateway is None or "PYSPARK_GATEWAY_PORT" in os.environ or getattr(gateway, "proc", None) is None:
+        return  # a JVM this process attached to (the warm driver) is not its to stop
+    gateway.shutdown()
+    # pyspark's gateway JVM exits when its stdin closes (PythonGatewayServer reads it until EOF).
+    gateway.proc.stdin.close()
+    try:
+        gateway.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        gateway.proc.kill()
+        gateway.proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _java_command() -> str:
