@@ -141,7 +141,7 @@ def refresh_index_after_compaction(context: OpExecutionContext, lakehouse: Lakeh
     lake = lakehouse.lake
     if not is_local(lake.root):
         return
-    status = refresh_serving_index(lake)
+    status = refresh_serving_index(lake, progress=context.log.info)
     context.log.info(f"serving_index: raw_event_log v{status.raw_log_version}, {status.events:,} visible events")
     yield AssetMaterialization(
         asset_key=SERVING_INDEX, description="compaction", metadata=serving_index_metadata(status)

@@ -24,7 +24,7 @@ def serving_index(context: AssetExecutionContext, lakehouse: LakehouseResource) 
     if not is_local(lake.root):
         context.log.info(f"{lake.root} is not on a local disk: the JVM-free serving path does not follow it yet")
         return MaterializeResult(metadata={"skipped": MetadataValue.text("lake not on a local disk")})
-    status = refresh_serving_index(lake)
+    status = refresh_serving_index(lake, progress=context.log.info)
     context.log.info(
         f"serving_index: raw_event_log v{status.raw_log_version}, tombstones v{status.tombstones_version}, "
         f"{status.events:,} visible events"

@@ -22,7 +22,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -96,15 +96,16 @@ class DeltaRsEventLog(BuildEventLog):
     Opening it opens the lake's serving index (`<root>/serving_index/`), building it first when
     there is none or it cannot be followed, and applies the commits after its stamp. One instance
     per thread; processes share the lake and the index. `writer` names the appends' source
-    ("writer:<writer>").
+    ("writer:<writer>"); `progress` receives a build's progress lines.
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
     """
 
-    def __init__(self, lake: Lake, writer: str = "event-log") -> None:
+    def __init__(self, lake: Lake, writer: str = "event-log", progress: Callable[[str], None] | None = None) -> None:
         self.lake = lake
         self.writer = writer
+        self._progress = progress  # where a build says how far it is (default: this module's logger)
         self._log_path = lake.table_path(RAW_EVENT_LOG)
         self._log = DeltaFollower(self._log_path)
         self._tombstones = DeltaFollower(lake.table_path(TOMBSTONES))
@@ -211,7 +212,7 @@ class DeltaRsEventLog(BuildEventLog):
                     index.close()
             building = self._folder.new_building_path()
             log.info("%r: building the serving index (%s)", self, reason)
-            build_index(self.lake, building)
+            build_index(self.lake, building, self._progress)
             final = self._folder.publish(building)
             self._marker = self._folder.marker()
             self._replace(ServingIndex.open(final))
@@ -224,7 +225,7 @@ class DeltaRsEventLog(BuildEventLog):
     def _build_private(self, reason: str) -> None:
         path = self._private_folder().new_index_path()
         log.info("%r: building a private serving index in %s (%s; the lake is not writable here)", self, path, reason)
-        build_index(self.lake, path)
+        build_index(self.lake, path, self._progress)
         self._replace(ServingIndex.open(path))
 
     def _make_private(self) -> ServingIndex:
@@ -523,14 +524,14 @@ class ServingIndexStatus:
     bytes: int
 
 
-def refresh_serving_index(lake: Lake) -> ServingIndexStatus:
+def refresh_serving_index(lake: Lake, progress: Callable[[str], None] | None = None) -> ServingIndexStatus:
     """Bring the lake's serving index to the latest versions of the raw log and the tombstones
     (built when there is none), with the bytes of deleted rows off the disk: what the pipeline
     runs after every change, so that a service's open never pays a build.
 
         refresh_serving_index(Lake("/data/lake")).raw_log_version
     """
-    with DeltaRsEventLog(lake, writer="serving-index") as log:
+    with DeltaRsEventLog(lake, writer="serving-index", progress=progress) as log:
         stamp = log.refresh_index()
         index = log._store()
         return ServingIndexStatus(

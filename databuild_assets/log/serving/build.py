@@ -98,7 +98,9 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
                     progress(f"serving index: {loaded:,} of {total:,} events loaded ({reported - started:.0f} s)")
             raw_mark = table_mark(raw, table.version(), table.metadata().id)
         progress(f"serving index: {index.event_count():,} events loaded; hiding, indexing, projecting")
+        started = time.monotonic()
         index.finish_build(hidden_by)
+        progress(f"serving index: indexes and projections built ({time.monotonic() - started:.0f} s)")
         with index.updating():
             index.set_stamp(Stamp(raw_mark, tombstones))
     except BaseException:
