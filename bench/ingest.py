@@ -51,7 +51,7 @@ from databuild_assets.ingest.landing import (
     ingest_landing_files,
     list_landing_files,
 )
-from databuild_assets.log.sqlite_backend import load_events
+from databuild_assets.log.sqlite.backend import load_events
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings, build_spark_session
 from databuild_assets.workload import write_landing_files

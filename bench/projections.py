@@ -26,7 +26,7 @@ from pathlib import Path
 
 from databuild_assets.ingest.landing import ingest_landing_files
 from databuild_assets.ingest.writer import append_events
-from databuild_assets.log.sqlite_backend import SqliteEventLog, load_events
+from databuild_assets.log.sqlite.backend import SqliteEventLog, load_events
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import refresh_projection, refresh_projections
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -180,7 +180,7 @@ def main() -> None:
 
 
 def time_all_queries(spark, lake: Lake, events: list[dict], workdir: Path, args) -> None:
-    from databuild_assets.log.delta_backend import DeltaEventLog
+    from databuild_assets.log.spark.backend import DeltaEventLog
 
     total = len(events)
     sqlite_path = workdir / "bel.db"

@@ -19,10 +19,10 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.ingest.writer import append_events
-from databuild_assets.log.delta_backend import DeltaEventLog
 from databuild_assets.log.interface import BuildEventLog, EventFilter
 from databuild_assets.log.serving.backend import DeltaRsEventLog
-from databuild_assets.log.sqlite_backend import SqliteEventLog
+from databuild_assets.log.spark.backend import DeltaEventLog
+from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
 from databuild_assets.runtime.commits import latest_commit_metadata

@@ -37,7 +37,6 @@ from databuild_assets.log import (
     open_event_log,
     parse_event_log_uri,
 )
-from databuild_assets.log.delta_backend import DeltaEventLog
 from databuild_assets.log.interface import (
     ActivitySummary,
     BuildRequestSummary,
@@ -46,6 +45,7 @@ from databuild_assets.log.interface import (
     PartitionSummary,
 )
 from databuild_assets.log.serving.backend import DeltaRsEventLog
+from databuild_assets.log.spark.backend import DeltaEventLog
 from databuild_assets.runtime.lake import Lake
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import P, partition_event

@@ -133,7 +133,7 @@ def test_compaction_packs_the_small_files_that_refreshes_leave_in_the_projection
 def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_purges_them(spark, two_builds):
     # A writer retries a call whose events were erased and purged meanwhile (or a landing file
     # comes again): the log no longer holds those event_ids, so they are appended again.
-    from databuild_assets.log.delta_backend import DeltaEventLog
+    from databuild_assets.log.spark.backend import DeltaEventLog
 
     lake = two_builds
     tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 9")
@@ -251,7 +251,7 @@ def test_the_schedules_and_the_erase_jobs_config_validate():
 
 
 def test_the_delta_query_api_hides_tombstoned_events_from_the_moment_the_tombstone_is_committed(spark, two_builds):
-    from databuild_assets.log.delta_backend import DeltaEventLog
+    from databuild_assets.log.spark.backend import DeltaEventLog
 
     lake = two_builds
     bel = DeltaEventLog(spark, lake)

@@ -17,7 +17,7 @@ import pytest
 
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.writer import append_events
-from databuild_assets.log.delta_backend import DeltaEventLog
+from databuild_assets.log.spark.backend import DeltaEventLog
 from databuild_assets.runtime.delta_jars import DeltaJarsMissingError, jars_dir
 from databuild_assets.runtime.delta_tables import (
     NotADeltaTableError,

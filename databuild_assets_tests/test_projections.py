@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from databuild_assets.events.enums import BuildRequestStatus, JobStatus, PartitionStatus
 from databuild_assets.events.schema import EVENT_SCHEMA, normalize_event
-from databuild_assets.log.sqlite_backend import SqliteEventLog, load_events
+from databuild_assets.log.sqlite.backend import SqliteEventLog, load_events
 from databuild_assets.projections import PROJECTIONS, Projection
 from databuild_assets.projections.projection import STATE
 from databuild_assets.runtime.lake import RAW_EVENT_LOG

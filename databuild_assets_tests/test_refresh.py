@@ -35,7 +35,7 @@ from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.ingest.landing_state import landing_state
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.migrate import migrate_sqlite_to_delta
-from databuild_assets.log.sqlite_backend import load_events
+from databuild_assets.log.sqlite.backend import load_events
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.projections import PROJECTIONS

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from databuild_assets.log.delta_backend import DeltaEventLog
-from databuild_assets.log.time_travel import (
+from databuild_assets.log.spark.backend import DeltaEventLog
+from databuild_assets.log.spark.time_travel import (
     ReadOnlyEventLogError,
     TimeTravelError,
     log_commits,

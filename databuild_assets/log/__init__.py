@@ -23,7 +23,7 @@ from databuild_assets.log.interface import (
     PartitionStatusInfo,
     PartitionSummary,
 )
-from databuild_assets.log.sqlite_backend import SqliteEventLog, load_events
+from databuild_assets.log.sqlite.backend import SqliteEventLog, load_events
 from databuild_assets.log.uris import ACCEPTED_URIS, EventLogNotFoundError, parse_event_log_uri
 from databuild_assets.runtime.lake import is_local
 
@@ -53,7 +53,7 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
     if spark is not None:
         if options:
             raise TypeError(f"{uri}: the Delta backend takes spark= and writer=, got {', '.join(sorted(options))}")
-        from databuild_assets.log.delta_backend import DeltaEventLog
+        from databuild_assets.log.spark.backend import DeltaEventLog
 
         return DeltaEventLog(spark, parsed.lake, writer=writer)
     if options:

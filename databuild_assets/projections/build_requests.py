@@ -1,7 +1,7 @@
 """The build_requests projection: one row per build_request_id seen in any event, with its status,
 timing and the counts of its partitions and job runs by status (EVENTS.md, Projections).
 
-Row for row what the SQLite reference's `list_build_requests` returns (log/sqlite_backend.py:
+Row for row what the SQLite reference's `list_build_requests` returns (log/sqlite/backend.py:
 the `build_requests` table plus the counts it computes on read); the columns are the fields of
 `log.interface.BuildRequestSummary`, in its order.
 

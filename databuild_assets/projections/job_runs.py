@@ -2,7 +2,7 @@
 (EVENTS.md, Projections).
 
 Its job_run_id, build_request_id, status_code and cancel_reason are, row for row, the SQLite
-reference's `job_runs` table (log/sqlite_backend.py), which keeps only those; the other columns
+reference's `job_runs` table (log/sqlite/backend.py), which keeps only those; the other columns
 are the rest of EVENTS.md's job_runs. A partition_event's job_run_id does not make a run.
 """
 

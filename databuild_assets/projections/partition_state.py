@@ -1,7 +1,7 @@
 """The partition_state projection: one row per partition_ref seen in a partition_event,
 delegation_event or partition_invalidation_event, with its status (EVENTS.md, Projections).
 
-Row for row the SQLite reference's `partition_state` table (log/sqlite_backend.py), plus the
+Row for row the SQLite reference's `partition_state` table (log/sqlite/backend.py), plus the
 status name; its columns are those of `log.interface.PartitionSummary`, then the status_* fields
 of `PartitionStatusInfo` (the latest partition_event itself).
 """

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from databuild_assets.events.erasure_rule import ARRAY_FIELDS, JSON_TEXT_FIELDS, SCALAR_FIELDS, matches
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
-from databuild_assets.log.sqlite_backend import (
+from databuild_assets.log.sqlite.backend import (
     SqliteEventLog,
     build_event_indexes,
     drop_event_indexes,
@@ -42,7 +42,7 @@ from databuild_assets.log.sqlite_backend import (
     refresh_dirty_projections,
     transaction,
 )
-from databuild_assets.log.sqlite_schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION, select_listed_partitions
+from databuild_assets.log.sqlite.schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION, select_listed_partitions
 
 # The layout of the index's own tables (hidden_event_ids, serving_stamp) and of what it stores:
 # an index of another format is rebuilt, never read.
@@ -78,7 +78,7 @@ CREATE TEMP TABLE IF NOT EXISTS staged_events (
 CREATE TEMP TABLE IF NOT EXISTS leaving (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 
-# The `events` row of each event (sqlite_backend's `_event_row`, computed by DuckDB over Arrow):
+# The `events` row of each event (the SQLite backend's `event_row`, computed by DuckDB over Arrow):
 # the payload as JSON with every field of its struct, and the columns the lookups key on.
 _PAYLOAD_JSON = " ".join(f"WHEN '{name}' THEN to_json({name})" for name in PAYLOADS)
 _EVENT_ROWS_SQL = f"""
@@ -103,7 +103,7 @@ SELECT
 FROM events
 """
 
-# The keys whose projection rows an event touches, as sqlite_backend's `_DirtyKeys` notes them.
+# The keys whose projection rows an event touches, as the SQLite backend's `_DirtyKeys` notes them.
 _MARK_DIRTY = (
     "INSERT OR IGNORE INTO temp.dirty_partition_refs SELECT partition_ref FROM {rows} WHERE partition_ref IS NOT NULL",
     "INSERT OR IGNORE INTO temp.dirty_job_runs SELECT job_run_id FROM {rows}"

@@ -41,7 +41,7 @@ from databuild_assets.log.interface import (
     encode_cursor,
     status_counts,
 )
-from databuild_assets.log.time_travel import ReadOnlyEventLogError, resolve_log_version
+from databuild_assets.log.spark.time_travel import ReadOnlyEventLogError, resolve_log_version
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones, visible_events
 from databuild_assets.projections import PROJECTIONS
@@ -483,7 +483,7 @@ class DeltaEventLog(BuildEventLog):
     def as_of(self, version: int | None = None, timestamp: datetime | str | None = None) -> DeltaEventLog:
         """A read-only view of this log as of a raw log version, or of the last commit at or before
         `timestamp` (a datetime, naive = UTC, or ISO 8601 text): every query answers as the log did
-        then, except that events erased since stay hidden. See `databuild_assets.log.time_travel`.
+        then, except that events erased since stay hidden. See `databuild_assets.log.spark.time_travel`.
 
             log.as_of(version=12).get_activity_summary()
         """

@@ -36,7 +36,7 @@ from databuild_assets.log.interface import (
     encode_cursor,
     status_counts,
 )
-from databuild_assets.log.sqlite_schema import (
+from databuild_assets.log.sqlite.schema import (
     ACTIVE_BUILDS_FOR_PARTITION,
     BUILD_REQUEST_FIELDS,
     DIRTY_TABLES,
