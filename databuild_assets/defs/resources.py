@@ -106,7 +106,7 @@ class LakehouseResource(LazyPySparkResource):
         # A run the instance launched carries the origin its launcher loaded the code from; a job
         # executed where it was created (execute_in_process, `dagster job execute`) does not, and
         # must leave no Spark behind for its caller: no warm driver, and its own JVM stopped.
-        run = context.dagster_run
+        run = context.run
         self._in_process = run is not None and run.remote_job_origin is None
         self._warm = self.driver == "warm" or (self.driver == "auto" and not self._in_process)
 

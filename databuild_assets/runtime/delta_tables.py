@@ -332,42 +332,52 @@ def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = No
 def iter_local_table(
     table: deltalake.DeltaTable, columns: list[str], rows_per_batch: int = 200_000, order_by: str | None = None
 ) -> Iterator[tuple[pa.Table, int]]:
-    """`columns` of a local table's live files at the version `table` was opened at, a few files
-    at a time (about `rows_per_batch` rows, from their statistics), with the table's total row
-    count: a whole table read in bounded memory. With `order_by` (a column with statistics), the
-    files come by their smallest value and each batch is sorted by it: nearly in that order.
+    """`columns` of a local table's live files at the version `table` was opened at, in batches of
+    about `rows_per_batch` rows (a large file is read a part at a time), with the table's total
+    row count: a whole table read in bounded memory. With `order_by` (a column with statistics),
+    the files come by their smallest value and each batch is sorted by it: nearly in that order.
     A file gone meanwhile raises FileNotFoundError."""
     files = pa.table(table.get_add_actions(flatten=True))
     smallest = f"min.{order_by}"
     if order_by is not None and smallest in files.column_names:
         files = files.take(pc.sort_indices(files, sort_keys=[(smallest, "ascending", "at_start")]))
-    counts = [count or 0 for count in files.column("num_records").to_pylist()] if files.num_rows else []
-    total, start, held = sum(counts), 0, 0
-    for index, count in enumerate(counts):
-        held += count
-        if held >= rows_per_batch or index == len(counts) - 1:
-            batch = _read_files(table.table_uri, files.slice(start, index + 1 - start), columns)
-            yield (batch.sort_by(order_by) if order_by is not None else batch), total
-            start, held = index + 1, 0
-
-
-def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table:
-    """`columns` of the data files in `files` (delta-rs's add actions), partition values included.
-
-    A file written before a column was added, or by an append that did not write it, lacks it: the
-    column is null there, as Delta reads it. Timestamps are Delta's, UTC: they come back UTC-aware.
-    """
-    parts = []
+    total = sum(count or 0 for count in files.column("num_records").to_pylist()) if files.num_rows else 0
+    parts: list[pa.Table] = []
+    held = 0
     for file in files.to_pylist():
-        partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
-        root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
-        data_file = os.path.join(root, unquote(file["path"]))
-        present = set(pq.read_schema(data_file).names)
-        data = pq.read_table(data_file, columns=[c for c in columns if c in present], partitioning=None)
+        for part in _file_parts(table.table_uri, file, columns, rows_per_batch):
+            parts.append(part)
+            held += part.num_rows
+            if held >= rows_per_batch:
+                batch = _joined(parts, columns)
+                yield (batch.sort_by(order_by) if order_by is not None else batch), total
+                parts, held = [], 0
+    if parts:
+        batch = _joined(parts, columns)
+        yield (batch.sort_by(order_by) if order_by is not None else batch), total
+
+
+def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: int | None = None) -> Iterator[pa.Table]:
+    """`columns` of one data file (a delta-rs add action), whole or `rows_per_part` rows at a
+    time, with its partition values as columns."""
+    partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
+    root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
+    parquet = pq.ParquetFile(os.path.join(root, unquote(file["path"])))
+    present = [c for c in columns if c in set(parquet.schema_arrow.names)]
+    if rows_per_part is None:
+        datas: Iterator[pa.Table] = iter([parquet.read(columns=present)])
+    else:
+        datas = (pa.Table.from_batches([b]) for b in parquet.iter_batches(batch_size=rows_per_part, columns=present))
+    for data in datas:
         for name in columns:
             if name in partition and name not in data.column_names:  # a writer may store it in the file too
                 data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
-        parts.append(data.select([name for name in columns if name in data.column_names]))
+        yield data.select([name for name in columns if name in data.column_names])
+
+
+def _joined(parts: list[pa.Table], columns: list[str]) -> pa.Table:
+    """Parts of files as one table of `columns`: a column a file lacks is null there, as Delta
+    reads it; timestamps are Delta's, UTC: they come back UTC-aware."""
     rows = pa.concat_tables(parts, promote_options="permissive")
     for name in columns:
         if name not in rows.column_names:
@@ -378,6 +388,11 @@ def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table
         for f in rows.schema
     ]
     return rows.cast(pa.schema(utc))
+
+
+def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table:
+    """`columns` of the data files in `files` (delta-rs's add actions), partition values included."""
+    return _joined([part for file in files.to_pylist() for part in _file_parts(table_uri, file, columns)], columns)
 
 
 def table_bytes(spark: SparkSession, path: str) -> int:
