@@ -91,6 +91,34 @@ def in_range(log: Any, start_ns: int) -> list[dict[str, Any]]:
     return log.get_events_in_range(start_ns, start_ns + 10**9)
 
 
+def query_methods(
+    rng: random.Random, builds: list[str], refs: list[str], jobs: list[str], timestamps: list[int]
+) -> list[tuple[str, Callable[[Any], Any]]]:
+    """Every query method of the interface, as (name, call on a log), on keys `rng` draws."""
+    return [
+        ("get_build_request_events", lambda log: log.get_build_request_events(rng.choice(builds))),
+        ("get_partition_events", lambda log: log.get_partition_events(rng.choice(refs))),
+        ("get_job_run_events", lambda log: log.get_job_run_events(rng.choice(jobs))),
+        ("get_events_in_range (1 s)", lambda log: in_range(log, rng.choice(timestamps))),
+        ("list_events (page of 100)", lambda log: log.list_events(limit=100)),
+        (
+            "list_events (filtered)",
+            lambda log: log.list_events(
+                filter=EventFilter(event_types=["partition_event"], partition_refs=[rng.choice(refs)]), limit=100
+            ),
+        ),
+        ("get_latest_partition_status", lambda log: log.get_latest_partition_status(rng.choice(refs))),
+        ("get_active_builds_for_partition", lambda log: log.get_active_builds_for_partition(rng.choice(refs))),
+        (
+            "get_build_request_for_available_partition",
+            lambda log: log.get_build_request_for_available_partition(rng.choice(refs)),
+        ),
+        ("list_build_requests (page of 20)", lambda log: log.list_build_requests(limit=20)),
+        ("list_recent_partitions (page of 20)", lambda log: log.list_recent_partitions(limit=20)),
+        ("get_activity_summary", lambda log: log.get_activity_summary()),
+    ]
+
+
 def service_build(index: int) -> tuple[list[dict[str, Any]], str, str]:
     """The 5 events a service appends for one new build: requested, scheduled, a job running,
     the partition building, the build executing."""
@@ -210,28 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         # Every query method.
-        methods: list[tuple[str, Callable[[Any], Any]]] = [
-            ("get_build_request_events", lambda log: log.get_build_request_events(rng.choice(builds))),
-            ("get_partition_events", lambda log: log.get_partition_events(rng.choice(refs))),
-            ("get_job_run_events", lambda log: log.get_job_run_events(rng.choice(jobs))),
-            ("get_events_in_range (1 s)", lambda log: in_range(log, rng.choice(timestamps))),
-            ("list_events (page of 100)", lambda log: log.list_events(limit=100)),
-            (
-                "list_events (filtered)",
-                lambda log: log.list_events(
-                    filter=EventFilter(event_types=["partition_event"], partition_refs=[rng.choice(refs)]), limit=100
-                ),
-            ),
-            ("get_latest_partition_status", lambda log: log.get_latest_partition_status(rng.choice(refs))),
-            ("get_active_builds_for_partition", lambda log: log.get_active_builds_for_partition(rng.choice(refs))),
-            (
-                "get_build_request_for_available_partition",
-                lambda log: log.get_build_request_for_available_partition(rng.choice(refs)),
-            ),
-            ("list_build_requests (page of 20)", lambda log: log.list_build_requests(limit=20)),
-            ("list_recent_partitions (page of 20)", lambda log: log.list_recent_partitions(limit=20)),
-            ("get_activity_summary", lambda log: log.get_activity_summary()),
-        ]
+        methods = query_methods(rng, builds, refs, jobs, timestamps)
         print()
         print("| method | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |")
         print("|---|---:|---:|---:|")

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import deltalake
 
-from bench.query_path import ms, percentile, service_build, timings
+from bench.query_path import ms, percentile, query_methods, service_build, timings
 from databuild_assets.events.schema import EVENT_COLUMNS
-from databuild_assets.log import EventFilter, SqliteEventLog, load_events
+from databuild_assets.log import SqliteEventLog, load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows, refresh_serving_index
 from databuild_assets.runtime.delta_tables import iter_local_table
@@ -101,7 +101,11 @@ def sqlite_of_lake(lake: Lake, sqlite_path: Path) -> None:
             loaded += batch.num_rows
             print(f"  {loaded:,} of {total:,} events loaded into SQLite", flush=True)
 
-    load_events(sqlite_path, events())
+    loading = sqlite_path.with_suffix(".loading")
+    for leftover in loading.parent.glob(loading.name + "*"):  # an earlier load that was stopped
+        leftover.unlink()
+    load_events(loading, events())
+    loading.rename(sqlite_path)
 
 
 def fresh(uri: str, ref: str, runs: int = 3) -> dict[str, float]:
@@ -203,28 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slope: {(catch_up[100] - catch_up[1]) / 99 * 1000:.1f} ms per commit of 5 events")
 
     rng = random.Random(1)
-    methods = [
-        ("get_build_request_events", lambda log: log.get_build_request_events(rng.choice(builds))),
-        ("get_partition_events", lambda log: log.get_partition_events(rng.choice(refs))),
-        ("get_job_run_events", lambda log: log.get_job_run_events(rng.choice(jobs))),
-        ("get_events_in_range (1 s)", lambda log: log.get_events_in_range(t := rng.choice(times), t + 10**9)),
-        ("list_events (page of 100)", lambda log: log.list_events(limit=100)),
-        (
-            "list_events (filtered)",
-            lambda log: log.list_events(
-                filter=EventFilter(event_types=["partition_event"], partition_refs=[rng.choice(refs)]), limit=100
-            ),
-        ),
-        ("get_latest_partition_status", lambda log: log.get_latest_partition_status(rng.choice(refs))),
-        ("get_active_builds_for_partition", lambda log: log.get_active_builds_for_partition(rng.choice(refs))),
-        (
-            "get_build_request_for_available_partition",
-            lambda log: log.get_build_request_for_available_partition(rng.choice(refs)),
-        ),
-        ("list_build_requests (page of 20)", lambda log: log.list_build_requests(limit=20)),
-        ("list_recent_partitions (page of 20)", lambda log: log.list_recent_partitions(limit=20)),
-        ("get_activity_summary", lambda log: log.get_activity_summary()),
-    ]
+    methods = query_methods(rng, builds, refs, jobs, times)
     steps: dict[str, dict[str, list[float]]] = {"sqlite": {}, "delta": {}}
     answers: dict[str, dict[str, list[float]]] = {"sqlite": {}, "delta": {}}
     for name, opener in (("sqlite", partial(SqliteEventLog, sqlite_path)), ("delta", partial(DeltaRsEventLog, lake))):

@@ -43,6 +43,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
+from databuild_assets.runtime.processes import process_alive
 from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session, spark_config
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ class DriverHost:
             host = cls(**json.loads((folder / "host.json").read_text()))
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        return host if _alive(host.pid) else None
+        return host if process_alive(host.pid) else None
 
 
 def warm_session(settings: SparkSettings, idle_minutes: float = DEFAULT_IDLE_MINUTES) -> SparkSession:
@@ -224,7 +225,7 @@ def serve(settings: SparkSettings, folder: Path, idle_minutes: float) -> int:
     while not stop:
         time.sleep(WATCH_INTERVAL_S)
         attached = [int(path.name) for path in clients.iterdir() if path.name.isdigit()]
-        dead = [pid for pid in attached if not _alive(pid)]
+        dead = [pid for pid in attached if not process_alive(pid)]
         if dead:
             # Its jobs and commits would go on without it, behind a commit lock it no longer holds.
             print(f"warm Spark driver {os.getpid()}: process {dead[0]} exited while attached: stopping the JVM with it")
@@ -276,7 +277,7 @@ def stop_hosts(root: Path | None = None, wait_s: float = 0) -> list[int]:
             os.kill(host.pid, signal.SIGTERM)
             stopped.append(host.pid)
     deadline = time.monotonic() + wait_s
-    while any(_alive(pid) for pid in stopped) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in stopped) and time.monotonic() < deadline:
         time.sleep(0.2)
     return stopped
 
@@ -291,20 +292,6 @@ def running_hosts(root: Path | None = None) -> list[tuple[str, DriverHost, list[
             pids = sorted(int(p.name) for p in clients.iterdir() if p.name.isdigit()) if clients.is_dir() else []
             found.append((folder.name, host, pids))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is gone for our purpose.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
-            return False
-    return True
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
+from databuild_assets.runtime.processes import process_alive
 
 SERVING_INDEX_FOLDER = "serving_index"
 _CURRENT = "CURRENT"
@@ -199,18 +200,8 @@ def _remove_dead_private_folders() -> None:
     root = tempfile.gettempdir()
     for name in os.listdir(root):
         match = re.match(rf"^{_PRIVATE_PREFIX}(\d+)-", name)
-        if match and not _alive(int(match.group(1))):
+        if match and not process_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 __all__ = ["INDEX_FILE_SUFFIXES", "SERVING_INDEX_FOLDER", "IndexFolder", "PrivateFolder", "remove_index_files"]
