@@ -98,12 +98,27 @@ def test_appender_processes_racing_ingest_and_compaction_jobs_store_every_event_
         for i, share in enumerate(shares)
     ]
     appenders = [AppenderProcess.start(lake, batches[i], tmp_path, f"appender-{i}") for i in range(3)]
+    # And the pipeline's refresh of the serving index they all read and update, in a loop.
+    refresher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from databuild_assets.log.serving.backend import refresh_serving_index\n"
+            "from databuild_assets.runtime.lake import Lake\n"
+            f"for _ in range(15): refresh_serving_index(Lake({lake.root!r}))\n",
+        ],
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     resources = {"lakehouse": lakehouse_for(lake)}
     ingested = materialize([landing_files, ingested_event_log], resources=resources)
     compacted = compaction_job.execute_in_process(resources=resources)
     reports = [appender.report() for appender in appenders]
+    _, refresher_errors = refresher.communicate(timeout=600)
 
+    assert refresher.returncode == 0, refresher_errors[-3000:]
     assert ingested.success and compacted.success
     raw = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
     stored = [row["event_id"] for row in raw.select("event_id").collect()]
@@ -113,7 +128,8 @@ def test_appender_processes_racing_ingest_and_compaction_jobs_store_every_event_
     assert sum(report["accepted"] for report in reports) + ingest_accepted == len(events)
     offered = sum(len(batch) for appender_batches in batches for batch in appender_batches)
     assert sum(report["accepted"] + report["duplicates"] for report in reports) == offered
-    # The rows the JVM-free writers stored read back as the events they were given.
+    # The rows the JVM-free writers stored read back as the events they were given, from the
+    # index every process updated.
     with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
         reference.append_events(events)
         keys = bel_cases.keys_of(events)
