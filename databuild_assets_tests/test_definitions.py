@@ -17,6 +17,7 @@ from dagster import AssetKey, Definitions, materialize
 
 from databuild_assets.defs.catalog import (
     LANDING_FILES,
+    SERVING_INDEX,
     TABLE_ASSETS,
     CatalogSettings,
     CatalogSettingsError,
@@ -26,6 +27,7 @@ from databuild_assets.defs.event_log.assets import ingested_event_log, landing_f
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.projections.projection import STATE
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
@@ -48,6 +50,7 @@ def test_definitions_load_and_validate():
         "partition_state",
         "job_runs",
         "build_requests",
+        SERVING_INDEX,
     }
     assert defs.resolve_job_def("all_assets_job").executor_def.name == "in_process"
 
@@ -80,6 +83,11 @@ def test_every_asset_has_kinds_owners_tags_and_a_uri_and_every_table_its_columns
             assert node.kinds == {"json"}
             assert node.metadata["dagster/uri"].value == Path(lake.landing).as_uri()
             continue
+        if name == SERVING_INDEX:
+            assert node.kinds == {"sqlite"}
+            assert node.tags["databuild/erasure"] == "purged"
+            assert node.metadata["dagster/uri"].value == Path(lake.path(SERVING_INDEX_FOLDER)).as_uri()
+            continue
         spec, _ = TABLE_ASSETS[name]  # every other asset is a table
         assert node.kinds == {"spark", "deltalake"}, name
         assert node.tags["databuild/erasure"] == ("kept" if name == "tombstones" else "purged"), name
@@ -89,7 +97,7 @@ def test_every_asset_has_kinds_owners_tags_and_a_uri_and_every_table_its_columns
         assert [c.name for c in columns][: len(spec.schema)] == spec.schema.fieldNames(), name
         described = [c.name for c in columns if not (c.description or "").strip()]
         assert described == [], f"{name}: columns without a description"
-    assert {key.to_user_string() for key in graph.get_all_asset_keys()} == {LANDING_FILES, *TABLE_ASSETS}
+    assert {key.to_user_string() for key in graph.get_all_asset_keys()} == {LANDING_FILES, SERVING_INDEX, *TABLE_ASSETS}
 
 
 def cataloged(lake: Lake, settings: CatalogSettings = CatalogSettings()):
