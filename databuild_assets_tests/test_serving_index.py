@@ -26,6 +26,7 @@ from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
+from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets.workload import generate_events
@@ -50,6 +51,7 @@ def _answers_match_the_reference(log, events: list[dict]) -> None:
         reference.append_events(events)
         keys = bel_cases.keys_of(events)
         assert bel_cases.answers(log, *keys) == bel_cases.answers(reference, *keys)
+    assert log._store().event_count() == log.get_activity_summary().total_events  # kept, not counted
 
 
 def test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp(lake: Lake) -> None:
@@ -207,6 +209,8 @@ def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: La
     assert compaction_job.execute_in_process(resources=resources).success
 
     assert index_bytes_holding(secret) == 0
+    in_index = [f for f in erasure_report(spark, lake) if f.table == SERVING_INDEX_FOLDER]
+    assert [(f.data_files_scanned > 0, f.rows_in_data_files) for f in in_index] == [(True, 0)]
     with open_event_log(f"delta://{lake.root}") as log:
         assert log.get_partition_events(secret) == []
         assert [e["event_id"] for e in log.get_partition_events("data/kept")] == ["e2"]
@@ -241,6 +245,7 @@ def test_events_arriving_after_a_tombstone_are_hidden_by_a_process_that_never_re
         assert log.append_events([partition_event("e3", 120, "br-2", secret, P.PARTITION_AVAILABLE)]).accepted == 1
         assert log.get_partition_events(secret) == [] and log.get_latest_partition_status(secret) is None
         assert log.append_events([partition_event("e3", 120, "br-2", secret, P.PARTITION_AVAILABLE)]).duplicates == 1
+        assert log._store().event_count() == log.get_activity_summary().total_events == 0
 
 
 def test_the_serving_index_asset_reports_the_versions_it_reflects(lake: Lake) -> None:

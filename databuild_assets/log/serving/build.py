@@ -84,10 +84,10 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
     connection = create_index_file(path)
     index = ServingIndex(path, connection)
     try:
-        raw_mark = TableMark()
+        raw_mark, loaded = TableMark(), 0
         if raw.exists():
             table = raw.open_table()
-            started, reported, loaded = time.monotonic(), time.monotonic(), 0
+            started = reported = time.monotonic()
             # In time order (nearly): a build request's or a partition's events share pages, as
             # in a log that was appended to over time.
             for batch, total in iter_local_table(table, _EVENT_COLUMNS, order_by="timestamp"):
@@ -97,12 +97,13 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
                     reported = time.monotonic()
                     progress(f"serving index: {loaded:,} of {total:,} events loaded ({reported - started:.0f} s)")
             raw_mark = table_mark(raw, table.version(), table.metadata().id)
-        progress(f"serving index: {index.event_count():,} events loaded; hiding, indexing, projecting")
+        progress(f"serving index: {loaded:,} events loaded; hiding, indexing, projecting")
         started = time.monotonic()
         index.finish_build(hidden_by)
         progress(f"serving index: indexes and projections built ({time.monotonic() - started:.0f} s)")
         with index.updating():
             index.set_stamp(Stamp(raw_mark, tombstones))
+            index.count_events()
     except BaseException:
         index.close()
         remove_index_files(path)

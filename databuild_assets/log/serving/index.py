@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS serving_stamp (
     tombstones_id       TEXT,
     tombstones_commit   TEXT,
     built_at            TEXT NOT NULL,
-    updated_at          TEXT NOT NULL
+    updated_at          TEXT NOT NULL,
+    visible_events      INTEGER NOT NULL DEFAULT 0  -- kept with every change: no count of a large table
 );
 """
 
@@ -277,7 +278,9 @@ class ServingIndex(SqliteEventLog):
         now = datetime.now(UTC).isoformat(timespec="seconds")
         raw, tombstones = stamp.raw_log, stamp.tombstones
         self._connection.execute(
-            "INSERT INTO serving_stamp VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (one) DO UPDATE SET"
+            "INSERT INTO serving_stamp (one, index_format, sqlite_schema, raw_log_version, raw_log_id, raw_log_commit,"
+            " tombstones_version, tombstones_id, tombstones_commit, built_at, updated_at)"
+            " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (one) DO UPDATE SET"
             " raw_log_version = excluded.raw_log_version, raw_log_id = excluded.raw_log_id,"
             " raw_log_commit = excluded.raw_log_commit, tombstones_version = excluded.tombstones_version,"
             " tombstones_id = excluded.tombstones_id, tombstones_commit = excluded.tombstones_commit,"
@@ -333,7 +336,17 @@ class ServingIndex(SqliteEventLog):
         return not busy
 
     def event_count(self) -> int:
-        return self._connection.execute("SELECT COUNT(*) FROM main.events").fetchone()[0]
+        """The visible events it holds (kept in the stamp's row as events come and go)."""
+        return self._connection.execute("SELECT visible_events FROM serving_stamp").fetchone()[0]
+
+    def count_events(self) -> None:
+        """Count the visible events once (after a build)."""
+        self._connection.execute("UPDATE serving_stamp SET visible_events = (SELECT COUNT(*) FROM main.events)")
+
+    def _counted(self, change: int) -> int:
+        if change:
+            self._connection.execute("UPDATE serving_stamp SET visible_events = visible_events + ?", (change,))
+        return change
 
     def add(self, rows: list[tuple], hidden_by: Mapping[str, Collection[str]] | None = None) -> int:
         """Store the events of `rows` (`events` rows: `event_rows`, `event_row`) not stored yet
@@ -366,7 +379,7 @@ class ServingIndex(SqliteEventLog):
                 f"INSERT INTO main.events ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM temp.staged_events"
             )
             added = "temp.staged_events"
-            accepted = connection.execute(f"SELECT COUNT(*) FROM {added}").fetchone()[0]
+            accepted = self._counted(connection.execute(f"SELECT COUNT(*) FROM {added}").fetchone()[0])
             for statement in _MARK_DIRTY:
                 connection.execute(statement.format(rows=added))
             connection.execute("DELETE FROM temp.staged_events")
@@ -382,7 +395,8 @@ class ServingIndex(SqliteEventLog):
             with transaction(self._connection):
                 self._connection.executemany("INSERT OR IGNORE INTO main.hidden_event_ids VALUES (?)", hidden)
         if visible:
-            insert_events(self._connection, visible, validate=False)
+            with transaction(self._connection):
+                self._counted(insert_events(self._connection, visible, validate=False).accepted)
 
     def hide(self, values_by_key: Mapping[str, Collection[str]]) -> int:
         """Hide every stored event that the tombstone values match; returns how many."""
@@ -392,7 +406,7 @@ class ServingIndex(SqliteEventLog):
                 f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters
             )
             self._connection.execute("INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM temp.leaving")
-            return self._drop_leaving()
+            return -self._counted(-self._drop_leaving())
 
     def remove(self, event_ids: Iterable[str]) -> None:
         """Forget events that left the raw log (compaction purged them): visible or hidden."""
@@ -401,7 +415,7 @@ class ServingIndex(SqliteEventLog):
             self._connection.execute(
                 "DELETE FROM main.hidden_event_ids WHERE event_id IN (SELECT event_id FROM temp.leaving)"
             )
-            self._drop_leaving()
+            self._counted(-self._drop_leaving())
 
     def _drop_leaving(self) -> int:
         """Delete the events listed in temp.leaving and refresh the keys they touched."""
