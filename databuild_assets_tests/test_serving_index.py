@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,19 @@ def test_a_torn_or_foreign_index_file_is_rebuilt_never_read(lake: Lake) -> None:
 
     with DeltaRsEventLog(lake) as log:
         assert log.index_path != torn
+        _answers_match_the_reference(log, events)
+
+
+def test_an_index_of_an_older_format_is_rebuilt_never_read(lake: Lake) -> None:
+    events = list(generate_events(80, seed=6))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+        older = log.index_path
+    with sqlite3.connect(older) as connection:
+        connection.execute("UPDATE serving_stamp SET index_format = index_format - 1")
+
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path != older
         _answers_match_the_reference(log, events)
 
 

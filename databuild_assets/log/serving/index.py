@@ -45,8 +45,9 @@ from databuild_assets.log.sqlite.backend import (
 from databuild_assets.log.sqlite.schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION, select_listed_partitions
 
 # The layout of the index's own tables (hidden_event_ids, serving_stamp) and of what it stores:
-# an index of another format is rebuilt, never read.
-INDEX_FORMAT = 1
+# an index of another format is rebuilt, never read. Raise it with any change to that layout.
+# 2: serving_stamp.visible_events.
+INDEX_FORMAT = 2
 
 _INDEX_TABLES = """
 CREATE TABLE IF NOT EXISTS hidden_event_ids (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
