@@ -280,3 +280,10 @@ class AppenderProcess:
         out, err = self.process.communicate(timeout=timeout_s)
         assert self.process.returncode == 0, f"appender failed:\n{err[-3000:]}"
         return json.loads(out.splitlines()[-1])
+
+
+def op_output_metadata(run: Any, op: str) -> dict[str, Any]:
+    """The output metadata values of op `op` in an op job's run (compaction_job has two ops:
+    the purge, then the serving index's refresh)."""
+    [output] = [event for event in run.all_events if event.is_successful_output and event.step_key == op]
+    return {key: value.value for key, value in output.step_output_data.metadata.items()}

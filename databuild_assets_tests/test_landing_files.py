@@ -27,7 +27,7 @@ from databuild_assets.maintenance.landing_files import (
 )
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
-from databuild_assets_tests.support import lakehouse_for, one_partition_build
+from databuild_assets_tests.support import lakehouse_for, one_partition_build, op_output_metadata
 
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
 DAY_MS = 86_400_000
@@ -43,11 +43,6 @@ def land(folder: str, name: str, lines: list[str]) -> Path:
     path = Path(folder) / name
     path.write_bytes(b"".join(line.encode() + b"\n" for line in lines))
     return path
-
-
-def output_metadata(run) -> dict:
-    [output] = [event for event in run.all_events if event.is_successful_output]
-    return {key: value.value for key, value in output.step_output_data.metadata.items()}
 
 
 def raw_log_count(spark, lake) -> int:
@@ -81,7 +76,7 @@ def test_landing_retention_never_deletes_a_file_not_yet_ingested(spark, lake):
 
     assert not ingested.exists()
     assert {path: path.read_bytes() for path in kept} == kept
-    metadata = output_metadata(run)
+    metadata = op_output_metadata(run, "vacuum_tables")
     assert (
         metadata["landing_files_deleted"],
         metadata["landing_files_archived"],
@@ -148,7 +143,7 @@ def test_erasure_rewrites_an_ingested_landing_file_without_its_lines_and_the_rep
 
     run = compaction_job.execute_in_process(resources=resources)
 
-    metadata = output_metadata(run)
+    metadata = op_output_metadata(run, "compact_lake")
     assert (
         metadata["landing_files_rewritten"],
         metadata["landing_files_removed"],

@@ -27,7 +27,7 @@ from databuild_assets.projections.refresh import projection_spec, refresh_projec
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.delta_tables import current_version, ensure_table, table_size
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, RAW_EVENT_LOG, TOMBSTONES
-from databuild_assets_tests.support import FOLD, lakehouse_for, one_partition_build
+from databuild_assets_tests.support import FOLD, lakehouse_for, one_partition_build, op_output_metadata
 
 REF, OTHER = "data/users/id=42", "data/sales/date=2025-11-18"
 
@@ -168,13 +168,13 @@ def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_va
     report = erasure_report_job.execute_in_process(resources=resources)
 
     asset_keys = {key.to_user_string() for key in project_defs.resolve_asset_graph().get_all_asset_keys()}
-    for run in (compaction, vacuum):
+    for run, op in ((compaction, "compact_lake"), (vacuum, "vacuum_tables")):
         materialized = {event.asset_key.to_user_string() for event in run.get_asset_materialization_events()}
         assert {RAW_EVENT_LOG.name, FILTERED_EVENT_LOG.name, TOMBSTONES.name} <= materialized <= asset_keys
-        assert f"| {INGEST_LEDGER.name} |" in output_metadata(run)["tables"].value  # reported, not materialized
-    assert output_metadata(compaction)["tombstones_applied"].value == 1
-    assert output_metadata(vacuum)["files_deleted"].value > 0
-    assert output_metadata(report)["rows_still_holding_values"].value == 0
+        assert f"| {INGEST_LEDGER.name} |" in op_output_metadata(run, op)["tables"]  # reported, not materialized
+    assert op_output_metadata(compaction, "compact_lake")["tombstones_applied"] == 1
+    assert op_output_metadata(vacuum, "vacuum_tables")["files_deleted"] > 0
+    assert op_output_metadata(report, "report_erasure")["rows_still_holding_values"] == 0
     findings = erasure_report(spark, lake)
     assert {f.table for f in findings} >= {RAW_EVENT_LOG.name, FILTERED_EVENT_LOG.name, "partition_state"}
     assert TOMBSTONES.name not in {f.table for f in findings}
@@ -183,12 +183,6 @@ def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_va
         for f in findings
         if f.rows_in_data_files or f.delta_log_mentions
     ] == []
-
-
-def output_metadata(run) -> dict:
-    """The metadata of the one op output of an op job's run."""
-    [output] = [event for event in run.all_events if event.is_successful_output]
-    return output.step_output_data.metadata
 
 
 def test_a_purge_whose_dry_run_keeps_other_rows_than_expected_fails_and_leaves_the_table_unchanged(spark, two_builds):

@@ -31,6 +31,7 @@ from databuild_assets.defs.maintenance.assets import filtered_event_log, tombsto
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
+from databuild_assets.defs.serving.assets import serving_index
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.ingest.landing_state import landing_state
 from databuild_assets.ingest.writer import append_events
@@ -93,7 +94,7 @@ def refresh_all(spark, lake, full: bool = False) -> dict[str, str]:
 def pipeline_definitions(lake, job) -> Definitions:
     """The ingestion, filtered log and projection assets with their checks, and `job`, on `lake`."""
     return Definitions(
-        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets],
+        assets=[landing_files, ingested_event_log, tombstones, filtered_event_log, *projection_assets, serving_index],
         asset_checks=projection_asset_checks,
         jobs=[job],
         resources={"lakehouse": lakehouse_for(lake)},
