@@ -138,21 +138,27 @@ class DeltaRsEventLog(BuildEventLog):
             if path is None:
                 break
             try:
-                index = self._open_file(path)
+                index, why = self._followable(path)
             except FileNotFoundError:
                 why = f"{path} is gone"
                 continue
-            except IndexUnusableError as error:
-                why = str(error)
-                break
-            why = self._unfollowable_stamp(index.stamp())
-            if why:
-                index.close()
-                index = None
             break
         self._replace(index)
         if index is None:
             self._rebuild(why)
+
+    def _followable(self, path: str) -> tuple[ServingIndex | None, str]:
+        """The index at `path` if it can be followed to the lake's latest versions, else None
+        and why not. FileNotFoundError when the file is gone (a newer generation replaced it)."""
+        try:
+            index = self._open_file(path)
+        except IndexUnusableError as error:
+            return None, str(error)
+        why = self._unfollowable_stamp(index.stamp())
+        if why:
+            index.close()
+            return None, why
+        return index, ""
 
     def _open_file(self, path: str) -> ServingIndex:
         if self._folder.writable():
@@ -201,15 +207,13 @@ class DeltaRsEventLog(BuildEventLog):
             if path is not None and marker != self._marker:
                 # Another process published one while this one waited for the lock: use it.
                 try:
-                    index = self._open_file(path)
-                except (FileNotFoundError, IndexUnusableError):
+                    index, _ = self._followable(path)
+                except FileNotFoundError:
                     index = None
-                if index is not None and not self._unfollowable_stamp(index.stamp()):
+                if index is not None:
                     self._marker = marker
                     self._replace(index)
                     return
-                if index is not None:
-                    index.close()
             building = self._folder.new_building_path()
             log.info("%r: building the serving index (%s)", self, reason)
             build_index(self.lake, building, self._progress)
@@ -238,8 +242,10 @@ class DeltaRsEventLog(BuildEventLog):
         self._replace(ServingIndex.open(path))
         return self._store()
 
-    def _moved(self, stamp: Stamp) -> bool:
-        return self._log.moved_since(stamp.raw_log.version) or self._tombstones.moved_since(stamp.tombstones.version)
+    def _moved(self, versions: tuple[int, int]) -> bool:
+        """Whether the raw log or the tombstones has a commit after `versions` (theirs, in that order)."""
+        raw_version, tombstones_version = versions
+        return self._log.moved_since(raw_version) or self._tombstones.moved_since(tombstones_version)
 
     def _catch_up(self) -> ServingIndex:
         """The index, with every commit of the tombstones and the raw log applied: one `stat` of
@@ -251,14 +257,13 @@ class DeltaRsEventLog(BuildEventLog):
         table replaced at the same path, or commits gone past the log's retention, are found
         when a table has moved (and at every open): the index is then built again."""
         index = self._store()
-        raw_version, tombstones_version = self._seen
-        if not (self._log.moved_since(raw_version) or self._tombstones.moved_since(tombstones_version)):
+        if not self._moved(self._seen):
             return index
         if self._private is None and self._folder.marker() != self._marker:
             self._open()  # another process published a new generation: read that one
             index = self._store()
         self._seen = index.versions()
-        if not self._moved(index.stamp()):
+        if not self._moved(self._seen):
             return index
         if index.read_only:
             index = self._make_private()
@@ -269,10 +274,9 @@ class DeltaRsEventLog(BuildEventLog):
                 self._seen = index.versions()
                 return index
             except _NotFollowable as why:
-                self._rebuild(str(why))
+                self._rebuild(str(why))  # the new index's versions are `_seen` (`_replace`)
                 index = self._store()
-                if not self._moved(index.stamp()):
-                    self._seen = index.versions()
+                if not self._moved(self._seen):
                     return index
         raise RuntimeError(
             f"{self!r}: the serving index could not be brought to the lake's latest versions after a rebuild; "
