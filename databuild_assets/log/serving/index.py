@@ -390,8 +390,12 @@ class ServingIndex(SqliteEventLog):
     def add_events(self, events: list[dict[str, Any]], hidden_by: Mapping[str, Collection[str]]) -> None:
         """Store valid events known to be new to the log (an append this process just committed),
         those that `hidden_by` matches as hidden: the reference backend's own insert."""
-        visible = [event for event in events if not matches(event, hidden_by)]
-        hidden = [(event["event_id"],) for event in events if matches(event, hidden_by)]
+        visible, hidden = [], []
+        for event in events:
+            if matches(event, hidden_by):
+                hidden.append((event["event_id"],))
+            else:
+                visible.append(event)
         if hidden:
             with transaction(self._connection):
                 self._connection.executemany("INSERT OR IGNORE INTO main.hidden_event_ids VALUES (?)", hidden)
