@@ -1,5 +1,6 @@
 """Command line: `databuild-assets demo` runs the main job on the embedded default lake;
-`migrate` copies a SQLite log into the lake; `query` asks either backend one question;
+`migrate` copies a SQLite log into the lake; `query` asks either backend one question; `check`
+finds damaged files and tables that disagree, and `repair` mends them;
 `spark-driver status|stop` lists or stops the warm Spark drivers of Dagster's runs.
 
 It generates a realistic workload into the landing folder (when that folder is empty), runs
@@ -22,6 +23,8 @@ from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake,
 # argument, a URI, a log or a lake root that is not there, Spark settings Spark cannot start with):
 # one line on stderr says what and how to fix it.
 EXIT_BAD_INPUT = 2
+# `check` found damage (each problem on a line of its own, with the command that repairs it).
+EXIT_DAMAGE = 1
 
 
 def _refuse(command: str, problem: object) -> int:
@@ -190,6 +193,50 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
     return 0
 
 
+def _lake_of(command: str, uri: str) -> tuple[Lake | None, int]:
+    """The local lake a delta:/// URI names (its raw log must be there), or (None, exit code) once
+    the refusal is printed."""
+    from databuild_assets.log import parse_event_log_uri
+
+    try:
+        parsed = parse_event_log_uri(uri)
+        if parsed.scheme != "delta" or not is_local(parsed.location):
+            raise ValueError(f"{command} reads a lake on this machine (delta:///path/to/lake), not {uri!r}")
+        parsed.require_log()
+    except (ValueError, LakeRootError) as error:
+        return None, _refuse(command, error)
+    return parsed.lake, 0
+
+
+def check(uri: str, deep: bool) -> int:
+    from databuild_assets.maintenance.check import check_lake, format_check
+
+    lake, refused = _lake_of("check", uri)
+    if lake is None:
+        return refused
+    report = check_lake(lake, deep=deep, progress=lambda line: print(f"  ... {line}", file=sys.stderr))
+    print(format_check(report))
+    return 0 if report.ok else EXIT_DAMAGE
+
+
+def repair(uri: str) -> int:
+    import logging
+
+    lake, refused = _lake_of("repair", uri)
+    if lake is None:
+        return refused
+    os.environ.setdefault("DATABUILD_SPARK_DRIVER", "own")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    spark, refused = _spark_or_refusal("repair")
+    if spark is None:
+        return refused
+    from databuild_assets.maintenance.repair import format_repair, repair_lake
+
+    result = repair_lake(spark, lake, progress=lambda line: print(f"  ... {line}", file=sys.stderr))
+    print(format_repair(result))
+    return 0 if result.after is None or result.after.ok else EXIT_DAMAGE
+
+
 def spark_driver(action: str) -> int:
     from databuild_assets.runtime.warm_driver import drivers_dir, running_hosts, stop_hosts
 
@@ -227,6 +274,26 @@ def main(argv: list[str] | None = None) -> int:
     run_query.add_argument("uri", help="sqlite:///path/bel.db, delta:///path/to/lake or delta+s3a://bucket/lake")
     run_query.add_argument("method", help="a query method, e.g. get_activity_summary or list_events")
     run_query.add_argument("arguments", nargs="*", help="its arguments: values in order, or name=value")
+    run_check = commands.add_parser(
+        "check",
+        help="check that every table of a lake reads whole and agrees with the others; exit 1 on damage",
+        description="Reads every table's Delta log and every data file it references (no JVM), and checks the "
+        "versions the derived tables and the serving index recorded. Each problem names the table and the file, "
+        "what it costs and the command that repairs it. Example: databuild-assets check delta:///data/lake",
+    )
+    run_check.add_argument("uri", help="delta:///path/to/lake")
+    run_check.add_argument(
+        "--deep", action="store_true", help="also run SQLite's quick_check over the serving index (reads all of it)"
+    )
+    run_repair = commands.add_parser(
+        "repair",
+        help="mend what check finds: restore, move aside, ingest again, rebuild; exit 1 if damage remains",
+        description="Restores a damaged source table to its newest version that reads whole and removes its damaged "
+        "files (moved aside under <root>/repair/, never deleted), ingests again the landing files still kept for the "
+        "events that lost, rebuilds the derived tables and the serving index, then checks again. "
+        "Example: databuild-assets repair delta:///data/lake",
+    )
+    run_repair.add_argument("uri", help="delta:///path/to/lake")
     run_driver = commands.add_parser(
         "spark-driver", help="list (status) or stop the warm Spark drivers Dagster's runs attach to"
     )
@@ -238,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         return demo(args.events, args.seed)
     if args.command == "migrate":
         return migrate(args.sqlite_uri)
+    if args.command == "check":
+        return check(args.uri, args.deep)
+    if args.command == "repair":
+        return repair(args.uri)
     if args.command == "query":
         return query(args.uri, args.method, args.arguments)
     return 2

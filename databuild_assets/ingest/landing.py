@@ -283,7 +283,7 @@ class _Ledger:
             if row.batch_id == batch_id and row.stage == "planned" and row.file_size is not None
         }
 
-    def plan(self, new_files: list[LandingFile], rows: list) -> tuple[int, list[str]] | None:
+    def plan(self, new_files: list[LandingFile], rows: list, again: bool = False) -> tuple[int, list[str]] | None:
         """Record a new batch of the files no batch has read; None when there are none.
 
         An append under Delta's idempotent-write id (PLAN_APP_ID, txnVersion = batch id), not a
@@ -293,7 +293,8 @@ class _Ledger:
         that batch id or later (a run planned since the ledger was read): the commit is then not
         found under this plan's own token, and this run plans again too. The next batch id is
         above both the ledger's rows and that recorded version, which never goes back (a RESTORE
-        or DELETE of the ledger's newest rows would otherwise make every plan a skip). Under the
+        or DELETE of the ledger's newest rows would otherwise make every plan a skip). `again`:
+        plan the files even when a batch read them before (repair's reading them again). Under the
         ledger's commit lock: a process with a JVM of its own (the CLI) and the warm driver
         commit through different JVMs.
         """
@@ -305,7 +306,7 @@ class _Ledger:
         def attempt() -> tuple[int, list[str]] | None | _Skipped:
             rows, last_plan = known.pop() if known else self.rows_and_last_plan()
             taken = {row.file_path for row in rows if row.stage == "planned"}
-            files = [landing_file for landing_file in new_files if landing_file.path not in taken]
+            files = [landing_file for landing_file in new_files if again or landing_file.path not in taken]
             if not files:
                 return None
             batch_id = max(max((row.batch_id for row in rows), default=0), last_plan) + 1
@@ -377,9 +378,12 @@ def write_batch(
     files: list[str],
     replayed: bool = False,
     sizes: Mapping[str, int] | None = None,
+    quarantine: bool = True,
 ) -> BatchResult:
     """Step 2 for one planned batch: quarantine its bad lines and merge its good events.
     `sizes`: the file sizes the plan recorded (read from the ledger when not given).
+    `quarantine=False` counts the bad lines without writing them (files read again, whose bad
+    lines the quarantine already holds).
 
     Safe to run again for the same batch: both commits carry (app id, batch_id), which Delta
     records atomically with the data and checks before writing.
@@ -410,7 +414,7 @@ def write_batch(
             F.lit(batch_id).cast("long").alias("ingest_batch"),
             F.current_timestamp().alias("quarantined_at"),
         )
-        if quarantined:  # no commit for no rows: a replay reads the same bytes, so finds none again
+        if quarantined and quarantine:  # no commit for no rows: a replay reads the same bytes, so finds none again
             (
                 bad.write.format("delta")
                 .mode("append")
@@ -533,3 +537,25 @@ def ingest_landing_files(
     return IngestResult(
         tuple(results), current_version(spark, lake.table_path(RAW_EVENT_LOG)), tuple(f.path for f in incomplete)
     )
+
+
+def ingest_again(spark: SparkSession, lake: Lake, files: list[LandingFile]) -> BatchResult | None:
+    """Read landing files again that earlier batches read: repair's way to put back the events a
+    restored raw log or a removed data file lost. A new batch the ledger records like any other;
+    its MERGE keeps only the event ids the log does not hold, so the events still there are not
+    stored twice, and its bad lines are counted but not quarantined twice. None: no files.
+
+        ingest_again(spark, lake, [LandingFile("/data/lake/landing_archive/a.jsonl", 4096)])
+    """
+    if not files:
+        return None
+    ensure_ingest_tables(spark, lake)
+    ledger = _Ledger(spark, lake)
+    planned = ledger.plan(files, ledger.rows(), again=True)
+    if planned is None:
+        return None
+    batch_id, paths = planned
+    sizes = {f.path: f.size for f in files}
+    result = write_batch(spark, lake, batch_id, paths, sizes=sizes, quarantine=False)
+    ledger.record_committed(result)
+    return result

@@ -1,0 +1,227 @@
+"""A tolerant reader of a local Delta table's log: every commit file and checkpoint is parsed on
+its own, so that damage is reported file by file instead of failing the whole read, and the
+newest version that can still be read whole is known.
+
+Readers (Spark, delta-rs) stop at the first damaged log file with an error that names no file;
+`check` and `repair` need to know which file, what state the table had before it, and which
+data files that state references. Only what they need is read: per version, the add and
+remove actions (path, size, record count) and the idempotent-write transactions.
+
+    state = read_log("/data/lake/tables/raw_event_log")
+    state.version            # the newest version readable whole (None: no readable version)
+    state.damage             # [LogDamage(file, version, what), ...]
+    state.files["event_date=2024-01-01/part-0000.parquet"].records
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+LAST_CHECKPOINT = "_last_checkpoint"
+
+
+@dataclass(frozen=True)
+class LogDamage:
+    """One log file that cannot be used: `file` relative to the table, the version it is for."""
+
+    file: str
+    version: int
+    what: str
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    """A data file the table's state references: its path relative to the table (unquoted), the
+    size the log recorded, and its record count when the log's statistics have one."""
+
+    path: str
+    size: int
+    records: int | None
+
+
+@dataclass
+class LogState:
+    """What a table's log says, read as far as it can be read."""
+
+    path: str
+    version: int | None = None  # the newest version whose whole state could be read
+    newest_on_disk: int | None = None  # the newest commit file present (damaged or not)
+    files: dict[str, LiveFile] = field(default_factory=dict)  # the live files at `version`
+    transactions: dict[str, int] = field(default_factory=dict)  # idempotent-write app id -> version
+    checkpoint: int | None = None  # the checkpoint the state was read from (None: from version 0)
+    commits_read: int = 0  # commit files parsed (all present, before and after the checkpoint)
+    damage: list[LogDamage] = field(default_factory=list)
+    # versions whose commit files parse, with their userMetadata (JSON text) when they have one
+    user_metadata: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return sum(f.records or 0 for f in self.files.values())
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+
+def log_folder(table_path: str) -> Path:
+    return Path(table_path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
+
+
+def is_table(table_path: str) -> bool:
+    return log_folder(table_path).is_dir()
+
+
+def _records(stats: str | None) -> int | None:
+    if not stats:
+        return None
+    try:
+        value = json.loads(stats).get("numRecords")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return int(value) if value is not None else None
+
+
+@dataclass
+class _Commit:
+    adds: dict[str, LiveFile] = field(default_factory=dict)
+    removes: set[str] = field(default_factory=set)
+    transactions: dict[str, int] = field(default_factory=dict)
+    user_metadata: str | None = None
+
+
+def parse_commit(path: Path) -> _Commit:
+    """The actions of one commit file; ValueError naming the line when a line does not parse."""
+    commit = _Commit()
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if not data.strip():
+        raise ValueError("the file is empty")
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"line {number} is not JSON ({error})") from None
+        if not isinstance(action, dict):
+            raise ValueError(f"line {number} is not a Delta action")
+        if (add := action.get("add")) is not None:
+            name = unquote(add["path"])
+            commit.adds[name] = LiveFile(name, int(add["size"]), _records(add.get("stats")))
+            commit.removes.discard(name)
+        elif (remove := action.get("remove")) is not None:
+            name = unquote(remove["path"])
+            commit.removes.add(name)
+            commit.adds.pop(name, None)
+        elif (txn := action.get("txn")) is not None:
+            commit.transactions[txn["appId"]] = int(txn["version"])
+        elif (info := action.get("commitInfo")) is not None:
+            commit.user_metadata = info.get("userMetadata")
+    return commit
+
+
+def _read_checkpoint(parts: list[Path]) -> tuple[dict[str, LiveFile], dict[str, int]]:
+    """The live files and transactions a (possibly multi-part) checkpoint holds."""
+    files: dict[str, LiveFile] = {}
+    transactions: dict[str, int] = {}
+    for part in parts:
+        names = set(pq.ParquetFile(part).schema_arrow.names)
+        table = pq.read_table(part, columns=[c for c in ("add", "txn") if c in names])
+        if "add" in table.column_names:
+            for add in table.column("add").to_pylist():
+                if add is not None:
+                    name = unquote(add["path"])
+                    files[name] = LiveFile(name, int(add["size"]), _records(add.get("stats")))
+        if "txn" in table.column_names:
+            for txn in table.column("txn").to_pylist():
+                if txn is not None:
+                    transactions[txn["appId"]] = int(txn["version"])
+    return files, transactions
+
+
+def read_log(table_path: str) -> LogState:
+    """The table's state at the newest version that can be read whole, with every damaged or
+    missing log file found on the way (see the module's docstring)."""
+    state = LogState(table_path)
+    folder = log_folder(table_path)
+    if not folder.is_dir():
+        return state
+    commits: dict[int, Path] = {}
+    checkpoints: dict[int, list[Path]] = {}
+    for name in sorted(os.listdir(folder)):
+        if match := _COMMIT.match(name):
+            commits[int(match.group(1))] = folder / name
+        elif match := _CHECKPOINT.match(name):
+            checkpoints.setdefault(int(match.group(1)), []).append(folder / name)
+    state.newest_on_disk = max(commits, default=None)
+    parsed: dict[int, _Commit] = {}
+    for version, path in commits.items():
+        try:
+            parsed[version] = parse_commit(path)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            state.damage.append(LogDamage(path.name, version, f"commit file does not parse: {error}"))
+    state.commits_read = len(parsed)
+    state.user_metadata = {v: c.user_metadata for v, c in parsed.items() if c.user_metadata}
+
+    start, base_files, base_transactions = -1, {}, {}
+    _check_last_checkpoint(folder, checkpoints, state)
+    for version in sorted(checkpoints, reverse=True):
+        parts = checkpoints[version]
+        try:
+            files, transactions = _read_checkpoint(parts)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            names = ", ".join(p.name for p in parts)
+            state.damage.append(LogDamage(names, version, f"checkpoint does not read: {error}"))
+            continue
+        start, base_files, base_transactions = version, files, transactions
+        state.checkpoint = version
+        break
+    if start == -1 and 0 not in parsed:
+        if commits or checkpoints:
+            state.damage.append(
+                LogDamage(
+                    "_delta_log/", 0, "no readable checkpoint and no readable commit 0: the state cannot be rebuilt"
+                )
+            )
+        return state
+    files, transactions = dict(base_files), dict(base_transactions)
+    version = start
+    newest = max([*commits, *checkpoints], default=start)
+    for next_version in range(start + 1, newest + 1):
+        commit = parsed.get(next_version)
+        if commit is None:
+            if next_version not in commits:
+                state.damage.append(LogDamage(f"{next_version:020d}.json", next_version, "commit file is missing"))
+            break
+        for name in commit.removes:
+            files.pop(name, None)
+        files.update(commit.adds)
+        transactions.update(commit.transactions)
+        version = next_version
+    state.version = version if version >= 0 else None
+    state.files, state.transactions = files, transactions
+    return state
+
+
+def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], state: LogState) -> None:
+    path = folder / LAST_CHECKPOINT
+    if not path.exists():
+        return
+    try:
+        pointed = int(json.loads(path.read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        state.damage.append(LogDamage(LAST_CHECKPOINT, -1, f"does not parse: {error}"))
+        return
+    if pointed not in checkpoints:
+        state.damage.append(
+            LogDamage(LAST_CHECKPOINT, pointed, f"names checkpoint version {pointed}, whose file is missing")
+        )
