@@ -25,15 +25,20 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from databuild_assets.ingest.landing import EVENTS_APP_ID, LandingFile, ingest_again, ingested_files
+from databuild_assets.ingest.landing import EVENTS_APP_ID, LandingFile, ingest_again, ingested_files, merge_new_events
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder, remove_index_files
 from databuild_assets.maintenance.check import (
@@ -48,7 +53,7 @@ from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_log import LAST_CHECKPOINT, LogState, log_folder, parse_commit, read_log
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 
 log = logging.getLogger(__name__)
 _VERSIONED = ("json", "crc")
@@ -64,11 +69,21 @@ class RepairResult:
     moved_aside: list[str] = field(default_factory=list)  # relative to the lake root
     aside_folder: str | None = None
     events_lost: int = 0  # the raw log's events the restore and the removed files took away
-    events_recovered: int = 0  # of those, ingested again from landing files
+    events_from_landing: int = 0  # put back by ingesting landing files again
+    events_from_filtered_log: int = 0  # put back from the filtered log's copy of the visible events
+    # Events the derived copies (filtered log, serving index) held before the repair that the raw
+    # log does not hold after it: lost, or None when no copy could say.
+    events_missing: int | None = None
     rebuilt: list[str] = field(default_factory=list)
 
     @property
+    def events_recovered(self) -> int:
+        return self.events_from_landing + self.events_from_filtered_log
+
+    @property
     def events_unrecovered(self) -> int:
+        if self.events_missing is not None:
+            return self.events_missing
         return max(0, self.events_lost - self.events_recovered)
 
 
@@ -82,19 +97,24 @@ def repair_lake(spark: SparkSession, lake: Lake, progress: Callable[[str], None]
     aside = lake.path("repair", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     result.aside_folder = aside
     damaged = {problem.table for problem in result.before.problems}
-    raw_changed = False
+    raw_changed = RAW_EVENT_LOG.name in damaged
+    filtered_reads = not _has_damaged_files(result.before, FILTERED_EVENT_LOG.name)
+    witnesses = _witness_ids(lake, filtered_reads, say) if raw_changed else None
     for name in SOURCE_TABLES:
         if name in damaged:
             lost = _mend_source_table(lake, name, aside, result, say)
             if name == RAW_EVENT_LOG.name:
                 result.events_lost += lost
-                raw_changed = True
-    if RAW_EVENT_LOG.name in damaged or raw_changed:
+    if raw_changed:
         _ingest_again(spark, lake, result, say)
+        if filtered_reads:
+            _put_back_from_filtered_log(spark, lake, result, say)
+        if witnesses is not None:
+            held = _event_ids(lake.table_path(RAW_EVENT_LOG))
+            result.events_missing = len(witnesses) - pc.sum(pc.is_in(witnesses, value_set=held)).as_py()
     derived_damaged = [name for name in DERIVED_TABLES if name in damaged]
     for name in derived_damaged:
-        table = result.before.table(name)
-        if table is not None and any(p.file for p in table.problems):
+        if _has_damaged_files(result.before, name):
             _move_table_aside(lake, name, aside, result)
     if derived_damaged or raw_changed:
         say("rebuilding the filtered log and the projections from the raw log")
@@ -108,6 +128,59 @@ def repair_lake(spark: SparkSession, lake: Lake, progress: Callable[[str], None]
         result.rebuilt.append(SERVING_INDEX_FOLDER)
     result.after = check_lake(lake)
     return result
+
+
+def _has_damaged_files(report: LakeCheck, name: str) -> bool:
+    """Whether a table's own files (log or data) are damaged, beyond disagreeing with another's."""
+    table = report.table(name)
+    return table is not None and any(problem.file for problem in table.problems)
+
+
+def _event_ids(table_path: str) -> pa.Array:
+    """The event ids of a Delta table's live files (at its newest readable version)."""
+    state = read_log(table_path)
+    parts = [
+        pq.read_table(os.path.join(table_path, live.path), columns=["event_id"]).column("event_id")
+        for live in state.files.values()
+    ]
+    return pa.chunked_array(parts, pa.string()).combine_chunks() if parts else pa.array([], pa.string())
+
+
+def _witness_ids(lake: Lake, filtered_reads: bool, say: Callable[[str], None]) -> pa.Array | None:
+    """The event ids the derived copies of the raw log hold before the repair (the filtered log
+    when its files read, and the serving index): what the raw log held, as far as they saw it.
+    None when neither is there."""
+    found = []
+    filtered = lake.table_path(FILTERED_EVENT_LOG)
+    if filtered_reads and os.path.isdir(filtered):
+        found.append(_event_ids(filtered))
+    index, _ = IndexFolder(lake.path(SERVING_INDEX_FOLDER)).current()
+    if index is not None and os.path.exists(index):
+        try:
+            connection = sqlite3.connect(f"file:{quote(index)}?mode=ro", uri=True)
+            try:
+                found.append(
+                    pa.array([row[0] for row in connection.execute("SELECT event_id FROM events")], pa.string())
+                )
+            finally:
+                connection.close()
+        except sqlite3.DatabaseError as error:
+            say(f"the serving index does not read ({error}); the filtered log alone says what the raw log held")
+    if not found:
+        return None
+    return pc.unique(pa.chunked_array(found, pa.string()).combine_chunks())
+
+
+def _put_back_from_filtered_log(spark: SparkSession, lake: Lake, result: RepairResult, say: Callable[[str], None]):
+    """Insert into the raw log the filtered log's events it no longer holds: the filtered log is a
+    copy of every visible event, stored as the raw log stores it."""
+    filtered = spark.read.format("delta").load(lake.table_path(FILTERED_EVENT_LOG))
+    metrics = merge_new_events(spark, lake.table_path(RAW_EVENT_LOG), filtered).first()
+    inserted = 0 if metrics is None else int(metrics["num_inserted_rows"])
+    result.events_from_filtered_log += inserted
+    if inserted:
+        result.actions.append(f"raw_event_log: {inserted:,} events put back from filtered_event_log's copy")
+        say(result.actions[-1])
 
 
 def _relative(lake: Lake, path: str) -> str:
@@ -169,10 +242,19 @@ def _restore_log(lake: Lake, path: str, state: LogState, aside: str, result: Rep
     good = -1 if state.version is None else state.version
     lost, moved = 0, 0
     damaged_versions = {d.version for d in state.damage if d.version >= 0}
-    oldest_damaged = min((v for v in damaged_versions if v <= good), default=None)
+    # A damaged commit the state does not need (a checkpoint after it holds the state): the
+    # history up to it goes aside, as the log's own cleanup would remove it.
+    oldest_damaged = min(
+        (d.version for d in state.damage if d.kind == "commit" and 0 <= d.version <= good), default=None
+    )
     for entry in sorted(os.listdir(folder)):
         stem, _, rest = entry.partition(".")
         if not stem.isdigit():
+            checksum_of = entry.removeprefix(".").removesuffix(".crc")  # Hadoop's, of a file now gone
+            if entry.startswith(".") and entry.endswith(".crc") and not (folder / checksum_of).exists():
+                number = checksum_of.partition(".")[0]
+                if number.isdigit() and int(number) > (-1 if state.version is None else state.version):
+                    _move(lake, str(folder / entry), aside, result)
             continue
         version = int(stem)
         beyond = version > good
@@ -220,11 +302,10 @@ def _ingest_again(spark: SparkSession, lake: Lake, result: RepairResult, say: Ca
         return
     files = []
     for ledger_path in ingested_files(spark, lake):
-        local = ledger_path.removeprefix("file://").removeprefix("file:")
-        name = os.path.basename(local)
-        # This lake's landing folder first (a lake copied elsewhere keeps its ledger's old paths),
-        # then its archive (retention or erasure put it there), then where the ledger says.
-        for candidate in (os.path.join(lake.landing, name), os.path.join(lake.landing_archive, name), local):
+        name = os.path.basename(ledger_path)
+        # This lake's landing folder (a lake copied elsewhere keeps its ledger's old paths: the
+        # file is looked up by name), then its archive (retention or erasure put it there).
+        for candidate in (os.path.join(lake.landing, name), os.path.join(lake.landing_archive, name)):
             if os.path.isfile(candidate):  # spelt as Spark lists landing files (file:/...)
                 files.append(LandingFile(f"file:{os.path.abspath(candidate)}", os.path.getsize(candidate)))
                 break
@@ -233,7 +314,7 @@ def _ingest_again(spark: SparkSession, lake: Lake, result: RepairResult, say: Ca
     say(f"ingesting {len(files)} landing file(s) again for the events the raw log lost")
     batch = ingest_again(spark, lake, files)
     if batch is not None:
-        result.events_recovered += batch.accepted
+        result.events_from_landing += batch.accepted
         result.actions.append(
             f"raw_event_log: {len(files)} landing file(s) ingested again (batch {batch.batch_id}): "
             f"{batch.accepted:,} events put back, {batch.duplicates:,} already there"
@@ -268,10 +349,11 @@ def format_repair(result: RepairResult) -> str:
         lines.append(f"  rebuilt from the raw log: {', '.join(result.rebuilt)}")
     if result.moved_aside:
         lines.append(f"  {len(result.moved_aside)} file(s) moved aside to {result.aside_folder} (nothing deleted)")
-    if result.events_lost:
+    if result.events_lost or result.events_recovered or result.events_unrecovered:
         lines.append(
-            f"  raw_event_log: {result.events_lost:,} events were in what was damaged; {result.events_recovered:,} "
-            f"put back from landing files; {result.events_unrecovered:,} lost (in no landing file still kept)"
+            f"  raw_event_log: at least {result.events_lost:,} events were in what was damaged; put back "
+            f"{result.events_from_landing:,} from landing files and {result.events_from_filtered_log:,} from the "
+            f"filtered log; {result.events_unrecovered:,} lost (in no landing file still kept, nor in a derived copy)"
         )
     after = result.after
     if after is not None and not after.ok:

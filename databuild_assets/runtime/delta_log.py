@@ -36,6 +36,7 @@ class LogDamage:
     file: str
     version: int
     what: str
+    kind: str = "commit"  # "commit" (damaged or missing), "checkpoint", "pointer" (_last_checkpoint), "log"
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def read_log(table_path: str) -> LogState:
             files, transactions = _read_checkpoint(parts)
         except (OSError, ValueError, KeyError, TypeError) as error:
             names = ", ".join(p.name for p in parts)
-            state.damage.append(LogDamage(names, version, f"checkpoint does not read: {error}"))
+            state.damage.append(LogDamage(names, version, f"checkpoint does not read: {error}", "checkpoint"))
             continue
         start, base_files, base_transactions = version, files, transactions
         state.checkpoint = version
@@ -189,7 +190,10 @@ def read_log(table_path: str) -> LogState:
         if commits or checkpoints:
             state.damage.append(
                 LogDamage(
-                    "_delta_log/", 0, "no readable checkpoint and no readable commit 0: the state cannot be rebuilt"
+                    "_delta_log/",
+                    0,
+                    "no readable checkpoint and no readable commit 0: the state cannot be rebuilt",
+                    "log",
                 )
             )
         return state
@@ -219,9 +223,9 @@ def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], sta
     try:
         pointed = int(json.loads(path.read_text())["version"])
     except (OSError, ValueError, KeyError, TypeError) as error:
-        state.damage.append(LogDamage(LAST_CHECKPOINT, -1, f"does not parse: {error}"))
+        state.damage.append(LogDamage(LAST_CHECKPOINT, -1, f"does not parse: {error}", "pointer"))
         return
     if pointed not in checkpoints:
         state.damage.append(
-            LogDamage(LAST_CHECKPOINT, pointed, f"names checkpoint version {pointed}, whose file is missing")
+            LogDamage(LAST_CHECKPOINT, pointed, f"names checkpoint version {pointed}, whose file is missing", "pointer")
         )
