@@ -10,11 +10,12 @@ settings cut that (docs/decisions/0023-driver-jvm-start.md):
   databuild_assets.runtime.jvm_startup create`) beside Delta's jars. A JVM whose class path or
   Java build differs from the archive's starts as without it;
 - `-XX:TieredStopAtLevel=1` (C1 only) for a driver that ends with its process (a run with a JVM
-  of its own, the CLI, the tests): no C2 compiler threads taking a core from the work. The warm
-  driver, which serves runs for hours, keeps the full tiers.
+  of its own, the CLI, the tests): no C2 compiler threads taking a core from the work, with the
+  code cache the full tiers would reserve (C1 alone reserves 48 MB, which a run at scale fills).
+  The warm driver, which serves runs for hours, keeps the full tiers.
 
     spark_config(SparkSettings())["spark.driver.extraJavaOptions"]
-    # '-XX:SharedArchiveFile=.../delta-jars/lib/spark-classes.jsa -XX:TieredStopAtLevel=1'
+    # '-XX:SharedArchiveFile=.../spark-classes.jsa ... -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m'
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from pathlib import Path
 from databuild_assets.runtime.delta_jars import jars_dir
 
 ARCHIVE_NAME = "spark-classes.jsa"
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# C1 alone, with the code cache the full tiers get by default: with C1 alone the JVM reserves 48 MB,
+# which a whole run at 1M events fills ("CodeCache is full. Compiler has been disabled.": the rest of
+# the run is interpreted). Reserved, not committed: only the code compiled takes memory.
+QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 # The JVM's own warnings (one is an archive it cannot use) to stderr: by default they go to stdout,
 # which the Python process shares (`databuild-assets query` prints JSON there).
 WARNINGS_TO_STDERR = "-Xlog:disable -Xlog:all=warning:stderr"
