@@ -144,7 +144,9 @@ def event_matches(tombstones: list[Tombstone]) -> Column:
         for field in SCALAR_FIELDS[key]:
             conditions.append(F.col(field).isin(values))
         for field in ARRAY_FIELDS.get(key, ()):
-            conditions.append(F.arrays_overlap(F.col(field), F.array(*[F.lit(v) for v in values])))
+            # Each element looked up in the values' hash set (IN over many literals is InSet): a
+            # row costs its own elements, not the number of tombstones.
+            conditions.append(F.exists(F.col(field), _is_one_of(values)))
         for field in JSON_TEXT_FIELDS.get(key, ()):
             for value in values:
                 conditions.append(F.col(field).contains(json.dumps(value)))
@@ -152,6 +154,11 @@ def event_matches(tombstones: list[Tombstone]) -> Column:
         return F.lit(False)
     # coalesce: a null field (an unset payload) means "no match", never "unknown".
     return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
+
+
+def _is_one_of(values: list[str]):
+    """A one-argument function for Spark's higher-order functions (it counts the arguments)."""
+    return lambda element: element.isin(values)
 
 
 def text_mentions(text: Column, tombstones: list[Tombstone]) -> Column:
@@ -177,11 +184,29 @@ def visible_events(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
 
 
 def matching_event_ids(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
-    """(event_id, tombstone_id) for every event each tombstone matches: what a purge removes."""
+    """(event_id, tombstone_id) for every event each tombstone matches: what a purge removes.
+
+    One scan of `events` with every tombstone's predicate at once; then only the events that
+    matched are paired with their tombstones, by a join per field of the rule, whatever the
+    number of tombstones (a scan per tombstone would read the log once for each)."""
+    spark = events.sparkSession
     if not tombstones:
-        return events.sparkSession.createDataFrame([], "event_id string, tombstone_id string")
-    per_tombstone = [
-        events.where(event_matches([t])).select("event_id", F.lit(t.tombstone_id).alias("tombstone_id"))
-        for t in tombstones
-    ]
-    return reduce(DataFrame.unionByName, per_tombstone)
+        return spark.createDataFrame([], "event_id string, tombstone_id string")
+    matched = events.where(event_matches(tombstones))
+    wanted = spark.createDataFrame(
+        [(t.tombstone_id, t.key, t.value, json.dumps(t.value)) for t in tombstones],
+        "tombstone_id string, key string, value string, json_value string",
+    )
+    pairs = []
+    for key in TOMBSTONE_KEYS:
+        of_key = F.broadcast(wanted.where(F.col("key") == key))
+        for field in SCALAR_FIELDS[key]:
+            held = matched.select("event_id", F.col(field).alias("held"))
+            pairs.append(held.join(of_key, F.col("held") == F.col("value")))
+        for field in ARRAY_FIELDS.get(key, ()):
+            held = matched.select("event_id", F.explode(F.col(field)).alias("held"))
+            pairs.append(held.join(of_key, F.col("held") == F.col("value")))
+        for field in JSON_TEXT_FIELDS.get(key, ()):
+            held = matched.select("event_id", F.col(field).alias("held"))
+            pairs.append(held.join(of_key, F.col("held").contains(F.col("json_value"))))
+    return reduce(DataFrame.unionByName, [p.select("event_id", "tombstone_id") for p in pairs]).distinct()
