@@ -1,6 +1,7 @@
-"""Erasure through Dagster's own storage: the scrub leaves no file under DAGSTER_HOME holding an
-erased value; the records stay readable."""
+"""Erasure through Dagster's own storage: after compaction no file under DAGSTER_HOME holds an
+erased value, but the erase request's own run record; the records stay readable."""
 
+import json
 import shutil
 import sqlite3
 from contextlib import closing
@@ -22,12 +23,19 @@ from dagster import (
 )
 
 from databuild_assets.maintenance.dagster_home import ERASED, scrub_dagster_home
+from databuild_assets.maintenance.erasure_report import DAGSTER_HOME_FINDING, erasure_report
 from databuild_assets.maintenance.tombstones import Tombstone
-from databuild_assets_tests.support import REPO_ROOT
+from databuild_assets_tests.support import (
+    REPO_ROOT,
+    one_partition_build,
+    op_output_metadata,
+    project_job,
+    write_landing,
+)
 
 # A partition named after a person: not ASCII, so serialized JSON holds it escaped (Zo\u00eb,
 # and Zo\\u00eb inside a JSON text) while a log line holds it as UTF-8.
-REF = "data/users/name=Zoë"
+REF, OTHER = "data/users/name=Zoë", "data/sales/date=2025-11-18"
 # Every form of REF (itself, JSON-escaped once or twice) starts with this: what the scan looks for.
 STEM = b"data/users/name=Zo"
 CONTEXT = 16  # bytes each side of an occurrence that must match the kept record to be part of it
@@ -57,6 +65,72 @@ def occurrences_outside(home: Path, kept: list[bytes]) -> dict[str, int]:
         if count:
             found[str(path.relative_to(home))] = count
     return found
+
+
+def stored_run_body(home: Path, run_id: str) -> bytes:
+    with closing(sqlite3.connect(home / "history" / "runs.db")) as connection:
+        [(body,)] = connection.execute("SELECT run_body FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+    return body.encode("utf-8")
+
+
+def test_after_compaction_no_file_under_dagster_home_holds_an_erased_value_but_the_erase_request_run(
+    spark, lake, dagster_home
+):
+    instance, home = dagster_home, Path(dagster_home.root_directory)
+    # A bad line quotes the partition in a field of the wrong type: quarantine's reason names it.
+    bad = {
+        "event_id": "e-bad",
+        "timestamp": 1_763_424_000_000_000_000,
+        "build_request_id": "br-zoe",
+        "event_type": "build_request_event",
+        "build_request_event": {"status_code": 1, "status_name": "BUILD_REQUEST_RECEIVED", "requested_partitions": REF},
+    }
+    events = one_partition_build("br-zoe", REF, 0) + one_partition_build("br-other", OTHER, 10) + [bad]
+    write_landing(lake, "builds.jsonl", [json.dumps(event, ensure_ascii=False) for event in events])
+
+    ingest = project_job(lake, "ingest_and_refresh_job").execute_in_process(instance=instance)
+    # Previews show no column a tombstone can name: of this run's materializations, only the
+    # quarantine's holds the partition, in a reason.
+    previews = {
+        event.asset_key.to_user_string(): [
+            value
+            for record in event.materialization.metadata["preview"].value.records
+            for value in record.data.values()
+        ]
+        for event in ingest.get_asset_materialization_events()
+        if "preview" in event.materialization.metadata
+    }
+    assert {"raw_event_log", "partition_state", "job_runs", "build_requests"} < previews.keys()
+    assert {asset for asset, values in previews.items() if any(STEM.decode() in (v or "") for v in values)} == {
+        "event_quarantine"
+    }
+    request = {"key": "partition_ref", "value": REF, "actor": "alice@example.com", "reason": "ticket 31"}
+    erase = project_job(lake, "erase_job").execute_in_process(
+        run_config={"ops": {"tombstones": {"config": request}}}, instance=instance
+    )
+    kept = [stored_run_body(home, erase.run_id)]
+    assert STEM in kept[0]  # the request keeps its value, as the tombstones table does
+    assert occurrences_outside(home, kept) != {}  # the quarantine's preview, in the ingest run
+
+    compaction = project_job(lake, "compaction_job").execute_in_process(instance=instance)
+
+    assert occurrences_outside(home, kept) == {}
+    assert stored_run_body(home, erase.run_id) == kept[0]
+    scrubbed = op_output_metadata(compaction, "scrub_dagster_home_after_compaction")
+    assert scrubbed["records_rewritten"] > 0 and scrubbed["occurrences_left"] == 0
+    # The records still read: the quarantine's preview now says what was there.
+    [quarantine] = [
+        event.dagster_event.step_materialization_data.materialization.metadata["preview"].value
+        for event in instance.all_logs(ingest.run_id)
+        if event.dagster_event and event.dagster_event.is_step_materialization
+        if event.dagster_event.asset_key.to_user_string() == "event_quarantine"
+    ]
+    assert [record.data["reason"] for record in quarantine.records] == [
+        f'build_request_event.requested_partitions must be an array of strings, got string "{ERASED}"'
+    ]
+    findings = [f for f in erasure_report(spark, lake, instance=instance) if f.table == DAGSTER_HOME_FINDING]
+    assert [(f.key, f.rows_in_data_files) for f in findings] == [("partition_ref", 0)]
+    assert findings[0].data_files_scanned > 10
 
 
 def delete_events_leaving_their_bytes(home: Path, run_id: str) -> None:
