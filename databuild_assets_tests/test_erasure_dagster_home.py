@@ -23,8 +23,8 @@ from dagster import (
 )
 
 from databuild_assets.maintenance.dagster_home import ERASED, scrub_dagster_home
-from databuild_assets.maintenance.erasure_report import DAGSTER_HOME_FINDING, erasure_report
-from databuild_assets.maintenance.tombstones import Tombstone
+from databuild_assets.maintenance.erasure_report import DAGSTER_HOME_FINDING, dagster_home_findings
+from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones
 from databuild_assets_tests.support import (
     REPO_ROOT,
     one_partition_build,
@@ -128,9 +128,9 @@ def test_after_compaction_no_file_under_dagster_home_holds_an_erased_value_but_t
     assert [record.data["reason"] for record in quarantine.records] == [
         f'build_request_event.requested_partitions must be an array of strings, got string "{ERASED}"'
     ]
-    findings = [f for f in erasure_report(spark, lake, instance=instance) if f.table == DAGSTER_HOME_FINDING]
-    assert [(f.key, f.rows_in_data_files) for f in findings] == [("partition_ref", 0)]
-    assert findings[0].data_files_scanned > 10
+    [finding] = dagster_home_findings(instance, read_tombstones(spark, lake))  # the erasure report's row
+    assert (finding.table, finding.key, finding.rows_in_data_files) == (DAGSTER_HOME_FINDING, "partition_ref", 0)
+    assert finding.data_files_scanned > 10
 
 
 def delete_events_leaving_their_bytes(home: Path, run_id: str) -> None:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, serialize_value
+
+# Dagster exports no compute log manager class: their kind is told by these internal paths.
 from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
 from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
 

@@ -135,14 +135,22 @@ def erasure_report(
                 ErasureFinding(tombstone.tombstone_id, tombstone.key, table, len(data_files), in_rows, in_log)
             )
     findings.extend(_file_findings(spark, lake, tombstones, [path for _, path in tables]))
-    if instance is not None and (scan := scan_dagster_home(instance, tombstones)) is not None:
-        findings.extend(
-            ErasureFinding(
-                t.tombstone_id, t.key, DAGSTER_HOME_FINDING, scan.files_scanned, scan.occurrences[t.tombstone_id], 0
-            )
-            for t in tombstones
-        )
+    if instance is not None:
+        findings.extend(dagster_home_findings(instance, tombstones))
     return findings
+
+
+def dagster_home_findings(instance: DagsterInstance, tombstones: list[Tombstone]) -> list[ErasureFinding]:
+    """One finding per tombstone for the files under the instance's DAGSTER_HOME: every file, and
+    the occurrences of the value in their bytes outside the erase requests' own run records (none
+    for an ephemeral instance: it stores nothing)."""
+    scan = scan_dagster_home(instance, tombstones)
+    if scan is None:
+        return []
+    files, found = scan.files_scanned, scan.occurrences
+    return [
+        ErasureFinding(t.tombstone_id, t.key, DAGSTER_HOME_FINDING, files, found[t.tombstone_id], 0) for t in tombstones
+    ]
 
 
 def _files_outside_tables(spark: SparkSession, lake: Lake, table_paths: list[str]) -> dict[str, list[str]]:
