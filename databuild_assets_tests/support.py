@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import SensorDefinition, build_sensor_context
+from dagster import Definitions, JobDefinition, SensorDefinition, build_sensor_context
 
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.events.enums import PartitionStatus
@@ -54,6 +54,20 @@ def lakehouse_for(lake: Lake) -> LakehouseResource:
         driver_memory=TEST_SPARK_SETTINGS.driver_memory,
         extra_spark_config=dict(TEST_SPARK_SETTINGS.extra_config),
     )
+
+
+def project_job(lake: Lake, name: str) -> JobDefinition:
+    """The project's job `name` as definitions.py assembles it (its assets, checks and executor),
+    on `lake`: what a deployment runs, with the suite's lakehouse resource."""
+    from databuild_assets.definitions import defs
+
+    return Definitions(
+        assets=defs.assets,
+        asset_checks=defs.asset_checks,
+        jobs=defs.jobs,
+        resources={"lakehouse": lakehouse_for(lake)},
+        executor=defs.executor,
+    ).resolve_job_def(name)
 
 
 def evaluate_sensor(sensor: SensorDefinition, **context: Any) -> Any:
@@ -283,7 +297,7 @@ class AppenderProcess:
 
 
 def op_output_metadata(run: Any, op: str) -> dict[str, Any]:
-    """The output metadata values of op `op` in an op job's run (compaction_job has two ops:
-    the purge, then the serving index's refresh)."""
+    """The output metadata values of op `op` in an op job's run (compaction_job has three ops:
+    the purge, the serving index's refresh, then the scrub of Dagster's storage)."""
     [output] = [event for event in run.all_events if event.is_successful_output and event.step_key == op]
     return {key: value.value for key, value in output.step_output_data.metadata.items()}

@@ -25,11 +25,16 @@ def delta_table_metadata(spark: SparkSession, path: str) -> dict:
 
 
 def preview(
-    spark: SparkSession, path: str, columns: list[str] | None = None, newest_by: str | None = None, limit: int = 5
+    spark: SparkSession, path: str, columns: list[str], newest_by: str | None = None, limit: int = 5
 ) -> MetadataValue:
     """A few rows of the table at `path` as a Dagster table (values shown as text): the newest by
     `newest_by` when given, else the first the table's files hold. A local table is read by delta-rs
-    in this process (only the files those rows can be in); a remote one by Spark."""
+    in this process (only the files those rows can be in); a remote one by Spark.
+
+    `columns` are named, never all: Dagster keeps every preview in its run storage, so a preview
+    shows only columns no tombstone can name (no event, build request, job run or partition id,
+    no free text that may quote one); erasure does not have to reach them there
+    (docs/decisions/0035-erasure-reaches-dagster-storage.md)."""
     if (table := local_delta_table(path)) is not None:
         head = head_rows(table, limit, columns, newest_by)
         rows, names = head.to_pylist(), head.column_names
@@ -37,7 +42,7 @@ def preview(
         frame = spark.read.format("delta").load(path)
         if newest_by is not None:
             frame = frame.orderBy(F.col(newest_by).desc())
-        frame = frame.select(*(columns or frame.columns))
+        frame = frame.select(*columns)
         rows, names = [row.asDict() for row in frame.limit(limit).collect()], frame.columns
     schema = TableSchema(columns=[TableColumn(name, "string") for name in names])
     records = [TableRecord({name: None if row[name] is None else str(row[name]) for name in names}) for row in rows]

@@ -6,8 +6,10 @@ value as a whole JSON string value anywhere in the row (any column, any array el
 JSON text). It also searches the Delta logs (commits and checkpoints) for the value. Every other
 file under the lake root (the landing and landing archive folders, hidden in-flight files
 included, the serving index, and anything else there) is read line by line for the same JSON
-strings (the serving index for the bare value too), one finding per folder. The tombstones
-table itself is skipped: it must keep the values to keep hiding them.
+strings (the serving index for the bare value too), one finding per folder. Given the Dagster
+instance, every byte of every file under its DAGSTER_HOME is searched too (`scan_dagster_home`),
+one finding. The tombstones table itself is skipped: it must keep the values to keep hiding them;
+so are the erase requests' own run records in DAGSTER_HOME, for the same reason.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dagster import DagsterInstance
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
+from databuild_assets.maintenance.dagster_home import scan_dagster_home
 from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones
 from databuild_assets.maintenance.vacuum import lake_tables
 from databuild_assets.runtime.lake import TOMBSTONES, Lake, is_local
@@ -26,6 +30,9 @@ from databuild_assets.runtime.lake import TOMBSTONES, Lake, is_local
 # Folders under the lake root that always get a finding, files or not, so a report shows they were looked at.
 ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive", SERVING_INDEX_FOLDER)
 _CHUNK_BYTES = 1 << 20
+
+# The finding for the files of Dagster's instance, whose `rows` count byte occurrences.
+DAGSTER_HOME_FINDING = "DAGSTER_HOME"
 
 # Where an erased value can live outside data files, and the setting that keeps it out.
 OUTSIDE_DATA_FILES = (
@@ -60,8 +67,11 @@ OUTSIDE_DATA_FILES = (
         "its write-ahead log; a new generation removes the old files",
     ),
     (
-        "Dagster's run storage (materialization previews)",
-        "previews show the newest rows; delete old runs in the UI or wipe DAGSTER_HOME's storage",
+        "Dagster's storage under DAGSTER_HOME (run configs, events with previews and log messages, ticks, "
+        "compute logs)",
+        "previews show no column a tombstone can name; compaction_job rewrites each value to [erased] there "
+        "(freed bytes overwritten, write-ahead logs emptied), but in the erase request's own run record; "
+        f"scanned as {DAGSTER_HOME_FINDING} (rows = occurrences)",
     ),
 )
 
@@ -88,9 +98,15 @@ def _files(spark: SparkSession, root: str, suffixes: tuple[str, ...], in_log: bo
     return found
 
 
-def erasure_report(spark: SparkSession, lake: Lake, tombstones: list[Tombstone] | None = None) -> list[ErasureFinding]:
-    """One finding per tombstone and table, and per tombstone and folder of other files under the
-    lake root: rows (lines) on disk still holding the value (must be 0)."""
+def erasure_report(
+    spark: SparkSession,
+    lake: Lake,
+    tombstones: list[Tombstone] | None = None,
+    instance: DagsterInstance | None = None,
+) -> list[ErasureFinding]:
+    """One finding per tombstone and table, per tombstone and folder of other files under the
+    lake root, and per tombstone for DAGSTER_HOME when `instance` is a persistent one: rows
+    (lines; in DAGSTER_HOME, occurrences) on disk still holding the value (must be 0)."""
     tombstones = read_tombstones(spark, lake) if tombstones is None else tombstones
     findings, tables = [], lake_tables(spark, lake)
     for table, path in tables:
@@ -119,7 +135,22 @@ def erasure_report(spark: SparkSession, lake: Lake, tombstones: list[Tombstone] 
                 ErasureFinding(tombstone.tombstone_id, tombstone.key, table, len(data_files), in_rows, in_log)
             )
     findings.extend(_file_findings(spark, lake, tombstones, [path for _, path in tables]))
+    if instance is not None:
+        findings.extend(dagster_home_findings(instance, tombstones))
     return findings
+
+
+def dagster_home_findings(instance: DagsterInstance, tombstones: list[Tombstone]) -> list[ErasureFinding]:
+    """One finding per tombstone for the files under the instance's DAGSTER_HOME: every file, and
+    the occurrences of the value in their bytes outside the erase requests' own run records (none
+    for an ephemeral instance: it stores nothing)."""
+    scan = scan_dagster_home(instance, tombstones)
+    if scan is None:
+        return []
+    files, found = scan.files_scanned, scan.occurrences
+    return [
+        ErasureFinding(t.tombstone_id, t.key, DAGSTER_HOME_FINDING, files, found[t.tombstone_id], 0) for t in tombstones
+    ]
 
 
 def _files_outside_tables(spark: SparkSession, lake: Lake, table_paths: list[str]) -> dict[str, list[str]]:

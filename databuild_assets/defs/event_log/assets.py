@@ -65,10 +65,11 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
         metadata={
             **counts,
             **delta_table_metadata(spark, log_path),
+            # Where the newest events came from, and what they are; not their ids (`preview`).
             "preview": preview(
                 spark,
                 log_path,
-                ["event_id", "timestamp", "event_type", "build_request_id", "event_date"],
+                ["timestamp", "event_type", "event_date", "source_file", "source_line"],
                 newest_by="timestamp",
             ),
         },
@@ -78,6 +79,8 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
         metadata={
             **counts,
             **delta_table_metadata(spark, quarantine_path),
+            # A reason may quote a field of the bad line: compaction_job erases a value from it in
+            # Dagster's storage (maintenance/dagster_home.py).
             "preview": preview(
                 spark, quarantine_path, ["source_file", "line_number", "reason"], newest_by="quarantined_at"
             ),

@@ -1,6 +1,6 @@
-"""Maintenance jobs: erase (an erasure request from the launchpad), compaction, vacuum (with the
-landing files' retention), and the erasure report. Compaction and vacuum share the
-`lake_maintenance` pool: never both at once."""
+"""Maintenance jobs: erase (an erasure request from the launchpad), compaction (the lake, the
+serving index, then Dagster's own storage), vacuum (with the landing files' retention), and the
+erasure report. Compaction and vacuum share the `lake_maintenance` pool: never both at once."""
 
 import os
 from typing import Literal
@@ -26,6 +26,7 @@ from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.serving.assets import SERVING_INDEX, serving_index_metadata
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.maintenance.compaction import compact
+from databuild_assets.maintenance.dagster_home import ERASE_JOB, ERASED, scrub_dagster_home
 from databuild_assets.maintenance.erasure_report import erasure_report, format_report
 from databuild_assets.maintenance.landing_files import (
     DEFAULT_RETENTION_DAYS,
@@ -33,6 +34,7 @@ from databuild_assets.maintenance.landing_files import (
     RETENTION_MODES,
     retain_landing_files,
 )
+from databuild_assets.maintenance.tombstones import read_tombstones
 from databuild_assets.maintenance.vacuum import DEFAULT_RETENTION_HOURS, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, INGEST_LEDGER, TOMBSTONES, is_local
@@ -51,7 +53,7 @@ def _markdown_table(header: tuple[str, ...], rows: list[tuple]) -> MetadataValue
 
 # Records the tombstone, then hides its events at once: the filtered log and the projections.
 erase_job = define_asset_job(
-    "erase_job",
+    ERASE_JOB,
     selection=AssetSelection.assets(TOMBSTONES.name, FILTERED_EVENT_LOG.name, *PROJECTIONS, SERVING_INDEX),
     description="Record an erasure request (ops.tombstones.config) and hide the matching events at once.",
 )
@@ -139,19 +141,65 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
 def refresh_index_after_compaction(context: OpExecutionContext, lakehouse: LakehouseResource):
     """The serving index follows the purge: the erased events leave its file's bytes too."""
     lake = lakehouse.lake
-    if not is_local(lake.root):
+    if is_local(lake.root):
+        status = refresh_serving_index(lake, progress=context.log.info)
+        context.log.info(f"serving_index: raw_event_log v{status.raw_log_version}, {status.events:,} visible events")
+        yield AssetMaterialization(
+            asset_key=SERVING_INDEX, description="compaction", metadata=serving_index_metadata(status)
+        )
+    yield Output(None)  # on any lake: Dagster's storage is scrubbed next
+
+
+class DagsterHomeErasureError(RuntimeError):
+    """Erased values remain in Dagster's storage after the scrub."""
+
+
+@op(ins={"index_refreshed": In(Nothing)})
+def scrub_dagster_home_after_compaction(context: OpExecutionContext, lakehouse: LakehouseResource):
+    """Last: every tombstone's value leaves Dagster's own storage (run configs, events with their
+    previews and log messages, ticks, compute logs of finished runs), rewritten to "[erased]",
+    but the erase requests' own run records (maintenance/dagster_home.py)."""
+    result = scrub_dagster_home(context.instance, read_tombstones(lakehouse.spark_session, lakehouse.lake))
+    remaining = result.remaining
+    if remaining is None:
+        context.log.info("ephemeral Dagster instance (no DAGSTER_HOME): nothing stored to scrub")
+        yield Output(None, metadata={"dagster_home": MetadataValue.text("(ephemeral instance)")})
         return
-    status = refresh_serving_index(lake, progress=context.log.info)
-    context.log.info(f"serving_index: raw_event_log v{status.raw_log_version}, {status.events:,} visible events")
-    yield AssetMaterialization(
-        asset_key=SERVING_INDEX, description="compaction", metadata=serving_index_metadata(status)
+    context.log.info(
+        f"DAGSTER_HOME {remaining.home}: {result.records_rewritten} stored records and "
+        f"{len(result.compute_logs_rewritten)} compute logs rewritten to {ERASED}, "
+        f"{len(result.databases_rebuilt)} databases rebuilt; {result.runs_in_progress} runs in progress "
+        f"(their compute logs are read next time); {remaining.files_scanned} files scanned after, "
+        f"{remaining.total} occurrences left"
     )
-    yield Output(None)
+    yield Output(
+        None,
+        metadata={
+            "dagster_home": MetadataValue.path(remaining.home),
+            "records_rewritten": MetadataValue.int(result.records_rewritten),
+            "compute_logs_rewritten": MetadataValue.int(len(result.compute_logs_rewritten)),
+            "databases_rebuilt": MetadataValue.int(len(result.databases_rebuilt)),
+            "runs_in_progress": MetadataValue.int(result.runs_in_progress),
+            "storage_not_scrubbed": MetadataValue.text(", ".join(result.not_scrubbed) or "(none)"),
+            "files_scanned": MetadataValue.int(remaining.files_scanned),
+            "occurrences_left": MetadataValue.int(remaining.total),
+        },
+    )
+    if remaining.total:
+        raise DagsterHomeErasureError(
+            f"{remaining.total} occurrences of erased values remain under DAGSTER_HOME after the scrub, in: "
+            f"{', '.join(remaining.files_holding)}. A run still in progress writes its compute logs (the next "
+            "compaction reads them); otherwise a table or file this release does not rewrite holds them: delete "
+            "those runs (`dagster run delete <run_id>`) or files, then run compaction_job again"
+        )
 
 
-@job(description="Daily: purge what tombstones match from every table and the serving index, and bin-pack small files.")
+@job(
+    description="Daily: purge what tombstones match from every table and the serving index, bin-pack small "
+    "files, and erase the values from Dagster's own storage."
+)
 def compaction_job():
-    refresh_index_after_compaction(compact_lake())
+    scrub_dagster_home_after_compaction(refresh_index_after_compaction(compact_lake()))
 
 
 # A minimum raised above the default retention raises the default with it: otherwise the
@@ -259,8 +307,9 @@ def vacuum_job():
 
 @op
 def report_erasure(context: OpExecutionContext, lakehouse: LakehouseResource):
-    """Scan every data file for every tombstone's value; any row found fails the op."""
-    findings = erasure_report(lakehouse.spark_session, lakehouse.lake)
+    """Scan every data file, and every file under DAGSTER_HOME, for every tombstone's value; any
+    row found fails the op."""
+    findings = erasure_report(lakehouse.spark_session, lakehouse.lake, instance=context.instance)
     context.log.info("\n" + format_report(findings))
     remaining = sum(f.rows_in_data_files + f.delta_log_mentions for f in findings)
     yield Output(

@@ -83,6 +83,15 @@ def _wave_text(wave: list[Projection]) -> str:
     return f"{names} (side by side)" if len(wave) > 1 else names
 
 
+# What a projection's preview shows: statuses, times and counts. Its keys, the ids it holds and
+# its free text (reasons, job configs) are what a tombstone names, so they stay out (`preview`).
+PREVIEW_COLUMNS: dict[str, tuple[str, ...]] = {
+    "partition_state": ("status_name", "is_available", "invalidated", "updated_at", "event_count"),
+    "job_runs": ("job_label", "status_name", "started_at", "ended_at", "duration_ns"),
+    "build_requests": ("status_name", "received_at", "ended_at", "duration_ns", "partition_counts"),
+}
+
+
 def _materialization(context: AssetExecutionContext, spark, lake, result: RefreshResult) -> MaterializeResult:
     projection = PROJECTIONS[result.projection]
     context.log.info(
@@ -99,7 +108,7 @@ def _materialization(context: AssetExecutionContext, spark, lake, result: Refres
             "log_version_before": MetadataValue.int(-1 if result.from_version is None else result.from_version),
             "keys_refreshed": MetadataValue.int(result.keys_refreshed or 0),
             **delta_table_metadata(spark, path),
-            "preview": preview(spark, path),
+            "preview": preview(spark, path, list(PREVIEW_COLUMNS[projection.name])),
         },
     )
 

@@ -1,0 +1,324 @@
+"""Erasure through Dagster's own storage under DAGSTER_HOME: run configs, event logs (the
+materializations' previews, log messages), ticks and compute logs.
+
+`scrub_dagster_home`, the last step of compaction_job, rewrites each tombstone's value to ERASED
+wherever Dagster stored it, but in the run record of an erase request for it (an erase_job run
+whose config names the value), which keeps it as the tombstones table does. Records are
+rewritten, not deleted, so runs, their events and the assets' history stay readable.
+`scan_dagster_home` reads every byte of every file under DAGSTER_HOME for what is left: the
+erasure report's DAGSTER_HOME row. An ephemeral instance (no DAGSTER_HOME) stores nothing.
+Why this design: docs/decisions/0035-erasure-reaches-dagster-storage.md.
+
+    scrub_dagster_home(context.instance, read_tombstones(spark, lake)).remaining.total  # 0
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, serialize_value
+
+# Dagster exports no compute log manager class: their kind is told by these internal paths.
+from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
+from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
+
+from databuild_assets.maintenance.dagster_sqlite import rebuild, rewrite_stored_text, sqlite_databases
+from databuild_assets.maintenance.tombstones import Tombstone
+from databuild_assets.runtime.lake import TOMBSTONES
+
+log = logging.getLogger(__name__)
+
+ERASE_JOB = "erase_job"  # the job that records an erasure request (ops.tombstones.config)
+ERASED = "[erased]"  # what a value is rewritten to
+FINISHED = frozenset({DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED})
+# serdes' type names in a stored record (`{"__class__": "EventLogEntry", ...}`): never a value.
+_TYPE_MARKERS = frozenset({"__class__", "__enum__"})
+# Bytes compared each side of an occurrence with a kept record (it may be an older copy of it).
+_CONTEXT = 24
+_CHUNK_BYTES = 8 << 20
+
+
+def value_forms(value: str) -> tuple[str, ...]:
+    """`value` as stored text may hold it, longest first: itself (a compute log, a tag), and
+    JSON-escaped once and twice, ASCII-only or not (a string of a serialized record; a JSON text,
+    such as a job config, inside one)."""
+    forms, level = {value}, {value}
+    for _ in range(2):
+        level = {json.dumps(form, ensure_ascii=ascii_only)[1:-1] for form in level for ascii_only in (True, False)}
+        forms |= level
+    return tuple(sorted(forms, key=lambda form: (-len(form), form)))
+
+
+def erase_text(text: str, forms: Iterable[str]) -> str:
+    """`text` with every occurrence of each of `forms` (longest first) replaced by ERASED."""
+    for form in forms:
+        text = text.replace(form, ERASED)
+    return text
+
+
+def erase_record(text: str, forms: tuple[str, ...]) -> str:
+    """A stored record with `forms` erased: in a JSON record, in its string values only (keys
+    and serdes' type names stay, so the record still deserializes); other text, everywhere."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return erase_text(text, forms)
+    if not isinstance(record, dict | list):
+        return erase_text(text, forms)
+    erased = _erase_values(record, forms)
+    return text if erased == record else json.dumps(erased)
+
+
+def _erase_values(node: Any, forms: tuple[str, ...], key: str | None = None) -> Any:
+    if isinstance(node, str):
+        return node if key in _TYPE_MARKERS else erase_text(node, forms)
+    if isinstance(node, dict):
+        return {k: _erase_values(v, forms, k) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_erase_values(item, forms) for item in node]
+    return node
+
+
+def erase_requests(instance: DagsterInstance, values: Iterable[str]) -> dict[str, frozenset[str]]:
+    """For every erase_job run whose request names one of `values`: its run_id -> those values.
+    Those runs' records keep the value they name."""
+    wanted, requests = set(values), {}
+    for run in instance.get_runs(filters=RunsFilter(job_name=ERASE_JOB)):
+        config = run.run_config.get("ops", {}).get(TOMBSTONES.name, {}).get("config", {})
+        value = config.get("value") if isinstance(config, dict) else None
+        if value in wanted:
+            requests[run.run_id] = frozenset({value})
+    return requests
+
+
+class _Search:
+    """The byte forms of the tombstones' values, searched in files, and the kept records (the
+    stored erase requests) an occurrence may belong to."""
+
+    def __init__(self, tombstones: list[Tombstone], kept_records: dict[str, list[bytes]]):
+        self.tombstone_ids: dict[bytes, list[str]] = {}
+        for tombstone in tombstones:
+            for form in value_forms(tombstone.value):
+                self.tombstone_ids.setdefault(form.encode("utf-8"), []).append(tombstone.tombstone_id)
+        needles = sorted(self.tombstone_ids, key=len, reverse=True)
+        self.pattern = re.compile(b"|".join(re.escape(needle) for needle in needles))
+        self.longest = len(needles[0]) if needles else 0
+        self.kept = {t.tombstone_id: kept_records.get(t.value, []) for t in tombstones}
+
+    def count(self, path: Path) -> dict[str, int]:
+        """Occurrences in the file at `path`, per tombstone, but those inside a kept record."""
+        counts: dict[str, int] = {}
+        for needle, before, after in self._occurrences(path):
+            for tombstone_id in self.tombstone_ids[needle]:
+                if not any(
+                    (before is not None and before in record) or (after is not None and after in record)
+                    for record in self.kept[tombstone_id]
+                ):
+                    counts[tombstone_id] = counts.get(tombstone_id, 0) + 1
+        return counts
+
+    def found_in(self, *paths: Path) -> bool:
+        return any(self.count(path) for path in paths)
+
+    def _occurrences(self, path: Path) -> Iterator[tuple[bytes, bytes | None, bytes | None]]:
+        """Each occurrence in the file: the form found, with _CONTEXT bytes before it and after it
+        (None at the file's start or end). Read in chunks, not mapped: another process may
+        truncate a write-ahead log meanwhile. Nothing if the file is gone."""
+        keep = self.longest + 2 * _CONTEXT  # what a match starting before the end needs after it
+        data, position, at_end = b"", 0, False
+        try:
+            with open(path, "rb") as stream:
+                while not at_end:
+                    chunk = stream.read(_CHUNK_BYTES)
+                    at_end = not chunk
+                    data += chunk
+                    # Matches starting before `limit` have all their context in `data` already.
+                    limit = len(data) if at_end else max(position, len(data) - keep)
+                    for match in self.pattern.finditer(data, position):
+                        start, end = match.span()
+                        if start >= limit:
+                            break
+                        before = data[start - _CONTEXT : end] if start >= _CONTEXT else None
+                        after = data[start : end + _CONTEXT] if end + _CONTEXT <= len(data) else None
+                        yield match.group(), before, after
+                        position = end
+                    position = max(position, limit)
+                    cut = max(0, position - _CONTEXT)
+                    data, position = data[cut:], position - cut
+        except FileNotFoundError:
+            return
+
+
+def _search(instance: DagsterInstance, tombstones: list[Tombstone]) -> tuple[_Search, dict[str, frozenset[str]]]:
+    requests = erase_requests(instance, {t.value for t in tombstones})
+    kept_records: dict[str, list[bytes]] = {}
+    for run_id, values in requests.items():
+        run = instance.get_run_by_id(run_id)
+        if run is not None:  # the run storage holds a run as its serialized text
+            for value in values:
+                kept_records.setdefault(value, []).append(serialize_value(run).encode("utf-8"))
+    return _Search(tombstones, kept_records), requests
+
+
+@dataclass(frozen=True)
+class DagsterHomeScan:
+    """What still holds a tombstone's value under DAGSTER_HOME, outside the erase requests' own
+    run records: byte occurrences per tombstone, and the files holding them."""
+
+    home: str
+    files_scanned: int
+    occurrences: dict[str, int] = field(default_factory=dict)
+    files_holding: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return sum(self.occurrences.values())
+
+
+def _files_under(instance: DagsterInstance) -> list[Path]:
+    """Every file under DAGSTER_HOME, and the SQLite files of its storage kept elsewhere (with
+    their write-ahead logs)."""
+    files = {path for path in Path(instance.root_directory).rglob("*") if path.is_file()}
+    for database in sqlite_databases(instance)[0]:
+        files |= {database, _wal(database)}
+    return sorted(path for path in files if path.is_file())
+
+
+def _wal(database: Path) -> Path:
+    return database.with_name(database.name + "-wal")
+
+
+def scan_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -> DagsterHomeScan | None:
+    """Read every byte of every file under DAGSTER_HOME for each tombstone's value (and its
+    escaped forms), leaving out occurrences inside the erase requests' own run records. None for
+    an ephemeral instance: it stores nothing."""
+    if instance.is_ephemeral:
+        return None
+    files = _files_under(instance)
+    if not tombstones:
+        return DagsterHomeScan(instance.root_directory, len(files))
+    search, _ = _search(instance, tombstones)
+    occurrences: dict[str, int] = {t.tombstone_id: 0 for t in tombstones}
+    holding = []
+    for path in files:
+        counts = search.count(path)
+        for tombstone_id, count in counts.items():
+            occurrences[tombstone_id] += count
+        if counts:
+            holding.append(str(path))
+    return DagsterHomeScan(instance.root_directory, len(files), occurrences, tuple(holding))
+
+
+@dataclass(frozen=True)
+class DagsterHomeScrub:
+    """What `scrub_dagster_home` changed, what it could not reach, and what a scan found after."""
+
+    records_rewritten: int = 0
+    databases_rebuilt: tuple[str, ...] = ()
+    compute_logs_rewritten: tuple[str, ...] = ()
+    runs_in_progress: int = 0  # their compute logs are still being written: the next compaction reads them
+    not_scrubbed: tuple[str, ...] = ()  # storages of kinds this release cannot rewrite, by class
+    remaining: DagsterHomeScan | None = None  # None: an ephemeral instance, nothing stored
+
+
+def scrub_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -> DagsterHomeScrub:
+    """Rewrite every value of `tombstones` to ERASED in Dagster's stored records (run configs and
+    tags, events, asset and tick records) and in the compute logs of finished runs, leaving freed
+    bytes nowhere (see dagster_sqlite); the erase requests' own run records keep their value."""
+    if instance.is_ephemeral:
+        return DagsterHomeScrub()
+    if not tombstones:
+        return DagsterHomeScrub(remaining=scan_dagster_home(instance, tombstones))
+    search, requests = _search(instance, tombstones)
+    forms = {value: value_forms(value) for value in {t.value for t in tombstones}}
+    every_form = _longest_first(form for value_forms_ in forms.values() for form in value_forms_)
+
+    def rewrite(table: str, run_id: str | None, text: str) -> str:
+        kept = requests.get(run_id, frozenset()) if table == "runs" else frozenset()
+        if not kept:
+            return erase_record(text, every_form)
+        # An erase request's run keeps its value, even where another value is part of it.
+        kept_forms = [form for value in kept for form in forms[value]]
+        others = _longest_first(
+            form
+            for value, value_forms_ in forms.items()
+            if value not in kept
+            for form in value_forms_
+            if not any(form in kept_form for kept_form in kept_forms)
+        )
+        return erase_record(text, others) if others else text
+
+    databases, other_storages = sqlite_databases(instance)
+    rewritten, rebuilt = 0, []
+    for database in databases:
+        if not search.found_in(database, _wal(database)):
+            continue
+        rewritten += rewrite_stored_text(database, every_form, rewrite)
+        if search.found_in(database, _wal(database)):  # free pages still hold an older write
+            rebuild(database)
+            rebuilt.append(str(database))
+    logs, in_progress, other_logs = _compute_logs(instance)
+    rewritten_logs = [str(path) for path in logs if search.found_in(path) and _rewrite_file(path, every_form)]
+    not_scrubbed = tuple(other_storages + other_logs)
+    if not_scrubbed:
+        log.warning(
+            "Dagster storage of kinds this release does not rewrite: %s; erase values there with its own tools",
+            ", ".join(not_scrubbed),
+        )
+    return DagsterHomeScrub(
+        rewritten,
+        tuple(rebuilt),
+        tuple(rewritten_logs),
+        in_progress,
+        not_scrubbed,
+        scan_dagster_home(instance, tombstones),
+    )
+
+
+def _longest_first(forms: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(forms), key=lambda form: (-len(form), form)))
+
+
+def _compute_logs(instance: DagsterInstance) -> tuple[list[Path], int, list[str]]:
+    """The compute log files of every run that is not in progress (a deleted run's included),
+    the number of runs in progress, and a compute log manager of another kind, by class."""
+    manager = instance.compute_log_manager
+    if isinstance(manager, NoOpComputeLogManager):
+        return [], 0, []
+    if not isinstance(manager, LocalComputeLogManager):
+        return [], 0, [type(manager).__name__]
+    unfinished = [status for status in DagsterRunStatus if status not in FINISHED]
+    in_progress = set(instance.get_run_ids(filters=RunsFilter(statuses=unfinished)))
+    # Each run's logs are <base>/<run_id>/compute_logs/<key>.<out|err>; the manager places a key's file.
+    base = Path(manager.get_captured_local_path(["run_id"], "out")).parent
+    files = [
+        path
+        for path in base.glob("*/compute_logs/*")
+        if path.is_file() and path.parent.parent.name not in in_progress and not path.name.startswith(".")
+    ]
+    return sorted(files), len(in_progress), []
+
+
+def _rewrite_file(path: Path, forms: tuple[str, ...]) -> bool:
+    """Rewrite a text file with `forms` erased, through a hidden file in the same folder, synced,
+    then renamed over it. Bytes that are not UTF-8 are kept as they are."""
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+    erased = erase_text(text, forms)
+    if erased == text:
+        return False
+    temp = path.with_name(f".{path.name}.erasing")
+    with open(temp, "wb") as out:
+        out.write(erased.encode("utf-8", errors="surrogateescape"))
+        out.flush()
+        os.fsync(out.fileno())
+    shutil.copymode(path, temp)
+    os.replace(temp, path)
+    return True
