@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.maintenance.dagster_home import scan_dagster_home
-from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones
+from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones, text_forms
 from databuild_assets.maintenance.vacuum import lake_tables
 from databuild_assets.runtime.lake import TOMBSTONES, Lake, is_local
 
@@ -217,7 +217,17 @@ def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) 
 def _file_findings(
     spark: SparkSession, lake: Lake, tombstones: list[Tombstone], table_paths: list[str]
 ) -> list[ErasureFinding]:
-    forms = {t.tombstone_id: tuple(form.encode("utf-8") for form in json_string_forms(t.value)) for t in tombstones}
+    # Whole JSON strings, and the value's escaped forms (a writer may escape non-ASCII as \\u):
+    # what a landing line holding it contains.
+    forms = {
+        t.tombstone_id: tuple(
+            dict.fromkeys(
+                form.encode("utf-8")
+                for form in (*json_string_forms(t.value), *(f for f in text_forms(t.value) if f != t.value))
+            )
+        )
+        for t in tombstones
+    }
     # The serving index stores key columns (event_id, partition_ref...) as bare SQLite text, not
     # as JSON strings: its files are searched for the value itself too.
     bare = {t.tombstone_id: (*forms[t.tombstone_id], t.value.encode("utf-8")) for t in tombstones}

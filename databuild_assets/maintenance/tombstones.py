@@ -166,8 +166,22 @@ def text_mentions(text: Column, tombstones: list[Tombstone]) -> Column:
     `tombstones`' values; never null. A bad line has no fields to match, so the text decides."""
     mentions = F.lit(False)
     for tombstone in tombstones:
-        mentions = mentions | F.coalesce(text.contains(tombstone.value), F.lit(False))
+        for form in text_forms(tombstone.value):
+            mentions = mentions | F.coalesce(text.contains(form), F.lit(False))
     return mentions
+
+
+def text_forms(value: str) -> tuple[str, ...]:
+    """The ways `value` can be written in a line of JSON text: itself, inside a JSON string
+    (escaped, non-ASCII kept or written as \\u escapes, "/" as is or as "\\/", as writers
+    choose), and inside a JSON
+    string inside a JSON string (a job config naming a partition). Each once."""
+    forms = [value]
+    for ascii_only in (False, True):
+        inner = json.dumps(value, ensure_ascii=ascii_only)[1:-1]
+        for escaped in (inner, inner.replace("/", "\\/")):  # JSON lets a writer escape "/" too
+            forms += [escaped, json.dumps(escaped, ensure_ascii=ascii_only)[1:-1]]
+    return tuple(dict.fromkeys(forms))
 
 
 def json_string_forms(value: str) -> tuple[str, str]:
