@@ -20,7 +20,7 @@ from databuild_assets.ingest.writer import append_events
 from databuild_assets.maintenance.compaction import PurgeVerificationError, compact, purge_events
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure
+from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure, request_erasures
 from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
@@ -62,6 +62,22 @@ def test_an_erasure_request_with_an_unknown_key_or_missing_fields_is_refused_and
         "reason is empty: a tombstone needs the reason for the audit record"
     )
     assert read_tombstones(spark, lake) == []
+
+
+def test_one_erasure_request_names_many_values_in_one_commit_and_one_bad_value_writes_none(spark, two_builds):
+    lake = two_builds
+    with pytest.raises(TombstoneError, match="value is empty"):
+        request_erasures(spark, lake, "build_request_id", ["br-a", " "], actor="alice", reason="ticket 9")
+    assert read_tombstones(spark, lake) == []
+
+    recorded = request_erasures(spark, lake, "build_request_id", ["br-a", "br-b", "br-a"], actor="alice", reason="t9")
+
+    assert sorted(t.value for t in recorded) == ["br-a", "br-b"]
+    assert current_version(spark, lake.table_path(TOMBSTONES)) == 1  # created, then one commit
+    assert sorted(t.value for t in read_tombstones(spark, lake)) == ["br-a", "br-b"]
+    from databuild_assets.log.spark.backend import DeltaEventLog
+
+    assert DeltaEventLog(spark, lake).get_activity_summary().total_events == 0  # both builds hidden
 
 
 def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and_job_events_that_list_it(
@@ -240,6 +256,8 @@ def test_the_schedules_and_the_erase_jobs_config_validate():
         }
     }
     assert validate_run_config(erase, request)
+    many = {"key": "partition_ref", "values": [REF, OTHER], "actor": "a", "reason": "r"}
+    assert validate_run_config(erase, {"ops": {"tombstones": {"config": many}}})
     vacuum = project_defs.resolve_job_def("vacuum_job")
     assert validate_run_config(vacuum, {"ops": {"vacuum_tables": {"config": {"retention_hours": 200}}}})
 

@@ -93,9 +93,9 @@ def erase_requests(instance: DagsterInstance, values: Iterable[str]) -> dict[str
     wanted, requests = set(values), {}
     for run in instance.get_runs(filters=RunsFilter(job_name=ERASE_JOB)):
         config = run.run_config.get("ops", {}).get(TOMBSTONES.name, {}).get("config", {})
-        value = config.get("value") if isinstance(config, dict) else None
-        if value in wanted:
-            requests[run.run_id] = frozenset({value})
+        named = {config.get("value"), *(config.get("values") or [])} if isinstance(config, dict) else set()
+        if named & wanted:
+            requests[run.run_id] = frozenset(named & wanted)
     return requests
 
 

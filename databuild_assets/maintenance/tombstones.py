@@ -67,13 +67,30 @@ def validate_request(key: str, value: str, actor: str, reason: str) -> None:
 
 def request_erasure(spark: SparkSession, lake: Lake, key: str, value: str, actor: str, reason: str) -> Tombstone:
     """Record a tombstone (one commit). From that commit on, matching events are hidden."""
-    validate_request(key, value, actor, reason)
+    return request_erasures(spark, lake, key, [value], actor, reason)[0]
+
+
+def request_erasures(
+    spark: SparkSession, lake: Lake, key: str, values: list[str], actor: str, reason: str
+) -> list[Tombstone]:
+    """Record a tombstone for each of `values` (of one key, for one actor and reason) in one
+    commit: a request that names many values costs one commit and one refresh, not one each.
+    Every value is checked before anything is written; a value given twice is recorded once.
+
+        request_erasures(spark, lake, "partition_ref", ["data/users/id=1", "data/users/id=2"],
+                         actor="alice@example.com", reason="GDPR request #1234")
+    """
+    if not values:
+        raise TombstoneError("erasure request refused, nothing written: no value given")
+    for value in values:
+        validate_request(key, value, actor, reason)
     path = lake.table_path(TOMBSTONES)
     ensure_table(spark, path, TOMBSTONES)
-    tombstone = Tombstone(str(uuid.uuid4()), key, value, actor, reason, datetime.now(UTC))
-    _append(spark, path, [tombstone], "requested")
-    log.info("tombstone %s recorded: %s by %s (%s)", tombstone.tombstone_id, key, actor, reason)
-    return tombstone
+    now = datetime.now(UTC)
+    tombstones = [Tombstone(str(uuid.uuid4()), key, value, actor, reason, now) for value in dict.fromkeys(values)]
+    _append(spark, path, tombstones, "requested")
+    log.info("%d tombstone(s) recorded in one commit: %s by %s (%s)", len(tombstones), key, actor, reason)
+    return tombstones
 
 
 def record_applied(spark: SparkSession, lake: Lake, tombstones: list[Tombstone], log_version: int) -> None:

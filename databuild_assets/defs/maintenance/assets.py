@@ -7,7 +7,7 @@ from databuild_assets.defs.catalog import TABLE_KINDS
 from databuild_assets.defs.metadata import delta_table_metadata
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-from databuild_assets.maintenance.tombstones import TOMBSTONE_KEYS, read_tombstones, request_erasure, validate_request
+from databuild_assets.maintenance.tombstones import TOMBSTONE_KEYS, read_tombstones, request_erasures, validate_request
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES
 
 
@@ -16,6 +16,9 @@ class ErasureRequest(Config):
 
     key: str | None = Field(default=None, description=f"What the value is: one of {', '.join(TOMBSTONE_KEYS)}.")
     value: str | None = Field(default=None, description="The value to erase, e.g. a partition_ref.")
+    values: list[str] | None = Field(
+        default=None, description="Several values of the same key, erased by one request (one commit, one refresh)."
+    )
     actor: str | None = Field(default=None, description="Who asks (kept in the audit record).")
     reason: str | None = Field(default=None, description="Why (kept in the audit record), e.g. a ticket.")
 
@@ -32,19 +35,25 @@ def tombstones(
     context: AssetExecutionContext, config: ErasureRequest, lakehouse: LakehouseResource
 ) -> MaterializeResult:
     spark, lake = lakehouse.spark_session, lakehouse.lake
-    given = {"key": config.key, "value": config.value, "actor": config.actor, "reason": config.reason}
-    recorded = None
-    if any(v is not None for v in given.values()):
+    values = [*([config.value] if config.value is not None else []), *(config.values or [])]
+    given = {"key": config.key, "actor": config.actor, "reason": config.reason}
+    recorded = []
+    if values or any(v is not None for v in given.values()):
         # Refused requests raise TombstoneError before anything is written.
-        validate_request(**{k: v or "" for k, v in given.items()})
-        recorded = request_erasure(spark, lake, **given)
+        for value in values or [""]:
+            validate_request(value=value, **{k: v or "" for k, v in given.items()})
+        recorded = request_erasures(spark, lake, values=values, **given)
         context.log.info(
-            f"tombstone {recorded.tombstone_id}: {recorded.key} erased by {recorded.actor} ({recorded.reason})"
+            f"{len(recorded)} tombstone(s) ({recorded[0].tombstone_id}...): {config.key} erased by {config.actor} "
+            f"({config.reason})"
         )
     all_tombstones = read_tombstones(spark, lake)
     return MaterializeResult(
         metadata={
-            "recorded_tombstone_id": MetadataValue.text(recorded.tombstone_id if recorded else "(none: report only)"),
+            "recorded_tombstone_id": MetadataValue.text(
+                ", ".join(t.tombstone_id for t in recorded) if recorded else "(none: report only)"
+            ),
+            "recorded_tombstones": MetadataValue.int(len(recorded)),
             "tombstones": MetadataValue.int(len(all_tombstones)),
             "pending": MetadataValue.int(sum(t.pending for t in all_tombstones)),
             "applied": MetadataValue.int(sum(not t.pending for t in all_tombstones)),
