@@ -53,7 +53,7 @@ from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_log import LAST_CHECKPOINT, LogState, log_folder, parse_commit, read_log
-from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
 _VERSIONED = ("json", "crc")
@@ -105,13 +105,19 @@ def repair_lake(spark: SparkSession, lake: Lake, progress: Callable[[str], None]
             lost = _mend_source_table(lake, name, aside, result, say)
             if name == RAW_EVENT_LOG.name:
                 result.events_lost += lost
+            elif name == TOMBSTONES.name and lost:
+                result.actions.append(
+                    f"tombstones: {lost:,} record(s) lost: the events an erasure request among them hid are "
+                    "visible again until it is requested again (erase_job); the erase runs' configs name them"
+                )
+                say(result.actions[-1])
     if raw_changed:
         _ingest_again(spark, lake, result, say)
         if filtered_reads:
             _put_back_from_filtered_log(spark, lake, result, say)
         if witnesses is not None:
             held = _event_ids(lake.table_path(RAW_EVENT_LOG))
-            result.events_missing = len(witnesses) - pc.sum(pc.is_in(witnesses, value_set=held)).as_py()
+            result.events_missing = len(witnesses) - (pc.sum(pc.is_in(witnesses, value_set=held)).as_py() or 0)
     derived_damaged = [name for name in DERIVED_TABLES if name in damaged]
     for name in derived_damaged:
         if _has_damaged_files(result.before, name):
