@@ -82,6 +82,15 @@ def _log_damage_error(table_path: str, state: LogState) -> DamagedTableError | N
     return DamagedTableError(name, _in_lake(path, root, file), what, root)
 
 
+def _newest_unreadable(table_path: str, state: LogState) -> DamagedTableError | None:
+    """The log's damage when it keeps the latest version from being read (a commit or
+    checkpoint beyond the newest whole version); None when only older versions are hurt."""
+    whole = -1 if state.version is None else state.version
+    if not any(damage.version > whole for damage in state.damage) and state.version is not None:
+        return None
+    return _log_damage_error(table_path, state)
+
+
 def log_damage(table_path: str) -> DamagedTableError | None:
     """The damage of a table's Delta log, read file by file (`delta_log.read_log`), or None when
     every commit and checkpoint reads: what a delta-rs or Spark failure to open a table is
@@ -93,7 +102,10 @@ def data_file_damage(table_path: str, file: str, error: BaseException) -> Damage
     """`error`, met reading the data file `file` (relative to the table, unquoted), as damage:
     when the log references the file at its latest version (missing or unreadable), or the log
     itself is damaged. None when the latest version no longer has the file (removed by a commit,
-    then vacuumed): the reader was behind, not the disk wrong."""
+    then vacuumed): the reader was behind, not the disk wrong. None for a PermissionError too:
+    the file is there, this process may not read it, and moving it aside would not help."""
+    if isinstance(error, PermissionError):
+        return None
     state = read_log(table_path)
     path, name, root = _table_and_root(table_path)
     if file in state.files:
@@ -102,7 +114,7 @@ def data_file_damage(table_path: str, file: str, error: BaseException) -> Damage
         else:
             what = f"data file does not read ({_error_text(error)})"
         return DamagedTableError(name, _in_lake(path, root, file), what, root)
-    return _log_damage_error(table_path, state)
+    return _newest_unreadable(table_path, state)
 
 
 def commit_damage(table_path: str, version: int, error: BaseException) -> DamagedTableError:
@@ -177,17 +189,20 @@ def spark_damage(error: BaseException, root: str) -> DamagedTableError | None:
         if name not in states:
             states[name] = read_log(table_path)
         state = states[name]
-        if file.split("/")[0] == "_delta_log":
+        if file.split("/")[0] == "_delta_log":  # Spark failed on the log: any damage of it
             found = next((d for d in state.damage if f"_delta_log/{d.file}" == file), None)
-            if found is not None or (file != "_delta_log" and not state.damage):
-                what = found.what if found is not None else _spark_what(text, table_path, file)
-                return DamagedTableError(name, f"tables/{name}/{file}", what, root)
+            if found is not None:
+                return DamagedTableError(name, f"tables/{name}/{file}", found.what, root)
+            if (damage := _log_damage_error(table_path, state)) is not None:
+                return damage
+            if file != "_delta_log":
+                return DamagedTableError(name, f"tables/{name}/{file}", _spark_what(text, table_path, file), root)
         elif file in state.files:
             return DamagedTableError(name, f"tables/{name}/{file}", _spark_what(text, table_path, file), root)
         else:
             stale = True  # a data file of an older version, gone since (a vacuum): not damage
-        if (damage := _log_damage_error(table_path, state)) is not None:
-            return damage
+            if (damage := _newest_unreadable(table_path, state)) is not None:
+                return damage
     if stale:
         return None
     tables = Path(root, "tables")

@@ -167,6 +167,8 @@ class DeltaFollower:
             except (OSError, pa.ArrowException) as error:
                 if (damage := data_file_damage(self.path, relative, error)) is not None:
                     raise damage from None
+                if isinstance(error, PermissionError):
+                    raise
                 return None
         if not tables:
             return None if files else pa.table({})
