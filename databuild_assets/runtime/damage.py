@@ -39,7 +39,7 @@ class DamagedTableError(RuntimeError):
     one line a user sees, naming the `check` and `repair` commands for the lake."""
 
     def __init__(self, table: str, file: str, what: str, root: str) -> None:
-        self.table, self.file, self.what, self.root = table, file, _one_line(what), root
+        self.table, self.file, self.what, self.root = table, file, _one_line(what).rstrip("."), root
         super().__init__(
             f"{table}: {file}: {self.what}. See every damaged file: databuild-assets check delta://{root}; "
             f"mend them: databuild-assets repair delta://{root}"
