@@ -23,7 +23,8 @@ from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake,
 # argument, a URI, a log or a lake root that is not there, Spark settings Spark cannot start with):
 # one line on stderr says what and how to fix it.
 EXIT_BAD_INPUT = 2
-# `check` found damage (each problem on a line of its own, with the command that repairs it).
+# `check` found damage (each problem on a line of its own, with the command that repairs it), or
+# a reader met a damaged file (one line naming the table, the file, and `check` and `repair`).
 EXIT_DAMAGE = 1
 
 
@@ -163,6 +164,7 @@ def migrate(sqlite_uri: str) -> int:
 def query(uri: str, method: str, arguments: list[str]) -> int:
     from databuild_assets.log import open_event_log, parse_event_log_uri
     from databuild_assets.log.commands import parse_arguments, to_json
+    from databuild_assets.runtime.damage import DamagedTableError
 
     # What the command line can get wrong is checked before the log is opened (and, but for a
     # lake on object storage, before Spark starts): the URI, the method, its arguments, and that
@@ -185,12 +187,23 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
             return _refuse("query", f"no event log in the lake {parsed.location}: {log_path} is not a Delta table")
     try:
         log = open_event_log(uri, **options)
+    except DamagedTableError as error:
+        return _damaged("query", error)
     except ValueError as error:  # a file that is no event log, or one of another schema version
         return _refuse("query", error)
-    with log:
-        answer = getattr(log, method)(**keywords)
+    try:
+        with log:
+            answer = getattr(log, method)(**keywords)
+    except DamagedTableError as error:
+        return _damaged("query", error)
     print(to_json(answer))
     return 0
+
+
+def _damaged(command: str, error: Exception) -> int:
+    """A damaged or missing file met on the way: its one line, and exit 1 (the work failed)."""
+    print(f"databuild-assets {command}: {error}", file=sys.stderr)
+    return EXIT_DAMAGE
 
 
 def _lake_of(command: str, uri: str) -> tuple[Lake | None, int]:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from databuild_assets.runtime.damage import commit_damage
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_table_properties
 from databuild_assets.runtime.lake import is_local
 
@@ -237,15 +238,18 @@ def commit_info(spark: SparkSession, path: str, version: int) -> dict:
 
 def _commit_info_on_disk(path: str, version: int) -> dict:
     """The commitInfo in commit file `version` of the local table at `path` ({} when it has none
-    that parses); FileNotFoundError when the file is gone."""
+    that parses); FileNotFoundError when the file is gone, DamagedTableError when it is not text."""
     commit = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log" / f"{version:020d}.json"
-    with open(commit, encoding="utf-8") as handle:
-        for line in handle:
-            if '"commitInfo"' in line:
-                try:
-                    return json.loads(line)["commitInfo"]
-                except (json.JSONDecodeError, KeyError):
-                    return {}
+    try:
+        with open(commit, encoding="utf-8") as handle:
+            for line in handle:
+                if '"commitInfo"' in line:
+                    try:
+                        return json.loads(line)["commitInfo"]
+                    except (json.JSONDecodeError, KeyError):
+                        return {}
+    except UnicodeDecodeError as error:
+        raise commit_damage(path, version, error) from None
     return {}
 
 

@@ -32,6 +32,7 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.damage import data_file_damage
 from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec, is_local
 
 log = logging.getLogger(__name__)
@@ -359,20 +360,30 @@ def iter_local_table(
 
 def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: int | None = None) -> Iterator[pa.Table]:
     """`columns` of one data file (a delta-rs add action), whole or `rows_per_part` rows at a
-    time, with its partition values as columns."""
+    time, with its partition values as columns. A file that does not read while the log still
+    references it raises DamagedTableError naming it; one gone because a newer version removed
+    it (a vacuum) raises FileNotFoundError, for the caller to read the newer snapshot."""
     partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
     root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
-    parquet = pq.ParquetFile(os.path.join(root, unquote(file["path"])))
-    present = [c for c in columns if c in set(parquet.schema_arrow.names)]
-    if rows_per_part is None:
-        datas: Iterator[pa.Table] = iter([parquet.read(columns=present)])
-    else:
-        datas = (pa.Table.from_batches([b]) for b in parquet.iter_batches(batch_size=rows_per_part, columns=present))
-    for data in datas:
-        for name in columns:
-            if name in partition and name not in data.column_names:  # a writer may store it in the file too
-                data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
-        yield data.select([name for name in columns if name in data.column_names])
+    relative = unquote(file["path"])
+    try:
+        parquet = pq.ParquetFile(os.path.join(root, relative))
+        present = [c for c in columns if c in set(parquet.schema_arrow.names)]
+        if rows_per_part is None:
+            datas: Iterator[pa.Table] = iter([parquet.read(columns=present)])
+        else:
+            datas = (
+                pa.Table.from_batches([b]) for b in parquet.iter_batches(batch_size=rows_per_part, columns=present)
+            )
+        for data in datas:
+            for name in columns:
+                if name in partition and name not in data.column_names:  # a writer may store it in the file too
+                    data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
+            yield data.select([name for name in columns if name in data.column_names])
+    except (OSError, pa.ArrowException) as error:
+        if (damage := data_file_damage(root, relative, error)) is not None:
+            raise damage from None
+        raise
 
 
 def _joined(parts: list[pa.Table], columns: list[str]) -> pa.Table:

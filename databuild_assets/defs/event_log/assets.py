@@ -3,6 +3,7 @@
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, multi_asset
 
 from databuild_assets.defs.catalog import TABLE_KINDS
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.metadata import delta_table_metadata, preview
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import ingest_landing_files
@@ -40,6 +41,7 @@ landing_files = AssetSpec(
     # One ingestion at a time: a second would only find the first one's files taken.
     pool="databuild_ingest",
 )
+@reports_damage
 def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResource):
     """Ingest every landing file not ingested yet, exactly once (see ingest/landing.py)."""
     spark, lake = lakehouse.spark_session, lakehouse.lake

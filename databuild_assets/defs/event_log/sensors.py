@@ -1,12 +1,15 @@
 """The landing-files sensor: a change in <lake root>/landing requests one run that ingests the new
-files and refreshes the filtered log and the projections."""
+files and refreshes the filtered log and the projections; none while the newest commit of the raw
+log or the ingest ledger does not parse (the skip names that file)."""
 
 from dagster import RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
 from databuild_assets.defs.event_log.jobs import ingest_and_refresh_job
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing_state import landing_state
-from databuild_assets.runtime.lake import is_local
+from databuild_assets.runtime.damage import new_commits_damage
+from databuild_assets.runtime.delta_tables import latest_version_on_disk
+from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, is_local
 
 # Dagster's sensor daemon loops every 5 s and evaluates a sensor when its minimum interval has
 # passed since its last tick. With 5 here, the last tick (stamped a little after its loop began) is
@@ -28,6 +31,14 @@ def landing_files_sensor(context: SensorEvaluationContext, lakehouse: LakehouseR
     state = landing_state(landing)
     if state is None or state.fingerprint == context.cursor:
         return SkipReason(f"no new landing files in {landing}")
+    lake = lakehouse.lake
+    for table in (RAW_EVENT_LOG, INGEST_LEDGER):
+        # An ingestion over a commit that does not parse would only fail: say which file, and keep
+        # the cursor, so that the tick after a repair requests the run.
+        path = lake.table_path(table)
+        newest = latest_version_on_disk(path)
+        if newest is not None and (damage := new_commits_damage(path, newest - 1, newest)) is not None:
+            return SkipReason(str(damage))
     # Ingestion takes every file not yet ingested, so one run per change of the folder is enough.
     context.log.info(f"{landing}: {state.files} landing files, {state.waiting} still being written")
     return SensorResult(run_requests=[RunRequest(run_key=f"landing-{state.fingerprint}")], cursor=state.fingerprint)

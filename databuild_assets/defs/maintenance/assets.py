@@ -4,6 +4,7 @@ from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataVa
 from pydantic import Field
 
 from databuild_assets.defs.catalog import TABLE_KINDS
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.metadata import delta_table_metadata
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -31,6 +32,7 @@ class ErasureRequest(Config):
     # The audit record keeps each erased value on purpose; erasure scans everything else.
     tags={"databuild/layer": "audit", "databuild/erasure": "kept"},
 )
+@reports_damage
 def tombstones(
     context: AssetExecutionContext, config: ErasureRequest, lakehouse: LakehouseResource
 ) -> MaterializeResult:
@@ -75,6 +77,7 @@ class FilteredLogConfig(Config):
     tags={"databuild/layer": "filtered", "databuild/erasure": "purged"},
     pool="filtered_event_log",
 )
+@reports_damage
 def filtered_event_log(
     context: AssetExecutionContext, config: FilteredLogConfig, lakehouse: LakehouseResource
 ) -> MaterializeResult:

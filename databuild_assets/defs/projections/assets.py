@@ -6,6 +6,7 @@ from dagster import AssetExecutionContext, AssetSpec, Config, MaterializeResult,
 from pydantic import Field
 
 from databuild_assets.defs.catalog import TABLE_KINDS
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.metadata import delta_table_metadata, preview
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
@@ -44,6 +45,7 @@ class RefreshConfig(Config):
     # Refreshes of the projections never overlap: each MERGE builds on the version the last one recorded.
     pool="projections",
 )
+@reports_damage
 def projections(context: AssetExecutionContext, config: RefreshConfig, lakehouse: LakehouseResource):
     """Refresh the selected projections from the filtered log: partition_state first, then the
     others side by side (`FIRST`); a full rebuild refreshes them all at once."""

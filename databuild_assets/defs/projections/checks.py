@@ -3,6 +3,7 @@ implies, and that it is up to date with the log (`projections/table_stats.py` me
 
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, multi_asset_check
 
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.projection import Projection
@@ -15,6 +16,7 @@ def projection_checks(projection: Projection):
     specs = [AssetCheckSpec(name, asset=projection.name) for name in CHECK_NAMES]
 
     @multi_asset_check(specs=specs, name=f"{projection.name}_checks")
+    @reports_damage
     def checks(context: AssetCheckExecutionContext, lakehouse: LakehouseResource):
         stats = projection_table_stats(lakehouse.spark_session, lakehouse.lake, projection)
         processed, expected_keys = stats.processed_log_version, stats.keys_in_log_then

@@ -18,6 +18,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.freshness import projection_lag
@@ -39,6 +40,7 @@ def projection_freshness_checks(max_lag: timedelta):
     ]
 
     @multi_asset_check(specs=specs, name="projection_freshness_checks", can_subset=True)
+    @reports_damage
     def checks(context: AssetCheckExecutionContext, lakehouse: LakehouseResource):
         spark, lake = lakehouse.spark_session, lakehouse.lake
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):

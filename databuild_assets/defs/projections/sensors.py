@@ -11,6 +11,7 @@ from databuild_assets.defs.maintenance.jobs import erase_job
 from databuild_assets.defs.projections.jobs import refresh_projections_job
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.projections.refresh_all import reflected_versions_on_disk
+from databuild_assets.runtime.damage import DamagedTableError, new_commits_damage
 from databuild_assets.runtime.delta_tables import current_version, latest_version_on_disk
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
 
@@ -39,6 +40,12 @@ def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: Lakeho
     seen, generation = _parse_cursor(context.cursor)
     if seen == state:
         return SkipReason(f"event log still at version {raw}, tombstones at {tombstones}")
+    if is_local(lake.root):
+        # A refresh run over a commit that does not parse would only fail: say which file, and
+        # keep the cursor, so that the tick after a repair requests the run.
+        for path, newest in ((lake.table_path(RAW_EVENT_LOG), raw), (lake.table_path(TOMBSTONES), tombstones)):
+            if newest is not None and (damage := new_commits_damage(path, newest - 1, newest)) is not None:
+                return SkipReason(str(damage))
     if seen is not None and raw < _raw_version(seen):
         # The log went back: a new lake at the same root (`make clean-lake`). Its versions start
         # again at 0, so its run keys get a generation, or Dagster would not run the ones the old
@@ -55,7 +62,11 @@ def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: Lakeho
         # The cursor stays: once that run ends, the next tick requests the versions it missed.
         run = in_flight[0]
         return SkipReason(f"{run.job_name} run {run.run_id} is in flight; event log at version {raw}")
-    if is_local(lake.root) and reflected_versions_on_disk(lake) == (raw, tombstones):
+    try:
+        reflected = reflected_versions_on_disk(lake) if is_local(lake.root) else None
+    except DamagedTableError as damage:  # a derived table's commit: its refresh would fail on it
+        return SkipReason(str(damage))
+    if reflected == (raw, tombstones):
         # Another run refreshed them already (ingest_and_refresh_job, erase_job): nothing to request.
         return SensorResult(
             skip_reason=f"the filtered log and every projection already reflect raw_event_log v{raw}",

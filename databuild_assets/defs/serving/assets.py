@@ -4,6 +4,7 @@ the same runs that refresh the projections, so that opening the log never pays a
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from databuild_assets.defs.catalog import SERVING_INDEX
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.log.serving.backend import ServingIndexStatus, refresh_serving_index
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
@@ -19,6 +20,7 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
     "with the raw log's and the tombstones' versions: what `open_event_log('delta:///...')` reads.",
     pool="serving_index",
 )
+@reports_damage
 def serving_index(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     lake = lakehouse.lake
     if not is_local(lake.root):

@@ -22,9 +22,11 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import deltalake
+import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage
 from databuild_assets.runtime.delta_tables import read_local_table, schema_version_of
 
 # Reader features whose files a plain Parquet read would misread: rows only marked deleted,
@@ -88,8 +90,14 @@ class DeltaFollower:
             return None
 
     def open_table(self) -> deltalake.DeltaTable:
-        """The table at its latest version, through delta-rs, checked to be followable."""
-        table = deltalake.DeltaTable(self.path)
+        """The table at its latest version, through delta-rs, checked to be followable; a log
+        that does not read raises DamagedTableError naming its damaged file."""
+        try:
+            table = deltalake.DeltaTable(self.path)
+        except (deltalake.exceptions.DeltaError, OSError):
+            if (damage := log_damage(self.path)) is not None:
+                raise damage from None
+            raise
         self.check(table.protocol().reader_features, table.metadata().configuration)
         return table
 
@@ -119,16 +127,21 @@ class DeltaFollower:
                 text = path.read_text(encoding="utf-8")
             except FileNotFoundError:
                 break
-            for line in text.splitlines():
-                if not line.strip():
-                    continue
-                action = json.loads(line)
-                if "add" in action and action["add"].get("dataChange", True):
-                    changes.added.append(unquote(action["add"]["path"]))
-                elif "remove" in action and action["remove"].get("dataChange", True):
-                    changes.removed.append(unquote(action["remove"]["path"]))
-                elif "metaData" in action or "protocol" in action:
-                    return None  # a schema or protocol change: reload and check it
+            except UnicodeDecodeError as error:
+                raise commit_damage(self.path, changes.version + 1, error) from None
+            try:
+                for line in text.splitlines():
+                    if not line.strip():
+                        continue
+                    action = json.loads(line)
+                    if "add" in action and action["add"].get("dataChange", True):
+                        changes.added.append(unquote(action["add"]["path"]))
+                    elif "remove" in action and action["remove"].get("dataChange", True):
+                        changes.removed.append(unquote(action["remove"]["path"]))
+                    elif "metaData" in action or "protocol" in action:
+                        return None  # a schema or protocol change: reload and check it
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise commit_damage(self.path, changes.version + 1, error) from None
             changes.version += 1
         self.version = changes.version
         return changes
@@ -144,12 +157,18 @@ class DeltaFollower:
 
     def read(self, files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
         """`columns` of the data files `files` (relative paths) as one table; None when a file
-        is gone (vacuumed after a long pause): the caller loads the snapshot again."""
+        is gone or unreadable and the latest version no longer has it (vacuumed after a long
+        pause): the caller loads the snapshot again. DamagedTableError when the log still
+        references it."""
         tables = []
         for relative in files:
             try:
                 tables.append(pq.read_table(os.path.join(self.path, relative), columns=list(columns)))
-            except FileNotFoundError:
+            except (OSError, pa.ArrowException) as error:
+                if (damage := data_file_damage(self.path, relative, error)) is not None:
+                    raise damage from None
+                if isinstance(error, PermissionError):
+                    raise
                 return None
         if not tables:
             return None if files else pa.table({})

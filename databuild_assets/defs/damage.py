@@ -1,0 +1,61 @@
+"""Assets, checks and ops that read the lake report a damaged file as one line: the Spark or Delta
+failure a step meets is located and raised as the DamagedTableError it stands for
+(runtime/damage.py), here once for every step instead of in each job. Dagster still records the
+step's failure; its message is the line, naming the table, the file, and `check` and `repair`.
+
+    @asset
+    @reports_damage
+    def raw_event_log(context, lakehouse: LakehouseResource): ...
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.runtime.damage import damage_reported
+from databuild_assets.runtime.lake import Lake, is_local
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _lake_root(arguments: Mapping[str, Any]) -> str | None:
+    """The local lake root of the step's lakehouse resource (None: none, or a remote lake)."""
+    for value in arguments.values():
+        if isinstance(value, LakehouseResource):
+            root = Lake(value.lake_root).root
+            return root if is_local(root) else None
+    return None
+
+
+def reports_damage(compute: F) -> F:
+    """`compute` (an asset's, a check's or an op's function, given its lakehouse resource by
+    keyword, as Dagster does) with a damaged file it meets raised as one DamagedTableError.
+    Its signature is kept, and a generator stays one, so Dagster sees the function it wraps."""
+    if inspect.isgeneratorfunction(compute):
+
+        @functools.wraps(compute)
+        def generating(*args: Any, **kwargs: Any) -> Any:
+            root = _lake_root(kwargs)
+            if root is None:
+                return (yield from compute(*args, **kwargs))
+            with damage_reported(root):
+                return (yield from compute(*args, **kwargs))
+
+        return generating
+
+    @functools.wraps(compute)
+    def returning(*args: Any, **kwargs: Any) -> Any:
+        root = _lake_root(kwargs)
+        if root is None:
+            return compute(*args, **kwargs)
+        with damage_reported(root):
+            return compute(*args, **kwargs)
+
+    return returning
+
+
+__all__ = ["reports_damage"]
