@@ -25,6 +25,7 @@ from deltalake import write_deltalake
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
+from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows, refresh_serving_index
 from databuild_assets.runtime.damage import DamagedTableError
@@ -205,6 +206,19 @@ def test_an_ingestion_on_a_damaged_raw_log_fails_with_the_one_line(lake: Lake, d
     [failure] = result.get_step_failure_events()
     error = failure.step_failure_data.error.cause
     assert error.cls_name == "DamagedTableError"
+    [line] = error.message.strip().splitlines()
+    assert_names_the_damage(line.removeprefix("databuild_assets.runtime.damage.DamagedTableError: "), lake, file)
+
+
+def test_a_compaction_on_a_damaged_raw_log_fails_with_the_one_line(lake: Lake) -> None:
+    file = DAMAGE["newest commit cut in half"](lake)
+
+    result = compaction_job.execute_in_process(resources={"lakehouse": lakehouse_for(lake)}, raise_on_error=False)
+
+    assert not result.success
+    [failure] = result.get_step_failure_events()
+    error = failure.step_failure_data.error.cause
+    assert (failure.step_key, error.cls_name) == ("compact_lake", "DamagedTableError")
     [line] = error.message.strip().splitlines()
     assert_names_the_damage(line.removeprefix("databuild_assets.runtime.damage.DamagedTableError: "), lake, file)
 

@@ -22,6 +22,7 @@ from dagster import (
 from delta.exceptions import DeltaConcurrentModificationException
 from pydantic import Field
 
+from databuild_assets.defs.damage import reports_damage
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.serving.assets import SERVING_INDEX, serving_index_metadata
 from databuild_assets.log.serving.backend import refresh_serving_index
@@ -66,6 +67,7 @@ class CompactionConfig(Config):
 
 
 @op(pool="lake_maintenance")
+@reports_damage
 def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehouse: LakehouseResource):
     """Purge pending tombstones from every table (verified first), then bin-pack small files."""
     spark, lake = lakehouse.spark_session, lakehouse.lake
@@ -138,6 +140,7 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
 
 
 @op(ins={"compacted": In(Nothing)})
+@reports_damage
 def refresh_index_after_compaction(context: OpExecutionContext, lakehouse: LakehouseResource):
     """The serving index follows the purge: the erased events leave its file's bytes too."""
     lake = lakehouse.lake
@@ -246,6 +249,7 @@ class VacuumConfig(Config):
 
 
 @op(pool="lake_maintenance")
+@reports_damage
 def vacuum_tables(context: OpExecutionContext, config: VacuumConfig, lakehouse: LakehouseResource):
     """Delete files older than the retention that no table version within it needs; then archive
     or delete the ingested landing files past the landing retention."""
@@ -306,6 +310,7 @@ def vacuum_job():
 
 
 @op
+@reports_damage
 def report_erasure(context: OpExecutionContext, lakehouse: LakehouseResource):
     """Scan every data file, and every file under DAGSTER_HOME, for every tombstone's value; any
     row found fails the op."""
