@@ -99,13 +99,14 @@ def _count(lake: Lake) -> int:
     return sum(add["num_records"] for add in _adds(lake, "raw_event_log"))
 
 
+def _landing_data_files(lake: Lake) -> list[Path]:
+    """The data files of raw_event_log written by an ingestion (not by the writer API)."""
+    table = Path(lake.table_path(RAW_EVENT_LOG))
+    return sorted(table / add["path"] for add in _adds(lake, "raw_event_log") if add["num_records"] > APPENDED)
+
+
 def _landing_data_file(lake: Lake) -> Path:
-    """A data file of raw_event_log written by an ingestion (not by the writer API)."""
-    for add in _adds(lake, "raw_event_log"):
-        path = Path(lake.table_path(RAW_EVENT_LOG)) / add["path"]
-        if add["num_records"] > APPENDED:
-            return path
-    raise AssertionError("no ingested data file")
+    return _landing_data_files(lake)[0]
 
 
 def _commit(lake: Lake, table: str, version: int) -> Path:
@@ -141,49 +142,31 @@ def _repaired_equals(spark, lake: Lake, reference: Lake, lost: int = 0):
 # -- data files ------------------------------------------------------------------------------------
 
 
-def test_a_data_file_zeroed_in_its_middle_is_named_and_its_events_come_back_from_landing(
+def test_zeroed_cut_and_missing_data_files_are_each_named_and_their_events_come_back_from_landing(
     spark, reference, copy, capsys
 ):
-    damaged = _landing_data_file(copy)
-    size = damaged.stat().st_size
-    with open(damaged, "r+b") as file:
-        file.seek(size // 2)
+    zeroed, cut, missing = _landing_data_files(copy)[:3]
+    with open(zeroed, "r+b") as file:
+        file.seek(zeroed.stat().st_size // 2)
         file.write(b"\0" * 4096)
+    os.truncate(cut, cut.stat().st_size - 100)
+    missing.unlink()
 
     code, lines = _check_lines(copy, capsys)
 
     assert code == 1
-    [problem] = _problem_lines(lines)
-    relative = os.path.relpath(damaged, copy.root)
-    assert problem.startswith(f"raw_event_log: {relative}: data file does not read")
+    problems = sorted(_problem_lines(lines))
+    named = {os.path.relpath(path, copy.root): path for path in (zeroed, cut, missing)}
+    assert sorted(line.split(": ")[1] for line in problems) == sorted(named)
+    said = {line.split(": ")[1]: line.split(": ", 2)[2] for line in problems}
+    assert said[os.path.relpath(zeroed, copy.root)].startswith("data file does not read")
+    assert said[os.path.relpath(cut, copy.root)].startswith("data file has")
+    assert "bytes, the log recorded" in said[os.path.relpath(cut, copy.root)]
+    assert said[os.path.relpath(missing, copy.root)].startswith("data file is missing")
     result = _repaired_equals(spark, copy, reference)
     assert result.events_lost > 0 and result.events_recovered == result.events_lost
-    assert os.path.exists(os.path.join(result.aside_folder, relative))  # moved aside, not deleted
-
-
-def test_a_data_file_cut_short_is_named_with_its_sizes(spark, reference, copy, capsys):
-    damaged = _landing_data_file(copy)
-    os.truncate(damaged, damaged.stat().st_size - 100)
-
-    code, lines = _check_lines(copy, capsys)
-
-    assert code == 1
-    [problem] = _problem_lines(lines)
-    assert f"raw_event_log: {os.path.relpath(damaged, copy.root)}: data file has" in problem
-    assert "bytes, the log recorded" in problem
-    _repaired_equals(spark, copy, reference)
-
-
-def test_a_missing_data_file_is_named_and_its_events_come_back(spark, reference, copy, capsys):
-    damaged = _landing_data_file(copy)
-    damaged.unlink()
-
-    code, lines = _check_lines(copy, capsys)
-
-    assert code == 1
-    [problem] = _problem_lines(lines)
-    assert problem.startswith(f"raw_event_log: {os.path.relpath(damaged, copy.root)}: data file is missing")
-    _repaired_equals(spark, copy, reference)
+    for relative in (os.path.relpath(zeroed, copy.root), os.path.relpath(cut, copy.root)):
+        assert os.path.exists(os.path.join(result.aside_folder, relative))  # moved aside, not deleted
 
 
 def test_events_no_landing_file_keeps_are_put_back_from_the_filtered_log(spark, reference, copy, capsys):
@@ -198,14 +181,19 @@ def test_events_no_landing_file_keeps_are_put_back_from_the_filtered_log(spark, 
     assert result.events_from_landing == 0 and result.events_from_filtered_log == result.events_lost > 0
 
 
-def test_a_damaged_projection_file_is_rebuilt_from_the_raw_log(spark, reference, copy, capsys):
+def test_a_damaged_projection_file_and_a_cut_serving_index_are_named_and_rebuilt(spark, reference, copy, capsys):
     damaged = Path(copy.path("tables", "job_runs")) / _adds(copy, "job_runs")[0]["path"]
     damaged.write_bytes(b"not parquet")
+    index, _ = IndexFolder(copy.path(SERVING_INDEX_FOLDER)).current()
+    os.truncate(index, os.path.getsize(index) // 2)
 
     code, lines = _check_lines(copy, capsys)
 
     assert code == 1
-    assert [line.split(":")[0] for line in _problem_lines(lines)] == ["job_runs"]
+    problems = _problem_lines(lines)
+    assert [line.split(":")[0] for line in problems] == ["job_runs", "serving_index"]
+    assert problems[0].startswith(f"job_runs: {os.path.relpath(damaged, copy.root)}: data file has 11 bytes")
+    assert problems[1].startswith(f"serving_index: serving_index/{os.path.basename(index)}: ")
     _repaired_equals(spark, copy, reference)
 
 
@@ -292,18 +280,6 @@ def test_a_raw_log_behind_its_ingest_ledger_gets_the_missing_batch_again(spark, 
 
 
 # -- the serving index, landing files, the disk, permissions -----------------------------------------
-
-
-def test_a_serving_index_cut_short_is_named_and_rebuilt(spark, built, copy, capsys):
-    index, _ = IndexFolder(copy.path(SERVING_INDEX_FOLDER)).current()
-    os.truncate(index, os.path.getsize(index) // 2)
-
-    code, lines = _check_lines(copy, capsys)
-
-    assert code == 1
-    [problem] = _problem_lines(lines)
-    assert problem.startswith(f"serving_index: serving_index/{os.path.basename(index)}: ")
-    _repaired_equals(spark, copy, built)  # the tables as they were: only the index is rebuilt
 
 
 def test_a_landing_file_cut_in_the_middle_of_a_line_waits_then_quarantines_only_the_cut_line(spark, copy):
