@@ -108,6 +108,9 @@ def lake_checks(context: AssetCheckExecutionContext, config: LakeCheckConfig, la
         f"lake checked in {report.seconds:.1f}s (data files read: {config.read_data}): "
         f"{len(report.problems)} problem(s)"
     )
+    for table in report.tables:  # a table no check reports (one added to the lake later) is not dropped silently
+        if table.name not in CHECKED_TABLES.values() and table.problems:
+            context.log.warning("\n".join(problem.line() for problem in table.problems))
     for key in selected:
         yield table_result(key, report, config)
 
