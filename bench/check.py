@@ -11,10 +11,11 @@ before; `cold`: the lake's files dropped from the cache before each one):
 (b) delta-rs reading every live file of every table once: `DeltaTable.to_pyarrow_dataset()` of
     each table scanned to record batches, every column: the floor of reading the data at all;
 (c) `check_lake(read_data=False)`: the logs, and each data file's presence and size;
-then the serving index as check_lake checks it (its stamp and page count), and with `--deep` SQLite's
-quick_check over it, once. Prints the medians, CPU seconds (ours, and other processes' meanwhile),
-and the ratio (a)/(b): the target is at most 1.5x. The machine's other Java processes and load
-average are printed at the start and the end: on a shared machine, take it again when idle.
+then the serving index as check_lake checks it (its stamp and page count), and with `--deep`
+SQLite's quick_check over it, once. Prints the medians, CPU seconds (ours, and other processes'
+meanwhile), and the ratio (a)/(b), which issue 31 bounds (bench/README.md). The machine's other
+Java processes and load average are printed at the start and the end: on a shared machine, take
+it again when idle.
 """
 
 from __future__ import annotations
