@@ -12,8 +12,9 @@ from databuild_assets.defs.event_log.assets import ingested_event_log, landing_f
 from databuild_assets.defs.event_log.jobs import ingest_and_refresh_job, ingest_job
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
 from databuild_assets.defs.maintenance.assets import filtered_event_log, tombstones
+from databuild_assets.defs.maintenance.checks import check_lake_job, lake_checks
 from databuild_assets.defs.maintenance.jobs import compaction_job, erase_job, erasure_report_job, vacuum_job
-from databuild_assets.defs.maintenance.schedules import compaction_schedule, vacuum_schedule
+from databuild_assets.defs.maintenance.schedules import check_lake_schedule, compaction_schedule, vacuum_schedule
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.projections.freshness import projection_freshness_checks, projection_freshness_schedule
@@ -41,7 +42,7 @@ all_assets_job = define_asset_job(
 
 defs = Definitions(
     assets=assets,
-    asset_checks=[*projection_asset_checks, freshness_checks],
+    asset_checks=[*projection_asset_checks, freshness_checks, lake_checks],
     jobs=[
         all_assets_job,
         ingest_and_refresh_job,
@@ -51,8 +52,9 @@ defs = Definitions(
         compaction_job,
         vacuum_job,
         erasure_report_job,
+        check_lake_job,
     ],
-    schedules=[compaction_schedule, vacuum_schedule, freshness_schedule],
+    schedules=[compaction_schedule, vacuum_schedule, freshness_schedule, check_lake_schedule],
     sensors=[landing_files_sensor, event_log_commits_sensor],
     resources={"lakehouse": lakehouse},
     # One process per run, so one JVM per run: a SparkSession cannot be shared across processes.
