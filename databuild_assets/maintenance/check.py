@@ -151,7 +151,7 @@ def _check_table(
         table.problems.append(
             Problem(
                 name,
-                f"tables/{name}/_delta_log/{damage.file.removeprefix('_delta_log/')}".rstrip("/"),
+                f"tables/{name}/{damage.file}",
                 damage.what,
                 _cost_of_log_damage(name, state, damage.version),
                 repair,

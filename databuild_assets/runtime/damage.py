@@ -76,10 +76,9 @@ def _log_damage_error(table_path: str, state: LogState) -> DamagedTableError | N
         return None
     path, name, root = _table_and_root(table_path)
     damage: LogDamage = max(state.damage, key=lambda d: d.version)
-    file = damage.file if damage.file.endswith("/") else f"_delta_log/{damage.file}"
     more = len(state.damage) - 1
     what = damage.what + (f" (and {more} more damaged log file{'s' if more > 1 else ''})" if more else "")
-    return DamagedTableError(name, _in_lake(path, root, file), what, root)
+    return DamagedTableError(name, _in_lake(path, root, damage.file), what, root)
 
 
 def _newest_unreadable(table_path: str, state: LogState) -> DamagedTableError | None:
@@ -190,7 +189,7 @@ def spark_damage(error: BaseException, root: str) -> DamagedTableError | None:
             states[name] = read_log(table_path)
         state = states[name]
         if file.split("/")[0] == "_delta_log":  # Spark failed on the log: any damage of it
-            found = next((d for d in state.damage if f"_delta_log/{d.file}" == file), None)
+            found = next((d for d in state.damage if d.file == file), None)
             if found is not None:
                 return DamagedTableError(name, f"tables/{name}/{file}", found.what, root)
             if (damage := _log_damage_error(table_path, state)) is not None:

@@ -27,11 +27,13 @@ import pyarrow.parquet as pq
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 LAST_CHECKPOINT = "_last_checkpoint"
+LOG = "_delta_log"  # a table's log folder, relative to the table
 
 
 @dataclass(frozen=True)
 class LogDamage:
-    """One log file that cannot be used: `file` relative to the table, the version it is for."""
+    """One log file that cannot be used: `file` relative to the table ("_delta_log/<name>", or
+    "_delta_log" for the log as a whole), the version it is for."""
 
     file: str
     version: int
@@ -74,7 +76,7 @@ class LogState:
 
 
 def log_folder(table_path: str) -> Path:
-    return Path(table_path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
+    return Path(table_path.removeprefix("file://").removeprefix("file:")) / LOG
 
 
 def is_table(table_path: str) -> bool:
@@ -169,7 +171,7 @@ def read_log(table_path: str) -> LogState:
         try:
             parsed[version] = parse_commit(path)
         except (OSError, ValueError, KeyError, TypeError) as error:
-            state.damage.append(LogDamage(path.name, version, f"commit file does not parse: {error}"))
+            state.damage.append(LogDamage(f"{LOG}/{path.name}", version, f"commit file does not parse: {error}"))
     state.commits_read = len(parsed)
     state.user_metadata = {v: c.user_metadata for v, c in parsed.items() if c.user_metadata}
 
@@ -180,7 +182,7 @@ def read_log(table_path: str) -> LogState:
         try:
             files, transactions = _read_checkpoint(parts)
         except (OSError, ValueError, KeyError, TypeError) as error:
-            names = ", ".join(p.name for p in parts)
+            names = ", ".join(f"{LOG}/{p.name}" for p in parts)
             state.damage.append(LogDamage(names, version, f"checkpoint does not read: {error}", "checkpoint"))
             continue
         start, base_files, base_transactions = version, files, transactions
@@ -190,7 +192,7 @@ def read_log(table_path: str) -> LogState:
         if commits or checkpoints:
             state.damage.append(
                 LogDamage(
-                    "_delta_log/",
+                    LOG,
                     0,
                     "no readable checkpoint and no readable commit 0: the state cannot be rebuilt",
                     "log",
@@ -204,7 +206,9 @@ def read_log(table_path: str) -> LogState:
         commit = parsed.get(next_version)
         if commit is None:
             if next_version not in commits:
-                state.damage.append(LogDamage(f"{next_version:020d}.json", next_version, "commit file is missing"))
+                state.damage.append(
+                    LogDamage(f"{LOG}/{next_version:020d}.json", next_version, "commit file is missing")
+                )
             break
         for name in commit.removes:
             files.pop(name, None)
@@ -223,9 +227,14 @@ def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], sta
     try:
         pointed = int(json.loads(path.read_text())["version"])
     except (OSError, ValueError, KeyError, TypeError) as error:
-        state.damage.append(LogDamage(LAST_CHECKPOINT, -1, f"does not parse: {error}", "pointer"))
+        state.damage.append(LogDamage(f"{LOG}/{LAST_CHECKPOINT}", -1, f"does not parse: {error}", "pointer"))
         return
     if pointed not in checkpoints:
         state.damage.append(
-            LogDamage(LAST_CHECKPOINT, pointed, f"names checkpoint version {pointed}, whose file is missing", "pointer")
+            LogDamage(
+                f"{LOG}/{LAST_CHECKPOINT}",
+                pointed,
+                f"names checkpoint version {pointed}, whose file is missing",
+                "pointer",
+            )
         )
