@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from databuild_assets.ingest.landing import EVENTS_APP_ID
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
-from databuild_assets.runtime.delta_log import LiveFile, LogState, read_log
+from databuild_assets.runtime.delta_log import LiveFile, LogState, is_table, read_log
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
     FILTERED_EVENT_LOG,
@@ -117,7 +117,7 @@ def check_lake(
     states: dict[str, LogState] = {}
     for name in names:
         path = os.path.join(tables_folder, name)
-        if not os.path.isdir(os.path.join(path, "_delta_log")):
+        if not is_table(path):
             continue
         states[name] = state = read_log(path)
         report.tables.append(_check_table(lake, name, state, read_data, workers, progress))

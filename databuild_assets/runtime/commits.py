@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
 from urllib.parse import unquote
 
 from delta.tables import DeltaTable
@@ -21,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from databuild_assets.runtime.damage import commit_damage
+from databuild_assets.runtime.delta_log import commit_path
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_table_properties
 from databuild_assets.runtime.lake import is_local
 
@@ -239,7 +239,7 @@ def commit_info(spark: SparkSession, path: str, version: int) -> dict:
 def _commit_info_on_disk(path: str, version: int) -> dict:
     """The commitInfo in commit file `version` of the local table at `path` ({} when it has none
     that parses); FileNotFoundError when the file is gone, DamagedTableError when it is not text."""
-    commit = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log" / f"{version:020d}.json"
+    commit = commit_path(path, version)
     try:
         with open(commit, encoding="utf-8") as handle:
             for line in handle:

@@ -27,7 +27,7 @@ from pathlib import Path
 from py4j.protocol import Py4JJavaError
 from pyspark.errors.exceptions.captured import CapturedException
 
-from databuild_assets.runtime.delta_log import LogDamage, LogState, parse_commit, read_log
+from databuild_assets.runtime.delta_log import LogDamage, LogState, commit_path, is_table, parse_commit, read_log
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,9 @@ def commit_damage(table_path: str, version: int, error: BaseException) -> Damage
 def new_commits_damage(table_path: str, after: int, newest: int, limit: int = 20) -> DamagedTableError | None:
     """The first commit file after version `after` up to `newest` (at most the last `limit`) that
     does not parse: what a sensor checks before it requests a run over those commits."""
-    folder = Path(table_path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
     for version in range(max(after + 1, newest - limit + 1, 0), newest + 1):
         try:
-            parse_commit(folder / f"{version:020d}.json")
+            parse_commit(commit_path(table_path, version))
         except FileNotFoundError:
             continue  # cleaned up after a checkpoint
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -206,7 +205,7 @@ def spark_damage(error: BaseException, root: str) -> DamagedTableError | None:
         return None
     tables = Path(root, "tables")
     for table_path in sorted(tables.iterdir()) if tables.is_dir() else []:
-        if (table_path / "_delta_log").is_dir() and (damage := log_damage(str(table_path))) is not None:
+        if is_table(str(table_path)) and (damage := log_damage(str(table_path))) is not None:
             return damage
     return None
 

@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 
-_COMMIT = re.compile(r"^(\d{20})\.json$")
+COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name; group 1: its version
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 LAST_CHECKPOINT = "_last_checkpoint"
 LOG = "_delta_log"  # a table's log folder, relative to the table
@@ -77,6 +77,11 @@ class LogState:
 
 def log_folder(table_path: str) -> Path:
     return Path(table_path.removeprefix("file://").removeprefix("file:")) / LOG
+
+
+def commit_path(table_path: str, version: int) -> Path:
+    """Where commit `version` of the local table at `table_path` is (or would be)."""
+    return log_folder(table_path) / f"{version:020d}.json"
 
 
 def is_table(table_path: str) -> bool:
@@ -161,7 +166,7 @@ def read_log(table_path: str) -> LogState:
     commits: dict[int, Path] = {}
     checkpoints: dict[int, list[Path]] = {}
     for name in sorted(os.listdir(folder)):
-        if match := _COMMIT.match(name):
+        if match := COMMIT_FILE.match(name):
             commits[int(match.group(1))] = folder / name
         elif match := _CHECKPOINT.match(name):
             checkpoints.setdefault(int(match.group(1)), []).append(folder / name)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote
 
@@ -33,6 +31,7 @@ from pyspark.sql import SparkSession
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.damage import data_file_damage
+from databuild_assets.runtime.delta_log import COMMIT_FILE, log_folder
 from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec, is_local
 
 log = logging.getLogger(__name__)
@@ -436,17 +435,14 @@ def retry_on_conflict(write: Callable[[], T], *, what: str, attempts: int = 8, b
     raise AssertionError("unreachable")
 
 
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
-
-
 def latest_version_on_disk(path: str) -> int | None:
     """The newest commit of a Delta table on a local disk, by listing `_delta_log` (no JVM).
 
     For sensors, which run in Dagster's daemon and should not start Spark to see whether a
     table moved. None when there is no table. Remote roots need Spark (`current_version`).
     """
-    log_dir = Path(path.removeprefix("file://").removeprefix("file:")) / "_delta_log"
+    log_dir = log_folder(path)
     if not log_dir.is_dir():
         return None
-    versions = [int(match.group(1)) for name in os.listdir(log_dir) if (match := _COMMIT_FILE.match(name))]
+    versions = [int(match.group(1)) for name in os.listdir(log_dir) if (match := COMMIT_FILE.match(name))]
     return max(versions, default=None)
