@@ -301,10 +301,17 @@ def test_a_landing_file_cut_in_the_middle_of_a_line_waits_then_quarantines_only_
     assert check_lake(copy).ok
 
 
-def _limited(limit_bytes: int) -> None:
-    """In the child: files larger than `limit_bytes` cannot be written (EFBIG), as on a full disk."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+def _run_on_a_full_disk(script: str, limit_bytes: int) -> subprocess.CompletedProcess:
+    """`script` in a Python process that cannot write files larger than `limit_bytes` (EFBIG),
+    as on a full disk."""
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, preexec_fn=limited, timeout=600
+    )
 
 
 def test_a_full_disk_during_an_append_commits_nothing_and_the_next_append_succeeds(copy):
@@ -316,13 +323,7 @@ def test_a_full_disk_during_an_append_commits_nothing_and_the_next_append_succee
         f"with open_event_log('delta://{copy.root}') as log:\n    log.append_events(events)\n"
     )
     (Path(copy.root) / "events.json").write_text(json.dumps(events))
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        preexec_fn=lambda: _limited(64 * 1024),
-    )
+    run = _run_on_a_full_disk(script, 64 * 1024)
     os.unlink(Path(copy.root) / "events.json")
 
     assert run.returncode != 0 and "File too large" in run.stderr, run.stderr[-2000:]
@@ -343,14 +344,7 @@ def test_a_full_disk_during_compaction_fails_the_run_and_leaves_every_table_as_i
         "from databuild_assets_tests.support import TEST_SPARK_SETTINGS\n"
         f"compact(build_spark_session(TEST_SPARK_SETTINGS), Lake({copy.root!r}), open_days=0)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        preexec_fn=lambda: _limited(256 * 1024),
-        timeout=600,
-    )
+    run = _run_on_a_full_disk(script, 256 * 1024)
 
     assert run.returncode != 0, run.stdout[-2000:]
     assert "File too large" in run.stderr, run.stderr[-3000:]
