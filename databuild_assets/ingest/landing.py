@@ -3,9 +3,10 @@
 A batch goes through three recorded steps, so a crash at any point is repaired by running again:
 
 1. plan: the ledger records batch N and the files it will read (before any data is written);
-2. write: bad lines are appended to the quarantine and good events MERGEd into the raw log,
-   each commit tagged with Delta's idempotent-write ids (app id, txnVersion=N), so a replay of
-   batch N that finds its commit already there writes nothing again;
+2. write: bad lines are appended to the quarantine and the good events whose event_id the raw
+   log does not hold are added to it (ingest/dedup.py), each commit tagged with Delta's
+   idempotent-write ids (app id, txnVersion=N), so a replay of batch N that finds its commit
+   already there writes nothing again;
 3. record: the ledger marks batch N committed, with its counts.
 
 A run first replays any batch that was planned but not recorded, with exactly the files it
@@ -30,10 +31,11 @@ from functools import partial
 
 from delta.tables import DeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_COLUMNS, EVENT_SCHEMA
+from databuild_assets.ingest.dedup import first_of_each_event_id, insert_new_events
 from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.commits import find_commit
@@ -206,42 +208,6 @@ def raw_log_rows(events: DataFrame) -> DataFrame:
     )
 
 
-# Above this many later copies of event_ids in one batch, the dedup shuffles whole rows instead of
-# broadcasting the copies' keys (a broadcast is held in the driver's memory).
-BROADCAST_DUPLICATES_LIMIT = 500_000
-
-
-def first_of_each_event_id(events: DataFrame, broadcast_limit: int = BROADCAST_DUPLICATES_LIMIT) -> DataFrame:
-    """One row per event_id: the first by (source_file, source_line); the rest are duplicates.
-
-    Only the keys are shuffled and sorted: the later copies are found among (event_id,
-    source_file, source_line), computed once (a local checkpoint), and taken out with a
-    broadcast anti-join, so the whole rows never move. Duplicates are usually few; when a batch
-    holds more than `broadcast_limit` of them (a landing folder delivered twice), the rows are
-    ranked in a window instead. Either way the same rows survive.
-    """
-    keys = ["event_id", "source_file", "source_line"]
-    first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
-    later = (
-        events.select(*keys).withColumn("_rank", F.row_number().over(first)).where("_rank > 1").drop("_rank")
-    ).localCheckpoint()
-    if later.count() > broadcast_limit:
-        return events.withColumn("_rank", F.row_number().over(first)).where("_rank = 1").drop("_rank")
-    return events.join(F.broadcast(later), keys, "left_anti").select(*events.columns)
-
-
-def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> DataFrame:
-    """Insert the events whose event_id is not in the log yet: one commit. Returns the metrics.
-
-    MERGE (not a blind append) so that Delta checks the read against concurrent commits: two
-    writers inserting the same event_id at once conflict, and the retry skips it. Under the
-    log's commit lock, which JVM-free appenders take too (runtime/commit_lock.py).
-    """
-    with commit_lock(log_path):
-        target = DeltaTable.forPath(spark, log_path).alias("log")
-        return target.merge(events.alias("new"), "log.event_id = new.event_id").whenNotMatchedInsertAll().execute()
-
-
 class _Ledger:
     def __init__(self, spark: SparkSession, lake: Lake):
         self.spark = spark
@@ -368,7 +334,8 @@ def _batch_commit(spark: SparkSession, log_path: str, batch_id: int) -> tuple[in
     if found is None:
         return None
     version, info = found
-    return version, int((info.get("operationMetrics") or {}).get("numTargetRowsInserted", 0))
+    metrics = info.get("operationMetrics") or {}  # a MERGE's, or an append's (the key lookup's path)
+    return version, int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))
 
 
 def write_batch(
@@ -431,10 +398,8 @@ def write_batch(
             USER_METADATA: json.dumps({"ingest_batch": batch_id}),
         }
         with session_settings(session, batch_settings):
-            retry_on_conflict(
-                lambda: merge_new_events(session, log_path, unique_events),
-                what=f"ingestion batch {batch_id} into {log_path}",
-            )
+            what = f"ingestion batch {batch_id} into {log_path}"
+            insert_new_events(session, lake, unique_events, good_lines, what=what)
         commit = _batch_commit(session, log_path, batch_id)
         version, accepted = commit if commit else (current_version(session, log_path), 0)
         result = BatchResult(

@@ -1,9 +1,10 @@
 """The writer API: append events to the raw log directly, for code that holds them in memory
 (a DataBuild service) rather than dropping landing files.
 
-Every event is validated first and nothing is written when any is bad. The good ones go in
-one commit, as a MERGE on event_id, so retries by the caller and concurrent writers never
-duplicate an event; Delta's conflicts between writers are retried, never swallowed.
+Every event is validated first and nothing is written when any is bad. The new ones go in
+one commit, keyed by event_id as ingestion's (ingest/dedup.py), so retries by the caller and
+concurrent writers never duplicate an event; Delta's conflicts between writers are retried,
+never swallowed.
 
     result = append_events(spark, Lake("/data/lake"), events, writer="graph-service")
 """
@@ -20,13 +21,9 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.events.validation import InvalidEventError, event_error
-from databuild_assets.ingest.landing import (
-    ensure_ingest_tables,
-    events_from_lines,
-    merge_new_events,
-)
-from databuild_assets.runtime.delta_tables import retry_on_conflict
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.ingest.dedup import insert_new_events
+from databuild_assets.ingest.landing import ensure_ingest_tables, events_from_lines
+from databuild_assets.runtime.lake import Lake
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +83,8 @@ def append_events(
         "source_file string, line_number long, line string",
     )
     unique_events = events_from_lines(lines)
-    log_path = lake.table_path(RAW_EVENT_LOG)
-    metrics = retry_on_conflict(
-        lambda: merge_new_events(spark, log_path, unique_events).first(),
-        what=f"append {len(events)} events from writer {writer!r} to {log_path}",
-    )
-    accepted = int(metrics["num_inserted_rows"])
+    what = f"append {len(events)} events from writer {writer!r} to {lake.root}"
+    accepted = insert_new_events(spark, lake, unique_events, len(first_index), what=what)
     log.info("writer %s: %d events, %d new, %d duplicates", writer, len(events), accepted, len(events) - accepted)
     return WriteResult(accepted, len(events) - accepted)
 

@@ -52,7 +52,7 @@ from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder, PrivateFolder
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import table_properties
+from databuild_assets.runtime.delta_tables import latest_version_on_disk, table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,11 @@ def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer
     return pa.Table.from_pylist(rows, schema=_raw_log_schema())
 
 
+class IndexNotFollowableError(RuntimeError):
+    """The lake has no serving index that can be followed to its latest versions, and the caller
+    asked not to build one (`DeltaRsEventLog(..., build=False)`)."""
+
+
 class _NotFollowable(Exception):
     """The index cannot be brought to the lake's latest versions commit by commit: rebuild it."""
 
@@ -102,8 +107,15 @@ class DeltaRsEventLog(BuildEventLog):
             log.list_build_requests(limit=20)
     """
 
-    def __init__(self, lake: Lake, writer: str = "event-log", progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        lake: Lake,
+        writer: str = "event-log",
+        progress: Callable[[str], None] | None = None,
+        build: bool = True,
+    ) -> None:
         self.lake = lake
+        self._build = build  # False: raise IndexNotFollowableError where an index would be built
         self.writer = writer
         self._progress = progress  # where a build says how far it is (default: this module's logger)
         self._log_path = lake.table_path(RAW_EVENT_LOG)
@@ -118,7 +130,11 @@ class DeltaRsEventLog(BuildEventLog):
         self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
         self._open()
-        self._catch_up()
+        try:
+            self._catch_up()
+        except BaseException:
+            self.close()
+            raise
 
     def __repr__(self) -> str:
         return f"DeltaRsEventLog({self.lake.root!r})"
@@ -184,6 +200,10 @@ class DeltaRsEventLog(BuildEventLog):
                 return f"{follower.path} is not the table the index followed (replaced or removed)"
             if follower.open_table().metadata().id != mark.table_id:
                 return f"{follower.path} is not the table the index followed (replaced)"
+            newest = latest_version_on_disk(follower.path)
+            if newest is not None and newest < mark.version:
+                # Its log went back (`repair` restored an older version): the index holds more.
+                return f"the index reflects {follower.path} v{mark.version}, newer than its log's newest (v{newest})"
             checkpoint = follower.last_checkpoint()
             if follower.commit_mark(mark.version + 1) is None and checkpoint is not None and checkpoint > mark.version:
                 return f"the index reflects {follower.path} v{mark.version}, older than its log's retention"
@@ -199,6 +219,8 @@ class DeltaRsEventLog(BuildEventLog):
     def _rebuild(self, reason: str) -> None:
         """A new generation of the index from the lake's snapshot, published for every process
         (or private, on a lake this process cannot write)."""
+        if not self._build:
+            raise IndexNotFollowableError(f"{self.lake.path(SERVING_INDEX_FOLDER)}: {reason}")
         if not self._folder.writable():
             self._build_private(reason)
             return
@@ -266,6 +288,8 @@ class DeltaRsEventLog(BuildEventLog):
         if not self._moved(self._seen):
             return index
         if index.read_only:
+            if not self._build:
+                raise IndexNotFollowableError(f"{index.path} is read-only here")
             index = self._make_private()
         for _ in range(2):
             try:
@@ -372,6 +396,11 @@ class DeltaRsEventLog(BuildEventLog):
     def index_path(self) -> str:
         """The index file this process reads."""
         return self._store().path
+
+    def known_event_ids(self, event_ids: Iterable[str]) -> set[str]:
+        """Which of `event_ids` the raw log holds at its latest version (visible or hidden), by the
+        index caught up first: a few primary-key lookups, however long the history."""
+        return self._catch_up().known_event_ids(event_ids)
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -543,4 +572,4 @@ def refresh_serving_index(lake: Lake, progress: Callable[[str], None] | None = N
         )
 
 
-__all__ = ["DeltaRsEventLog", "ServingIndexStatus", "raw_log_rows", "refresh_serving_index"]
+__all__ = ["DeltaRsEventLog", "IndexNotFollowableError", "ServingIndexStatus", "raw_log_rows", "refresh_serving_index"]

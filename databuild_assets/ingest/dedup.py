@@ -1,0 +1,120 @@
+"""Every event_id stored once: which events of a batch are new, and their one commit to the raw log.
+
+Two ways to know which of a batch's event ids the raw log holds already, the same answer either
+way (docs/decisions/0038-ingestion-dedup-by-key-lookup.md):
+
+- **Key lookup** (a batch of up to `KEY_LOOKUP_LIMIT` events on a local lake): the lake's serving
+  index, caught up to the raw log's latest version (it applies only the commits after its stamp),
+  is asked for the batch's ids by primary key; the new events are appended. Under the raw log's
+  commit lock from the lookup to the commit, which every committer of the raw log takes
+  (`runtime/commit_lock.py`), so no event_id can arrive in between. The cost follows the batch
+  and the commits since the index's stamp, not the history.
+- **MERGE on event_id** (no index that can be followed without a rebuild, a larger batch, a lake
+  on an object store): Delta reads every event_id of the log and checks the read against
+  concurrent commits.
+
+    inserted = insert_new_events(spark, Lake("/data/lake"), first_of_each_event_id(events), len(lines))
+"""
+
+from __future__ import annotations
+
+import logging
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from databuild_assets.log.serving.backend import DeltaRsEventLog, IndexNotFollowableError
+from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.delta_tables import retry_on_conflict
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake, is_local
+
+log = logging.getLogger(__name__)
+
+# A batch of up to this many events asks the serving index for its ids (collected to the driver);
+# a larger one MERGEs: reading the log's ids once is then in proportion to the batch.
+KEY_LOOKUP_LIMIT = 100_000
+
+# Above this many later copies of event_ids in one batch, the dedup shuffles whole rows instead of
+# broadcasting the copies' keys (a broadcast is held in the driver's memory).
+BROADCAST_DUPLICATES_LIMIT = 500_000
+
+
+def first_of_each_event_id(events: DataFrame, broadcast_limit: int = BROADCAST_DUPLICATES_LIMIT) -> DataFrame:
+    """One row per event_id: the first by (source_file, source_line); the rest are duplicates.
+
+    Only the keys are shuffled and sorted: the later copies are found among (event_id,
+    source_file, source_line), computed once (a local checkpoint), and taken out with a
+    broadcast anti-join, so the whole rows never move. Duplicates are usually few; when a batch
+    holds more than `broadcast_limit` of them (a landing folder delivered twice), the rows are
+    ranked in a window instead. Either way the same rows survive.
+    """
+    keys = ["event_id", "source_file", "source_line"]
+    first = Window.partitionBy("event_id").orderBy("source_file", "source_line")
+    later = (
+        events.select(*keys).withColumn("_rank", F.row_number().over(first)).where("_rank > 1").drop("_rank")
+    ).localCheckpoint()
+    if later.count() > broadcast_limit:
+        return events.withColumn("_rank", F.row_number().over(first)).where("_rank = 1").drop("_rank")
+    return events.join(F.broadcast(later), keys, "left_anti").select(*events.columns)
+
+
+def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> DataFrame:
+    """Insert the events whose event_id is not in the log yet: one commit. Returns the metrics.
+
+    MERGE (not a blind append) so that Delta checks the read against concurrent commits: two
+    writers inserting the same event_id at once conflict, and the retry skips it. Under the
+    log's commit lock, which JVM-free appenders take too (runtime/commit_lock.py).
+    """
+    with commit_lock(log_path):
+        target = DeltaTable.forPath(spark, log_path).alias("log")
+        return target.merge(events.alias("new"), "log.event_id = new.event_id").whenNotMatchedInsertAll().execute()
+
+
+def known_event_ids(lake: Lake, event_ids: list[str]) -> set[str] | None:
+    """Which of `event_ids` the raw log holds, by the lake's serving index caught up to the log's
+    latest version; None when the lake has no index that can be followed without a rebuild
+    (none yet, a replaced table, commits past the log's retention, a read-only lake)."""
+    try:
+        with DeltaRsEventLog(lake, writer="ingest", build=False) as index:
+            return index.known_event_ids(event_ids)
+    except IndexNotFollowableError as why:
+        log.info("no serving index to look event ids up in (%s): the batch MERGEs on event_id", why)
+        return None
+
+
+def insert_new_events(spark: SparkSession, lake: Lake, events: DataFrame, at_most: int, what: str = "") -> int:
+    """Add to the raw log, in one commit, the `events` (one row per event_id, at most `at_most`)
+    whose event_id it does not hold: by key lookup when it can, else by MERGE (module doc).
+    Returns how many were inserted.
+
+    The session's settings apply to the commit (idempotent-write ids, commit metadata): a replay
+    whose transaction id the log recorded writes nothing again, on either path.
+    """
+    log_path = lake.table_path(RAW_EVENT_LOG)
+    if 0 < at_most <= KEY_LOOKUP_LIMIT and is_local(log_path):
+        with commit_lock(log_path):
+            ids = [row.event_id for row in events.select("event_id").collect()]
+            known = known_event_ids(lake, ids)
+            if known is not None:
+                new = events
+                if known:
+                    known_ids = spark.createDataFrame([(event_id,) for event_id in sorted(known)], "event_id string")
+                    new = events.join(F.broadcast(known_ids), "event_id", "left_anti")
+                # A commit also when nothing is new: it carries the batch's transaction id, the
+                # raw log's record that the batch committed (what `check` and a replay look for).
+                new.select(*RAW_EVENT_LOG.schema.fieldNames()).write.format("delta").mode("append").save(log_path)
+                log.info("%s: %d events, %d already in the log (key lookup)", what or log_path, len(ids), len(known))
+                return len(ids) - len(known)
+    metrics = retry_on_conflict(lambda: merge_new_events(spark, log_path, events).first(), what=what or log_path)
+    return int(metrics["num_inserted_rows"]) if metrics else 0  # none: a replay Delta skipped
+
+
+__all__ = [
+    "BROADCAST_DUPLICATES_LIMIT",
+    "KEY_LOOKUP_LIMIT",
+    "first_of_each_event_id",
+    "insert_new_events",
+    "known_event_ids",
+    "merge_new_events",
+]
