@@ -3,8 +3,8 @@ events being in partition_state, with `dagster dev`'s daemon and the sensors on.
 
     python -m bench.freshness --lake /tmp/bench1m/base [--files 20] [--keep]
 
-Copies the lake root (`tables/`, and `landing/` without the files its ingest ledger already
-took) into a fresh work folder, starts `dagster dev` there as a user does (this repo's
+Copies the lake root (`tables/`, `serving_index/`, and `landing/` without the files its ingest
+ledger already took) into a fresh work folder, starts `dagster dev` there as a user does (this repo's
 `workspace.yaml`, a temporary DAGSTER_HOME holding a copy of its `dagster.yaml`,
 DATABUILD_LAKE_ROOT at the copy), turns every sensor on with `dagster sensor start --start-all`,
 and waits for the runs the first sensor ticks request to end. Then, one file at a time, it writes
@@ -51,6 +51,7 @@ import pyarrow.dataset as ds
 
 from bench.measuring import load_average
 from bench.query_path import percentile, service_build
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.runtime.delta_tables import latest_version_on_disk
 from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, stop_hosts
 from databuild_assets.workload.encoding import encode_json
@@ -78,10 +79,13 @@ def free_port() -> int:
 
 
 def copy_lake(source: Path, target: Path) -> list[str]:
-    """`source`'s tables, and the landing files its ingest ledger has not taken (by name: the
+    """`source`'s tables and serving index, and the landing files its ingest ledger has not taken (by name: the
     ledger keys files by their full path, so a copied file would be a new one to ingest); the
     names of the files left out."""
     shutil.copytree(source / "tables", target / "tables")
+    if (source / SERVING_INDEX_FOLDER).is_dir():  # a pipeline's lake has one; else the first run builds it
+        ignore = shutil.ignore_patterns("*-shm", "build.lock", ".*")
+        shutil.copytree(source / SERVING_INDEX_FOLDER, target / SERVING_INDEX_FOLDER, ignore=ignore)
     (target / "landing").mkdir(parents=True)
     ledger_path = target / "tables" / "ingest_ledger"
     taken = set()
