@@ -215,6 +215,24 @@ def test_a_purge_whose_dry_run_keeps_other_rows_than_expected_fails_and_leaves_t
     assert current_version(spark, path) == version and len(event_ids(spark, path)) == 6
 
 
+def test_a_purge_rewrites_only_the_files_that_held_erased_rows_and_checks_only_their_partitions(spark, lake):
+    day = 86_400 * 10**9
+    for i in range(3):  # three builds, a day apart: a file each, in three date partitions
+        append_events(spark, lake, one_partition_build(f"br-{i}", f"data/d/{i}", i * day))
+    path = lake.table_path(RAW_EVENT_LOG)
+    tombstone = request_erasure(spark, lake, "build_request_id", "br-1", actor="alice", reason="ticket 8")
+    # Ids of another partition slipped into the delete: the check reads that partition too.
+    wrong_ids = spark.createDataFrame([("br-1-1",), ("br-1-2",), ("br-1-3",), ("br-2-1",)], "event_id string")
+    with pytest.raises(PurgeVerificationError):
+        purge_events(spark, lake, RAW_EVENT_LOG, [tombstone], event_ids=wrong_ids)
+
+    result = compact(spark, lake)
+
+    raw = next(t for t in result.tables if t.table == RAW_EVENT_LOG.name)
+    assert (raw.rows_purged, raw.files_rewritten, raw.before.num_files) == (3, 1, 3)
+    assert event_ids(spark, path) == ["br-0-1", "br-0-2", "br-0-3", "br-2-1", "br-2-2", "br-2-3"]
+
+
 def test_appends_that_arrive_while_compaction_runs_all_land(spark, two_builds):
     lake = two_builds
     request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 6")

@@ -26,14 +26,16 @@ purged are recorded as applied; one recorded while it ran stays pending for the 
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from functools import reduce
 from typing import NamedTuple
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -50,11 +52,14 @@ from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.commits import find_commit
 from databuild_assets.runtime.delta_tables import (
+    USER_METADATA,
     TableSize,
     current_version,
     ensure_table,
     retry_on_conflict,
+    session_settings,
     table_size,
 )
 from databuild_assets.runtime.lake import (
@@ -84,6 +89,17 @@ class TableCompaction:
     after: TableSize
     rows_purged: int
     files_compacted: int
+    files_rewritten: int = 0  # by the purge: the files that held purged rows, of before.num_files
+
+
+@dataclass(frozen=True)
+class Purge:
+    """What `purge_events` did to one table: rows matched per tombstone id, and the files its
+    delete rewrote (those that held a purged row) of the files the table had."""
+
+    rows_per_tombstone: dict[str, int] = field(default_factory=dict)
+    files_rewritten: int = 0
+    files: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,9 +128,12 @@ def _drop_dir(spark: SparkSession, path: str) -> None:
     hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
 
 
-def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) -> int:
+def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) -> tuple[int, int]:
+    """Delete the rows of `event_ids` from the table at `path`: (rows deleted, files rewritten)."""
+    token = uuid.uuid4().hex
+
     def delete() -> Row:
-        with commit_lock(path):
+        with commit_lock(path), session_settings(spark, {USER_METADATA: json.dumps({"purge": token})}):
             return (
                 DeltaTable.forPath(spark, path)
                 .alias("t")
@@ -125,17 +144,35 @@ def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) ->
             )
 
     metrics = retry_on_conflict(delete, what=f"purge erased events from {path}")
-    return int(metrics["num_deleted_rows"])
+    found = find_commit(spark, path, lambda metadata: metadata == {"purge": token})
+    rewritten = int(((found[1].get("operationMetrics") or {}) if found else {}).get("numTargetFilesRemoved", 0))
+    return int(metrics["num_deleted_rows"]), rewritten
+
+
+def _partitions_holding(table: DataFrame, spec: TableSpec, event_ids: DataFrame) -> Column:
+    """A predicate on `spec`'s partition columns that holds for every row of `table` whose
+    event_id is in `event_ids` (the whole table when it has no partition columns): the part of
+    the table a delete of those ids can change, so the part a check of that delete must read."""
+    if not spec.partition_by:
+        return F.lit(True)
+    values = table.join(event_ids, "event_id", "left_semi").select(*spec.partition_by).distinct().collect()
+    if not values:
+        return F.lit(False)
+    return reduce(
+        lambda a, b: a | b,
+        (reduce(lambda a, b: a & b, (F.col(c) == F.lit(row[c]) for c in spec.partition_by)) for row in values),
+    )
 
 
 def purge_events(
     spark: SparkSession, lake: Lake, spec: TableSpec, tombstones: list[Tombstone], event_ids: DataFrame | None = None
-) -> dict[str, int]:
+) -> Purge:
     """Remove every row of the event table `spec` that `tombstones` match; verified on a clone first.
 
     `event_ids` (what to delete) defaults to what the tombstone rule selects; the check compares
     the dry run's result with the rule, so a wrong id set fails before the real table changes.
-    Returns the rows matched per tombstone id.
+    The check reads only the partitions that hold a row to delete or a matching row: the delete
+    rewrites only files there, and leaves every other file as it was.
     """
     path = lake.table_path(spec)
     version = current_version(spark, path)
@@ -144,14 +181,15 @@ def purge_events(
     try:
         per_tombstone = {row.tombstone_id: row["count"] for row in matched.groupBy("tombstone_id").count().collect()}
         if not per_tombstone and event_ids is None:
-            return {}
+            return Purge()
         ids = (event_ids if event_ids is not None else matched.select("event_id")).distinct().cache()
-        expected = _checksum(at_version.where(~event_matches(tombstones)))
+        scope = _partitions_holding(at_version, spec, ids.unionByName(matched.select("event_id")))
+        expected = _checksum(at_version.where(scope & ~event_matches(tombstones)))
         clone = lake.path("_scratch", f"purge-{spec.name}-{uuid.uuid4().hex[:12]}")
         try:
             spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{path}` VERSION AS OF {version}")
             _delete_by_event_id(spark, clone, ids)
-            dry_run = spark.read.format("delta").load(clone)
+            dry_run = spark.read.format("delta").load(clone).where(scope)
             kept, still_matching = _checksum(dry_run), dry_run.where(event_matches(tombstones)).count()
             if kept != expected or still_matching:
                 raise PurgeVerificationError(
@@ -159,18 +197,21 @@ def purge_events(
                     f"(checksum {kept.checksum}), {still_matching} of them matching a tombstone; expected "
                     f"{expected.rows} rows (checksum {expected.checksum}) and none matching. The table is unchanged."
                 )
-            deleted = _delete_by_event_id(spark, path, ids)
+            deleted, rewritten = _delete_by_event_id(spark, path, ids)
+            files = len(at_version.inputFiles())  # from the snapshot at `version`: no data read
             log.info(
-                "%s: purged %d rows for %d tombstones (dry run at v%d verified)",
+                "%s: purged %d rows for %d tombstones, rewrote %d of %d files (dry run at v%d verified)",
                 spec.name,
                 deleted,
                 len(per_tombstone),
+                rewritten,
+                files,
                 version,
             )
         finally:
             ids.unpersist()
             _drop_dir(spark, clone)
-        return per_tombstone
+        return Purge(per_tombstone, rewritten, files)
     finally:
         matched.unpersist()
 
@@ -257,14 +298,14 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         if DeltaTable.isDeltaTable(spark, lake.table_path(spec))
     ]
     before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
-    purged: dict[str, dict[str, int]] = {}
+    purged: dict[str, Purge] = {}
 
     if to_purge:
         refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
         for spec in EVENT_TABLES:
             if spec in tables:
                 purged[spec.name] = purge_events(spark, lake, spec, to_purge)
-        purged[EVENT_QUARANTINE.name] = {"lines": purge_quarantine(spark, lake, to_purge)}
+        purged[EVENT_QUARANTINE.name] = Purge({"lines": purge_quarantine(spark, lake, to_purge)})
         refresh_all_projections(spark, lake)
 
     closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1)
@@ -274,14 +315,16 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     landing = erase_from_landing_files(spark, lake, tombstones)
     record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
 
-    per_tombstone = {t.tombstone_id: purged.get(RAW_EVENT_LOG.name, {}).get(t.tombstone_id, 0) for t in to_purge}
+    raw_log_rows = purged.get(RAW_EVENT_LOG.name, Purge()).rows_per_tombstone
+    per_tombstone = {t.tombstone_id: raw_log_rows.get(t.tombstone_id, 0) for t in to_purge}
     results = tuple(
         TableCompaction(
             spec.name,
             before[spec.name],
             table_size(spark, lake.table_path(spec)),
-            sum(v for k, v in purged.get(spec.name, {}).items()),
+            sum(purged.get(spec.name, Purge()).rows_per_tombstone.values()),
             compacted[spec.name],
+            purged.get(spec.name, Purge()).files_rewritten,
         )
         for spec in tables
     )

@@ -90,6 +90,7 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
                 "version_before": MetadataValue.int(table.before.version),
                 "version_after": MetadataValue.int(table.after.version),
                 "rows_purged": MetadataValue.int(table.rows_purged),
+                "files_rewritten": MetadataValue.int(table.files_rewritten),
                 "files_compacted": MetadataValue.int(table.files_compacted),
             },
         )
@@ -120,6 +121,7 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
                     "bytes before",
                     "bytes after",
                     "rows purged",
+                    "files rewritten by the purge",
                     "files compacted",
                 ),
                 [
@@ -130,6 +132,7 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
                         t.before.size_bytes,
                         t.after.size_bytes,
                         t.rows_purged,
+                        f"{t.files_rewritten} of {t.before.num_files}",
                         t.files_compacted,
                     )
                     for t in result.tables
