@@ -44,7 +44,12 @@ def main() -> None:
 
     lake = Lake(args.lake)
     spark = build_spark_session(
-        SparkSettings(app_name="bench-erasure", driver_memory="4g", long_lived=True, extra_config={})
+        SparkSettings(
+            app_name="bench-erasure",
+            driver_memory="4g",
+            long_lived=True,
+            extra_config={"spark.ui.showConsoleProgress": "false"},
+        )
     )
     spark.sparkContext.setLogLevel("ERROR")
     build_request = args.build_request or first_build_request(lake)
