@@ -19,6 +19,7 @@ way (docs/decisions/0038-ingestion-dedup-by-key-lookup.md):
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -74,11 +75,12 @@ def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> D
 def known_event_ids(lake: Lake, event_ids: list[str]) -> set[str] | None:
     """Which of `event_ids` the raw log holds, by the lake's serving index caught up to the log's
     latest version; None when the lake has no index that can be followed without a rebuild
-    (none yet, a replaced table, commits past the log's retention, a read-only lake)."""
+    (none yet, a replaced table, commits past the log's retention, a read-only lake), or busy
+    past SQLite's wait (another process holding its write lock)."""
     try:
         with DeltaRsEventLog(lake, writer="ingest", build=False) as index:
             return index.known_event_ids(event_ids)
-    except IndexNotFollowableError as why:
+    except (IndexNotFollowableError, sqlite3.OperationalError) as why:
         log.info("no serving index to look event ids up in (%s): the batch MERGEs on event_id", why)
         return None
 
