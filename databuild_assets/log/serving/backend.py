@@ -258,6 +258,8 @@ class DeltaRsEventLog(BuildEventLog):
         """A private, writable copy of a read-only index, to catch up on a lake this process
         cannot write."""
         index = self._store()
+        if not self._build:
+            raise IndexNotFollowableError(f"{index.path} is read-only here and behind the lake")
         path = self._private_folder().new_index_path()
         log.info("%r: the lake is not writable here and its serving index is behind: a private copy %s", self, path)
         index.copy_to(path)
@@ -288,8 +290,6 @@ class DeltaRsEventLog(BuildEventLog):
         if not self._moved(self._seen):
             return index
         if index.read_only:
-            if not self._build:
-                raise IndexNotFollowableError(f"{index.path} is read-only here")
             index = self._make_private()
         for _ in range(2):
             try:
