@@ -95,11 +95,10 @@ class TableCompaction:
 @dataclass(frozen=True)
 class Purge:
     """What `purge_events` did to one table: rows matched per tombstone id, and the files its
-    delete rewrote (those that held a purged row) of the files the table had."""
+    delete rewrote (those that held a purged row)."""
 
     rows_per_tombstone: dict[str, int] = field(default_factory=dict)
     files_rewritten: int = 0
-    files: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,7 +210,7 @@ def purge_events(
         finally:
             ids.unpersist()
             _drop_dir(spark, clone)
-        return Purge(per_tombstone, rewritten, files)
+        return Purge(per_tombstone, rewritten)
     finally:
         matched.unpersist()
 
