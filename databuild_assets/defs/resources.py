@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.runtime import warm_driver
 from databuild_assets.runtime.lake import DEFAULT_LAKE_ROOT, Lake
+from databuild_assets.runtime.object_store import is_s3
 from databuild_assets.runtime.spark import (
     DEFAULT_MASTER,
     SparkSettings,
@@ -95,6 +96,7 @@ class LakehouseResource(LazyPySparkResource):
             shuffle_partitions=self.shuffle_partitions,
             driver_memory=self.driver_memory,
             extra_config={**self.spark_config, **self.extra_spark_config},
+            s3=is_s3(self.lake_root),
         )
 
     @property

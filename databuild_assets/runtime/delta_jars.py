@@ -27,12 +27,15 @@ POM = REPO_ROOT / "delta-jars" / "pom.xml"
 DEFAULT_JARS_DIR = REPO_ROOT / "delta-jars" / "lib"
 # The Maven coordinate the pom pins, for messages and docs; the pom is what Maven reads.
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+S3_POM = REPO_ROOT / "delta-jars" / "s3" / "pom.xml"
+S3_JARS_DIR = REPO_ROOT / "delta-jars" / "s3" / "lib"
+HADOOP_AWS_MAVEN_COORDINATE = "org.apache.hadoop:hadoop-aws:3.5.0"
 
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
 
 
 class DeltaJarsMissingError(RuntimeError):
-    """Delta's jars are not where the Spark session looks for them."""
+    """Delta's jars (or, for a lake on S3, hadoop-aws's) are not where the Spark session looks for them."""
 
 
 def _artifact_id(jar_name: str) -> str:
@@ -63,8 +66,20 @@ def delta_jar_paths(directory: Path | None = None) -> list[str]:
     return jars
 
 
-def fetch(directory: Path | None = None) -> list[str]:
-    """Resolve the pom with Maven and copy the jars Spark lacks into `directory`. Idempotent."""
+def s3_jar_paths(directory: Path = S3_JARS_DIR) -> list[str]:
+    """The jars a session needs for a lake on S3; a clear error when set-up has not fetched them."""
+    jars = sorted(str(jar) for jar in directory.glob("*.jar"))
+    if not any(Path(jar).name.startswith("hadoop-aws-") for jar in jars):
+        raise DeltaJarsMissingError(
+            f"the jars for lakes on S3 are not in {directory}. Run `make s3-setup` (or "
+            f"`python -m databuild_assets.runtime.delta_jars fetch-s3`) once with access to Maven Central; "
+            f"it fetches {HADOOP_AWS_MAVEN_COORDINATE} and the AWS SDK modules it uses."
+        )
+    return jars
+
+
+def fetch(directory: Path | None = None, pom: Path = POM) -> list[str]:
+    """Resolve `pom` with Maven and copy the jars Spark lacks into `directory`. Idempotent."""
     directory = directory or jars_dir()
     if shutil.which("mvn") is None:
         raise DeltaJarsMissingError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven).")
@@ -76,7 +91,7 @@ def fetch(directory: Path | None = None) -> list[str]:
                 "-q",
                 "-B",
                 "-f",
-                str(POM),
+                str(pom),
                 "dependency:copy-dependencies",
                 f"-DoutputDirectory={staging}",
                 "-DincludeScope=runtime",
@@ -89,18 +104,25 @@ def fetch(directory: Path | None = None) -> list[str]:
             old.unlink()
         for jar in needed:
             shutil.copy2(jar, directory / jar.name)
-    return delta_jar_paths(directory)
+    return sorted(str(jar) for jar in directory.glob("*.jar"))
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["fetch-s3"]:
+        if list(S3_JARS_DIR.glob("hadoop-aws-*.jar")):
+            print(f"S3 jars already in {S3_JARS_DIR}")
+            return 0
+        jars = fetch(S3_JARS_DIR, S3_POM)
+        print(f"fetched {len(jars)} jars for lakes on S3 into {S3_JARS_DIR}")
+        return 0
     if argv != ["fetch"]:
-        print("usage: python -m databuild_assets.runtime.delta_jars fetch", file=sys.stderr)
+        print("usage: python -m databuild_assets.runtime.delta_jars fetch|fetch-s3", file=sys.stderr)
         return 2
     _, artifact, version = DELTA_MAVEN_COORDINATE.split(":")
     if (jars_dir() / f"{artifact}-{version}.jar").exists():
         print(f"Delta jars already in {jars_dir()}")
         return 0
-    jars = fetch()
+    jars = delta_jar_paths(Path(fetch()[0]).parent)
     print(f"fetched {len(jars)} Delta jars into {jars_dir()}")
     return 0
 

@@ -21,8 +21,9 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-from databuild_assets.runtime.delta_jars import delta_jar_paths
+from databuild_assets.runtime.delta_jars import delta_jar_paths, s3_jar_paths
 from databuild_assets.runtime.jvm_startup import driver_java_options
+from databuild_assets.runtime.object_store import is_s3, spark_s3_config
 
 DEFAULT_MASTER = "local[*]"
 
@@ -59,16 +60,21 @@ class SparkSettings:
     # A driver that serves many runs (the warm driver) compiles hot code fully; one that ends with
     # its process starts quicker on the quick JIT tier alone (runtime/jvm_startup.py).
     long_lived: bool = False
+    # The session reads and writes lakes on S3: hadoop-aws's jars, and S3A's settings from the
+    # environment (runtime/object_store.py). Off by default, so a local lake's JVM loads none of it.
+    s3: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> SparkSettings:
         """Settings from DATABUILD_SPARK_MASTER, DATABUILD_SPARK_SHUFFLE_PARTITIONS,
-        DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF ("key=value,key=value")."""
+        DATABUILD_SPARK_DRIVER_MEMORY and DATABUILD_SPARK_CONF ("key=value,key=value"); S3 when
+        DATABUILD_LAKE_ROOT is on S3."""
         return cls(
             master=environ.get("DATABUILD_SPARK_MASTER", DEFAULT_MASTER),
             shuffle_partitions=int(environ.get("DATABUILD_SPARK_SHUFFLE_PARTITIONS", cls.shuffle_partitions)),
             driver_memory=environ.get("DATABUILD_SPARK_DRIVER_MEMORY", cls.driver_memory),
             extra_config=parse_conf_pairs(environ.get("DATABUILD_SPARK_CONF", "")),
+            s3=is_s3(environ.get("DATABUILD_LAKE_ROOT", "")),
         )
 
 
@@ -123,6 +129,9 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
     # DATABUILD_SPARK_CONF's spark.driver.extraJavaOptions replaces these: repeat them there to keep them.
     if java_options := driver_java_options(settings.long_lived):
         config["spark.driver.extraJavaOptions"] = java_options
+    if settings.s3:
+        config["spark.jars"] += "," + ",".join(s3_jar_paths())
+        config.update(spark_s3_config())
     config.update(settings.extra_config)
     return config
 
