@@ -2,17 +2,16 @@
 without the lines a tombstone matches). Only files the ingest ledger records as read by a
 committed batch are touched, so nothing is lost and nothing is ingested twice.
 
-Retention runs with vacuum; erasure runs in compaction. Both act on a local lake root only and
-refuse, changing nothing, on any other (docs/decisions/0017-landing-files-and-erasure.md).
+Retention runs with vacuum; erasure runs in compaction. Both act on a local lake root or one on
+S3 (runtime/files.py: each store's own way to replace a file whole), and refuse, changing nothing,
+on any other (docs/decisions/0017-landing-files-and-erasure.md).
 
     retain_landing_files(spark, Lake("/data/lake"), retention_days=7, mode="archive")
 """
 
 from __future__ import annotations
 
-import filecmp
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,8 +31,9 @@ from databuild_assets.maintenance.tombstones import (
     event_matches,
     text_mentions,
 )
-from databuild_assets.runtime.durable import fsync_folder
+from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for, lines_of
 from databuild_assets.runtime.lake import Lake, is_local
+from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,6 @@ def _list(spark: SparkSession, folder: str) -> list[LandingFile]:
     return list_landing_files(spark, folder)
 
 
-def _local_path(spark: SparkSession, path: str) -> str:
-    return spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().getPath()
-
-
 def landing_inventory(spark: SparkSession, lake: Lake) -> LandingInventory:
     """Which landing files are ingested, by the ledger's committed batches (any filesystem).
 
@@ -171,12 +167,12 @@ def _check_retention(retention_days: float, mode: str) -> None:
 
 
 def _refuse_remote(lake: Lake, what: str, paths: list[str]) -> None:
-    if paths and not is_local(lake.root):
+    if paths and not (is_local(lake.root) or is_s3(lake.root)):
         shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
         raise LandingFilesError(
-            f"{what} {len(paths)} landing files under {lake.root}, which is not a local folder; this release "
-            f"changes landing files on a local disk only, and nothing was changed: {shown}. Move or delete them "
-            "with the storage's own tools (docs/erasure.md)."
+            f"{what} {len(paths)} landing files under {lake.root}, which is neither a local folder nor on S3; "
+            f"this release changes landing files there only, and nothing was changed: {shown}. Move or delete "
+            "them with the storage's own tools (docs/erasure.md)."
         )
 
 
@@ -211,33 +207,27 @@ def retain_landing_files(
     _refuse_remote(lake, f"landing retention ({mode}) would act on", [f.path for f in landing_due + archive_due])
 
     archived, deleted, conflicts, bytes_deleted = [], [], [], 0
-    archive_folder = _local_path(spark, _qualified(spark, lake.landing_archive)) if landing_due else None
+    files = files_for(lake.root)
+    archive_folder = files.path(_qualified(spark, lake.landing_archive)) if landing_due else None
     for landing_file in landing_due:
-        source = _local_path(spark, landing_file.path)
         if mode == "delete":
-            os.remove(source)
+            files.remove(landing_file.path)
             deleted.append(landing_file.path)
             bytes_deleted += landing_file.size
             continue
-        os.makedirs(archive_folder, exist_ok=True)
-        target = os.path.join(archive_folder, _name(source))
-        if os.path.exists(target):
+        target = f"{archive_folder}/{_name(landing_file.path)}"
+        if files.exists(target):
             # An erasure rewrite interrupted between its rename and the removal of its source
             # leaves both; the next compaction completes it. Anything else is for a person.
             log.warning("landing file %s is not archived: %s already exists", landing_file.path, target)
             conflicts.append(landing_file.path)
             continue
-        os.rename(source, target)
+        files.move(landing_file.path, target)
         archived.append(landing_file.path)
     for archived_file in archive_due:
-        os.remove(_local_path(spark, archived_file.path))
+        files.remove(archived_file.path)
         deleted.append(archived_file.path)
         bytes_deleted += archived_file.size
-    if landing_due or archive_due:
-        for folder in (lake.landing, lake.landing_archive):
-            local_folder = _local_path(spark, _qualified(spark, folder))
-            if os.path.isdir(local_folder):
-                fsync_folder(local_folder)
 
     result = LandingRetentionResult(
         mode,
@@ -288,23 +278,22 @@ def _matching_lines(
     return {row.source_file: (row.lines, set(row.matched)) for row in per_file}
 
 
-def _rewrite(source: str, target: str, drop: set[int], expected_lines: int) -> LandingRewrite:
+def _rewrite(
+    files: LocalFiles | ObjectFiles, source: str, target: str, drop: set[int], expected_lines: int
+) -> LandingRewrite:
     """Copy `source` to `target` byte for byte but for the lines numbered in `drop`, through a
-    hidden temp file beside `target` (fsynced, then renamed); then remove `source` if it is
-    another file. Every line is erased: no target, `source` removed."""
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
-    temp = os.path.join(folder, f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{os.path.basename(target)}")
+    hidden temp file beside `target` (made durable, then moved over it); then remove `source` if
+    it is another file. Every line is erased: no target, `source` removed."""
+    temp = f"{target.rsplit('/', 1)[0]}/{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{_name(target)}"
     read = kept = 0
     try:
-        with open(source, "rb") as lines, open(temp, "xb") as out:
-            for number, raw in enumerate(lines, 1):  # a binary file splits after b"\n" only, as ingestion does
+        with files.open_read(source) as lines, files.open_new(temp) as out:
+            for number, raw in enumerate(lines_of(lines), 1):
                 read = number
                 if number not in drop:
                     out.write(raw)
                     kept += 1
-            out.flush()
-            os.fsync(out.fileno())
+            files.finish(out)
         if read != expected_lines or max(drop) > read:
             raise LandingFilesError(
                 f"{source}: not rewritten, unchanged: it has {read} lines now and had {expected_lines} when compaction "
@@ -312,22 +301,20 @@ def _rewrite(source: str, target: str, drop: set[int], expected_lines: int) -> L
                 "compaction tries again."
             )
         if kept == 0:
-            os.remove(temp)
-        elif source != target and os.path.exists(target) and not filecmp.cmp(target, temp, shallow=False):
+            files.remove(temp)
+        elif source != target and files.exists(target) and not files.same_content(target, temp):
             raise LandingFilesError(
                 f"{source} holds erased lines, but {target} already exists with other content: nothing was "
-                f"changed. Compare the two, move the one that is not a copy of {os.path.basename(source)} "
+                f"changed. Compare the two, move the one that is not a copy of {_name(source)} "
                 "elsewhere, then run compaction again."
             )
         else:
-            os.replace(temp, target)
-            fsync_folder(folder)
+            files.move(temp, target)
         if source != target or kept == 0:
-            os.remove(source)
-            fsync_folder(os.path.dirname(source))
+            files.remove(source)
     finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+        if files.exists(temp):
+            files.remove(temp)
     return LandingRewrite(source, target if kept else None, read, read - kept)
 
 
@@ -345,7 +332,7 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
     if not tombstones:
         return LandingErasureResult()
     inventory = landing_inventory(spark, lake)
-    if is_local(lake.root):
+    if is_local(lake.root) or is_s3(lake.root):
         _remove_stale_temps(spark, lake)
     paths = [f.path for f, _ in inventory.ingested] + [f.path for f, _ in inventory.archived]
     not_read = {"not_ingested": len(inventory.not_ingested), "changed": tuple(f.path for f, _ in inventory.changed)}
@@ -353,15 +340,15 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
         return LandingErasureResult(**not_read)
     matches = _matching_lines(spark, paths, tombstones)
     _refuse_remote(lake, "erasure would rewrite", sorted(matches))
-    archive = _local_path(spark, _qualified(spark, lake.landing_archive))
+    files = files_for(lake.root)
+    archive = files.path(_qualified(spark, lake.landing_archive))
     rewrites, failures = [], []
     # Archived files first: a landing file's rewrite then finds an archived copy from an
     # interrupted run already rewritten for the same tombstones, and completes that run.
     archived_paths = {f.path for f, _ in inventory.archived}
     for path, (lines, drop) in sorted(matches.items(), key=lambda match: (match[0] not in archived_paths, match[0])):
-        source = _local_path(spark, path)
         try:
-            rewrites.append(_rewrite(source, os.path.join(archive, os.path.basename(source)), drop, lines))
+            rewrites.append(_rewrite(files, files.path(path), f"{archive}/{_name(path)}", drop, lines))
         except LandingFilesError as error:  # the other files are still rewritten; the run fails below
             log.error("%s", error)
             failures.append(str(error))
@@ -389,10 +376,9 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
 
 def _remove_stale_temps(spark: SparkSession, lake: Lake) -> None:
     """Temp files a crashed rewrite left (compaction runs one at a time: none is in use)."""
-    archive = _local_path(spark, _qualified(spark, lake.landing_archive))
-    if not os.path.isdir(archive):
-        return
-    for entry in os.scandir(archive):
-        if entry.is_file() and entry.name.startswith(TEMP_PREFIX):
-            log.warning("removing %s, left by an interrupted erasure rewrite", entry.path)
-            os.remove(entry.path)
+    files = files_for(lake.root)
+    archive = _qualified(spark, lake.landing_archive)
+    for name in files.list_names(archive):
+        if name.startswith(TEMP_PREFIX):
+            log.warning("removing %s/%s, left by an interrupted erasure rewrite", archive, name)
+            files.remove(f"{archive}/{name}")

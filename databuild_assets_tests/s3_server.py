@@ -1,0 +1,130 @@
+"""An S3-compatible server on loopback for the object-store tests: moto's server mode, in a process
+of its own (Spark's JVM, delta-rs and boto3 all reach it over HTTP, as they would reach S3).
+
+moto is a well-kept package that serves S3 with conditional writes (If-None-Match, which delta-rs
+commits with) and DynamoDB; its state lives in the server's memory, so a test's bucket is gone when
+the server stops. Credentials are made up: no account of anyone's is ever used.
+
+    with LoopbackS3() as s3:
+        os.environ.update(s3.env)        # what Spark (S3A) and delta-rs read
+        s3.client.list_objects_v2(Bucket=s3.bucket)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BUCKET = "databuild-test"
+# Made up: moto accepts any key. Never a real account's credentials.
+ACCESS_KEY = "loopback-test-key"
+SECRET_KEY = "loopback-test-secret-do-not-log"
+REGION = "us-east-1"
+STARTUP_TIMEOUT_S = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackS3:
+    """A moto server on 127.0.0.1 with one bucket; `env` is what a process needs to reach it."""
+
+    def __init__(self, log_dir: Path | None = None, bucket: str = BUCKET):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.bucket = bucket
+        self.log_dir = log_dir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            # No profile or instance metadata lookups: only these variables.
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    @property
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+
+    def root(self, prefix: str) -> str:
+        """A lake root in the bucket: s3a://<bucket>/<prefix>."""
+        return f"s3a://{self.bucket}/{prefix.strip('/')}"
+
+    def start(self) -> LoopbackS3:
+        server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
+        log = open(self.log_dir / "moto.log", "wb") if self.log_dir else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [server, "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto_server exited ({self.process.returncode}) before it served {self.url}")
+            try:
+                urllib.request.urlopen(f"{self.url}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            self.stop()
+            raise TimeoutError(f"moto_server did not answer at {self.url} within {STARTUP_TIMEOUT_S} s")
+        self.client.create_bucket(Bucket=self.bucket)
+        return self
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object key under `prefix`, sorted."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> LoopbackS3:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+__all__ = ["BUCKET", "LoopbackS3"]
+
+
+if __name__ == "__main__":  # a server to try things against by hand: prints its env, runs until ^C
+    with LoopbackS3() as s3:
+        print("\n".join(f"export {key}={value}" for key, value in s3.env.items()), flush=True)
+        try:
+            s3.process.wait()
+        except KeyboardInterrupt:
+            pass
+    os._exit(0)
