@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 from dagster import Definitions, validate_run_config
@@ -122,6 +123,9 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
         assert live_parquet_rows_holding(spark, path, '"br-a"') == 0, path
     [state] = read_tombstones(spark, lake)
     assert not state.pending and state.applied_log_version == current_version(spark, lake.table_path(RAW_EVENT_LOG))
+    # The dry runs' clones are gone, and their commit lock files with them.
+    scratch = Path(lake.path("_scratch"))
+    assert not [p for p in scratch.rglob("*") if p.is_file()], list(scratch.rglob("*"))
 
     late = request_erasure(spark, lake, "event_id", "br-b-3", actor="bob", reason="ticket 3")
     assert [t.tombstone_id for t in read_tombstones(spark, lake) if t.pending] == [late.tombstone_id]

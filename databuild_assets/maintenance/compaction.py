@@ -184,7 +184,10 @@ def purge_events(
         ids = (event_ids if event_ids is not None else matched.select("event_id")).distinct().cache()
         scope = _partitions_holding(at_version, spec, ids.unionByName(matched.select("event_id")))
         expected = _checksum(at_version.where(scope & ~event_matches(tombstones)))
-        clone = lake.path("_scratch", f"purge-{spec.name}-{uuid.uuid4().hex[:12]}")
+        # The clone in a folder of its own, dropped whole: with it goes the commit lock file a
+        # local lake keeps beside a table's folder (runtime/commit_lock.py).
+        scratch = lake.path("_scratch", f"purge-{spec.name}-{uuid.uuid4().hex[:12]}")
+        clone = f"{scratch}/{spec.name}"
         try:
             spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{path}` VERSION AS OF {version}")
             _delete_by_event_id(spark, clone, ids)
@@ -209,7 +212,7 @@ def purge_events(
             )
         finally:
             ids.unpersist()
-            _drop_dir(spark, clone)
+            _drop_dir(spark, scratch)
         return Purge(per_tombstone, rewritten)
     finally:
         matched.unpersist()
