@@ -7,6 +7,7 @@
 #   make ui-test  the UI in headless Chromium (several minutes; skipped by `make test`)
 #   make cluster-test  the lakehouse on a Spark standalone cluster on loopback (several minutes; skipped by `make test`)
 #   make reliability-test  the multi-process crash and concurrency scenarios (minutes; skipped by `make test`)
+#   make s3-test  the lakehouse on an S3 server on loopback (minutes; skipped by `make test`)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -14,7 +15,7 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup demo test lint format ui ui-test cluster-test reliability-test bench clean-lake
+.PHONY: setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test bench clean-lake
 
 # A virtual environment with the pinned packages, Delta's jars from Maven Central, and the class
 # archive the Spark driver's JVM starts from (runtime/jvm_startup.py: a small demo, about a minute).
@@ -62,6 +63,21 @@ ui: setup
 
 # dagster dev on a free loopback port, driven by Playwright in Debian's chromium (installed here
 # with apt-get when missing; Playwright never downloads a browser). Screenshots: .ui-screenshots/
+# Lakes on S3: hadoop-aws and the AWS SDK modules S3A uses (delta-jars/s3/pom.xml), and moto for the
+# tests' S3 server on loopback. Not part of `make setup`: a local lake needs none of it.
+s3-setup: setup delta-jars/s3/lib/.fetched $(VENV)/.s3-test-installed
+
+delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml $(VENV)/.installed
+	$(BIN)/python -m databuild_assets.runtime.delta_jars fetch-s3
+	touch $@
+
+$(VENV)/.s3-test-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[test,s3-test]"
+	touch $@
+
+s3-test: s3-setup
+	DATABUILD_S3_TEST=1 $(BIN)/python -m pytest -m s3 databuild_assets_tests/test_object_store.py
+
 reliability-test: setup
 	DATABUILD_SLOW_TESTS=1 $(BIN)/python -m pytest -m slow databuild_assets_tests/test_reliability.py
 

@@ -1,5 +1,5 @@
 """One end-to-end lakehouse run, summarized as JSON: what test_spark_cluster.py compares between a
-Spark standalone cluster and local mode.
+Spark standalone cluster and local mode, and test_object_store.py between a lake on S3 and one on disk.
 
 It generates a small workload (with bad and redelivered lines) as three landing files, lands
 and ingests two of them, builds the filtered log and the three projections, lands and ingests
@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -31,13 +32,17 @@ from pyspark.sql import functions as F
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import IngestResult, ingest_landing_files
 from databuild_assets.maintenance.compaction import compact
+from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
+from databuild_assets.maintenance.landing_files import retain_landing_files
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
+from databuild_assets.maintenance.vacuum import vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import RebuildRule, projection_spec
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.delta_tables import current_version
-from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.files import ObjectFiles
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake, is_local
 from databuild_assets.workload import write_landing_files
 
 SUMMARY_PREFIX = "CLUSTER-SCENARIO-SUMMARY "
@@ -96,9 +101,23 @@ def engine(spark: SparkSession) -> dict:
     }
 
 
-def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) -> dict:
-    """The whole run on `spark` and `lake`; returns the summary (see the module docstring)."""
-    staging = Path(lake.path("staging"))
+def land(lake: Lake, file: Path) -> None:
+    """Drop a written landing file into the lake's landing folder, as a writer would: a rename
+    on a local disk, an upload (the object appears whole) in a bucket."""
+    if is_local(lake.root):
+        landing = Path(lake.landing)
+        landing.mkdir(parents=True, exist_ok=True)
+        file.rename(landing / file.name)
+        return
+    with ObjectFiles().open_new(f"{lake.landing}/{file.name}") as out:
+        out.write(file.read_bytes())
+    file.unlink()
+
+
+def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7, vacuum: bool = False) -> dict:
+    """The whole run on `spark` and `lake`; returns the summary (see the module docstring). With
+    `vacuum`, it ends with landing retention and vacuum at retention 0 and the erasure report."""
+    staging = Path(tempfile.mkdtemp(prefix="scenario-staging-"))  # the writer's side, outside the lake
     workload = write_landing_files(
         staging,
         n_events,
@@ -108,15 +127,13 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
         duplicate_rate=0.02,
     )
     *first_files, last_file = sorted(staging.glob("events-*.jsonl"))
-    landing = Path(lake.landing)
-    landing.mkdir(parents=True, exist_ok=True)
     for file in first_files:
-        file.rename(landing / file.name)
+        land(lake, file)
     first = ingest_landing_files(spark, lake, settle_seconds=0)
     refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
 
-    last_file.rename(landing / last_file.name)
+    land(lake, last_file)
     second = ingest_landing_files(spark, lake, settle_seconds=0)
     refresh_filtered_log(spark, lake)
     # The small-log rule would rebuild a log this small; the fold is what must work on a cluster.
@@ -130,6 +147,20 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
     refresh_all_projections(spark, lake)
     compaction = compact(spark, lake)
     tombstones = read_tombstones(spark, lake)
+    finish = {}
+    if vacuum:
+        retained = retain_landing_files(spark, lake, 0, "archive")
+        vacuumed = vacuum_lake(spark, lake, retention_hours=0, allow_short_retention=True)
+        findings = erasure_report(spark, lake, tombstones)
+        finish = {
+            "landing_archived": len(retained.archived),
+            "vacuumed_tables": sorted(t.table for t in vacuumed if t.files_deleted),
+            "erasure_report": {
+                "scanned": sorted({f.table for f in findings}),
+                "rows_left": sum(f.rows_in_data_files for f in findings),
+                "log_mentions": sum(f.delta_log_mentions for f in findings),
+            },
+        }
 
     return {
         "engine": engine(spark),
@@ -158,6 +189,7 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
             },
             "tombstones": [[t.key, t.value, t.pending] for t in tombstones],  # lists: what JSON gives back
             "after_compaction": lake_digest(spark, lake),
+            **finish,
         },
     }
 
@@ -165,9 +197,10 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7) 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--master", required=True, help="Spark master URL, e.g. spark://127.0.0.1:7077 or local[2]")
-    parser.add_argument("--lake", required=True, help="lake root (an empty or missing folder)")
+    parser.add_argument("--lake", required=True, help="lake root (an empty or missing folder, or s3a://bucket/prefix)")
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--app-name", default="databuild-cluster-scenario")
+    parser.add_argument("--vacuum", action="store_true", help="end with retention and vacuum at 0, and the report")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value (repeatable)")
     args = parser.parse_args(argv)
 
@@ -187,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     spark = resource.spark_session
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        summary = run_scenario(spark, resource.lake, args.events)
+        summary = run_scenario(spark, resource.lake, args.events, vacuum=args.vacuum)
     finally:
         spark.stop()
     print(SUMMARY_PREFIX + json.dumps(summary, sort_keys=True), flush=True)

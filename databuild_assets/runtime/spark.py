@@ -118,6 +118,10 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # Delta's VACUUM lists a table's files with this many tasks (Spark's default: 10,000).
         # Sized like the shuffle; on a cluster raise both.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
+        # VACUUM records its start and end in the table's history on every store: Delta's default
+        # records it on local disks but not on S3 (S3SingleDriverLogStore), and the history is
+        # where operators and our checks see that a vacuum ran.
+        "spark.databricks.delta.vacuum.logging.enabled": "true",
         "spark.ui.showConsoleProgress": "true",
         # Every table of ours is a Delta table at a path (delta.`...`), none a managed one, yet Spark
         # makes its catalog's default database folder, by default `spark-warehouse/` in whatever
