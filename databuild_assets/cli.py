@@ -18,6 +18,7 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake, LakeRootError, is_local
+from databuild_assets.runtime.object_store import is_s3
 
 # Exit codes: 0 done; 1 the work failed (a run, Spark); 2 what the command was given is wrong (an
 # argument, a URI, a log or a lake root that is not there, Spark settings Spark cannot start with):
@@ -175,8 +176,8 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
     except (ValueError, LakeRootError) as error:
         return _refuse("query", error)
     options = {}
-    if parsed.scheme == "delta" and not is_local(parsed.location):
-        # A lake on object storage is read through Spark; a local one without a JVM.
+    if parsed.scheme == "delta" and not (is_local(parsed.location) or is_s3(parsed.location)):
+        # A lake on another object store is read through Spark; a local one or one on S3 without a JVM.
         from delta.tables import DeltaTable
 
         options["spark"], refused = _spark_or_refusal("query")

@@ -2,6 +2,9 @@
 mode, databuild_assets_tests/s3_server.py), reached by Spark through S3A and by the JVM-free path
 through delta-rs's own object store, with made-up credentials.
 
+The JVM-free path reads and follows a lake on the bucket as it does one on disk, with its serving
+index in this machine's cache folder.
+
 The whole flow (landing objects, ingestion with quarantine, the filtered log, the projections and
 their fold, an erasure, compaction with the rewrite of landing objects, landing retention, vacuum
 at retention 0, the erasure report) runs on the bucket in a process of its own and on a local lake
@@ -19,10 +22,16 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from databuild_assets.log import open_event_log
+from databuild_assets.log.serving.backend import DeltaRsEventLog, ObjectStoreAppendError
+from databuild_assets.log.serving.store import INDEX_DIR_ENV
+from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.lake import Lake
+from databuild_assets.workload import generate_events
 from databuild_assets_tests.cluster_scenario import SUMMARY_PREFIX, run_scenario
 from databuild_assets_tests.s3_server import SECRET_KEY, LoopbackS3
 
@@ -130,3 +139,65 @@ def test_the_whole_flow_on_a_bucket_gives_the_tables_of_a_local_lake_and_leaves_
     landing = [key for key in s3.keys("parity/landing/") if not key.endswith("/")]
     archive = [key for key in s3.keys("parity/landing_archive/") if not key.endswith("/")]
     assert not landing and len(archive) == 3, (landing, archive)
+
+
+def _upload_new(s3: LoopbackS3, lake_root: Path, prefix: str) -> int:
+    """Copy the files of the local lake's tables that the bucket lacks to `prefix`, data files
+    before commit files (as a writer makes them): the lake as it would be had it been written there."""
+    present = set(s3.keys(f"{prefix}/tables/"))
+    files = sorted(
+        (path for path in (lake_root / "tables").rglob("*") if path.is_file() and not path.name.startswith(".")),
+        key=lambda path: ("_delta_log" in path.parts, str(path)),
+    )
+    uploaded = 0
+    for path in files:
+        key = f"{prefix}/{path.relative_to(lake_root).as_posix()}"
+        if key not in present:
+            s3.client.upload_file(str(path), s3.bucket, key)
+            uploaded += 1
+    return uploaded
+
+
+def test_the_jvm_free_log_reads_and_follows_a_lake_on_the_bucket_as_it_reads_the_same_lake_on_disk(
+    spark, s3, tmp_path, monkeypatch
+):
+    for key, value in {**s3.env, INDEX_DIR_ENV: str(tmp_path / "index-cache")}.items():
+        monkeypatch.setenv(key, value)
+    local = Lake(str(tmp_path / "lake"))
+    events = list(generate_events(2_000, seed=3))
+    with DeltaRsEventLog(local) as writer:
+        writer.append_events(events[:1_500])
+    assert _upload_new(s3, tmp_path / "lake", "served") > 0
+    uri = f"delta+s3://{s3.bucket}/served"
+
+    # The command line, in a process of its own with no JVM: the answer the local lake gives.
+    query = [sys.executable, "-m", "databuild_assets.cli", "query"]
+    on_bucket = subprocess.run([*query, uri, "get_activity_summary"], capture_output=True, text=True, timeout=120)
+    assert on_bucket.returncode == 0, on_bucket.stderr
+    on_disk = subprocess.run([*query, f"delta://{local.root}", "get_activity_summary"], capture_output=True, text=True)
+    assert json.loads(on_bucket.stdout) == json.loads(on_disk.stdout)
+    assert json.loads(on_bucket.stdout)["total_events"] == 1_500
+
+    with open_event_log(uri) as remote, DeltaRsEventLog(local) as writer:
+        # Its serving index is on this machine's disk, in the cache folder, not in the bucket.
+        assert remote.index_path.startswith(str(tmp_path / "index-cache" / s3.bucket / "served"))
+        assert not [key for key in s3.keys("served/") if "serving_index" in key]
+        request = events[0]["build_request_id"]
+        assert remote.get_build_request_events(request) == writer.get_build_request_events(request)
+        assert remote.list_recent_partitions(limit=50) == writer.list_recent_partitions(limit=50)
+
+        # New commits on the bucket are followed, not rebuilt: the next read sees them.
+        index_before = remote.index_path
+        writer.append_events(events[1_500:])
+        request_erasure(spark, local, "build_request_id", request, actor="alice", reason="s3 test")
+        _upload_new(s3, tmp_path / "lake", "served")
+        assert remote.get_activity_summary() == writer.get_activity_summary()
+        assert remote.get_activity_summary().total_events < 2_000  # the tombstone hides its events
+        assert remote.get_build_request_events(request) == []
+        assert remote.index_path == index_before
+
+        # Appends through this path wait for the racing proof on S3; nothing is written.
+        log_keys = s3.keys("served/tables/raw_event_log/_delta_log/")
+        with pytest.raises(ObjectStoreAppendError, match="landing"):
+            remote.append_events(events[:1])
+        assert s3.keys("served/tables/raw_event_log/_delta_log/") == log_keys

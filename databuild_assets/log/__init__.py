@@ -3,7 +3,8 @@
     log = open_event_log("sqlite:///var/lib/databuild/bel.db")     # the SQLite reference
     log = open_event_log("delta:///data/lake")                     # a local lake, no JVM (delta-rs)
     log = open_event_log("delta:///data/lake", spark=spark)        # a lake through Spark
-    log = open_event_log("delta+s3a://bucket/databuild", spark=spark)   # a lake on object storage
+    log = open_event_log("delta+s3://bucket/databuild")            # a lake on S3, no JVM (delta-rs)
+    log = open_event_log("delta+s3a://bucket/databuild", spark=spark)   # any Hadoop filesystem, through Spark
 
 The backend modules are imported on first use: opening a SQLite log imports neither delta-rs
 nor Spark's backend.
@@ -26,15 +27,16 @@ from databuild_assets.log.interface import (
 from databuild_assets.log.sqlite.backend import SqliteEventLog, load_events
 from databuild_assets.log.uris import ACCEPTED_URIS, EventLogNotFoundError, parse_event_log_uri
 from databuild_assets.runtime.lake import is_local
+from databuild_assets.runtime.object_store import is_s3
 
 
 def open_event_log(uri: str, **options: Any) -> BuildEventLog:
     """Open the Build Event Log at `uri`, choosing the backend by its scheme.
 
-    A `delta` URI opens the JVM-free backend (`DeltaRsEventLog`, a local lake, answered from its
-    serving index under `<root>/serving_index/`) unless `spark=` (a SparkSession with Delta
-    configured) is given, which opens the Spark backend (`DeltaEventLog`, any Hadoop
-    filesystem). Both take `writer=`, the name appends are recorded under.
+    A `delta` URI opens the JVM-free backend (`DeltaRsEventLog`, a local lake or one on S3, answered
+    from its serving index under `<root>/serving_index/`, for S3 in this machine's cache) unless
+    `spark=` (a SparkSession with Delta configured) is given, which opens the Spark backend
+    (`DeltaEventLog`, any Hadoop filesystem). Both take `writer=`, the name appends are recorded under.
     Raises ValueError for a URI no backend accepts, naming the accepted forms, and LakeRootError
     for a local lake root that is a file or is missing with its parent folder (nothing is created).
 
@@ -61,10 +63,10 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
             f"{uri}: the JVM-free Delta backend takes writer= (spark= chooses the Spark backend), "
             f"got {', '.join(sorted(options))}"
         )
-    if not is_local(parsed.location):
+    if not (is_local(parsed.location) or is_s3(parsed.location)):
         raise ValueError(
-            f"{uri!r}: the JVM-free Delta backend follows lakes on this machine's disks only; for a lake on "
-            f"object storage pass a SparkSession with Delta configured: open_event_log({uri!r}, spark=spark)"
+            f"{uri!r}: the JVM-free Delta backend follows lakes on this machine's disks and on S3 only; for a "
+            f"lake on another store pass a SparkSession with Delta configured: open_event_log({uri!r}, spark=spark)"
         )
     from databuild_assets.log.serving.backend import DeltaRsEventLog
 

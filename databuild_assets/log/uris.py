@@ -2,7 +2,8 @@
 
 sqlite:///var/lib/databuild/bel.db     the SQLite file (sqlite:///:memory: for a private one)
 delta:///data/lake                     a lake root on this machine (or .../lake/tables/raw_event_log)
-delta+s3a://bucket/lake                a lake root on a Hadoop filesystem (Spark only)
+delta+s3://bucket/lake                 a lake root on S3 (delta+s3a:// the same; JVM-free or Spark)
+delta+abfss://container@account/lake   a lake root on another Hadoop filesystem (Spark only)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake, is_local
+from databuild_assets.runtime.object_store import is_s3
 
 ACCEPTED_URIS = (
     "sqlite:///absolute/path/to/bel.db",
@@ -43,7 +45,8 @@ class EventLogUri:
         """This URI, once its log is known to exist on this machine: EventLogNotFoundError (or
         LakeRootError for a lake root that is a file, or missing with its parent) otherwise.
         For readers, which must not take a mistyped path for an empty log; a writer may create
-        the log instead. Creates nothing; a remote lake is not checked here.
+        the log instead. Creates nothing; a lake on S3 is checked by one listing, any other remote
+        lake is not checked here.
 
             parse_event_log_uri("delta:///data/lake").require_log()
         """
@@ -59,6 +62,15 @@ class EventLogUri:
                 raise EventLogNotFoundError(
                     f"no event log in the lake {self.location} (in {self.uri!r}): {log_path} is not a Delta table; "
                     "check the path (a lake root holds tables/raw_event_log; its first ingestion or append creates it)"
+                )
+        elif is_s3(self.location):
+            from databuild_assets.log.serving.follower import follower_for
+
+            log_path = self.lake.table_path(RAW_EVENT_LOG)
+            if not follower_for(log_path).exists():
+                raise EventLogNotFoundError(
+                    f"no event log in the lake {self.location} (in {self.uri!r}): {log_path} is not a Delta table; "
+                    "check the bucket and prefix (a lake root holds tables/raw_event_log)"
                 )
         return self
 

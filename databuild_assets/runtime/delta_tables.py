@@ -33,6 +33,7 @@ from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.damage import data_file_damage
 from databuild_assets.runtime.delta_log import COMMIT_FILE, log_folder
 from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec, is_local
+from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -366,7 +367,11 @@ def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: i
     root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
     relative = unquote(file["path"])
     try:
-        parquet = pq.ParquetFile(os.path.join(root, relative))
+        if is_s3(root):
+            filesystem, prefix = arrow_filesystem(root)
+            parquet = pq.ParquetFile(filesystem.open_input_file(f"{prefix}/{relative}"))
+        else:
+            parquet = pq.ParquetFile(os.path.join(root, relative))
         present = [c for c in columns if c in set(parquet.schema_arrow.names)]
         if rows_per_part is None:
             datas: Iterator[pa.Table] = iter([parquet.read(columns=present)])
@@ -380,7 +385,8 @@ def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: i
                     data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
             yield data.select([name for name in columns if name in data.column_names])
     except (OSError, pa.ArrowException) as error:
-        if (damage := data_file_damage(root, relative, error)) is not None:
+        # The damage diagnosis reads a local log; on S3 the error names the object already.
+        if not is_s3(root) and (damage := data_file_damage(root, relative, error)) is not None:
             raise damage from None
         raise
 

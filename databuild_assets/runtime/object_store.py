@@ -54,6 +54,22 @@ def spark_s3_config(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return config
 
 
+def arrow_filesystem(uri: str):
+    """pyarrow's S3 filesystem for `uri` (s3a:// or s3://), configured from the environment as the
+    AWS SDK is, and the path it names there ("bucket/prefix/...")."""
+    from pyarrow import fs
+
+    rest = uri.partition("://")[2].rstrip("/")
+    filesystem, _ = fs.FileSystem.from_uri(f"s3://{rest}")
+    return filesystem, rest
+
+
+def delta_rs_uri(uri: str) -> str:
+    """`uri` as delta-rs opens it: s3:// (its object store takes s3a:// too, but says s3://)."""
+    scheme, _, rest = uri.partition("://")
+    return f"s3://{rest}" if scheme.lower() in S3_SCHEMES else uri
+
+
 def delta_rs_options(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """delta-rs storage options beyond what it reads from the environment itself (credentials,
     endpoint, region): plain HTTP allowed when the endpoint is http:// (a store on loopback)."""
@@ -61,4 +77,13 @@ def delta_rs_options(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {"AWS_ALLOW_HTTP": "true"} if url and url.startswith("http://") else {}
 
 
-__all__ = ["S3_SCHEMES", "delta_rs_options", "endpoint", "is_s3", "region", "spark_s3_config"]
+__all__ = [
+    "S3_SCHEMES",
+    "arrow_filesystem",
+    "delta_rs_options",
+    "delta_rs_uri",
+    "endpoint",
+    "is_s3",
+    "region",
+    "spark_s3_config",
+]

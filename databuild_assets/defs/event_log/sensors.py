@@ -1,6 +1,6 @@
-"""The landing-files sensor: a change in <lake root>/landing requests one run that ingests the new
-files and refreshes the filtered log and the projections; none while the newest commit of the raw
-log or the ingest ledger does not parse (the skip names that file)."""
+"""The landing-files sensor: a change in <lake root>/landing (a folder, or a prefix on S3) requests
+one run that ingests the new files and refreshes the filtered log and the projections; none while
+the newest commit of the raw log or the ingest ledger does not parse (the skip names that file)."""
 
 from dagster import RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
@@ -10,6 +10,7 @@ from databuild_assets.ingest.landing_state import landing_state
 from databuild_assets.runtime.damage import new_commits_damage
 from databuild_assets.runtime.delta_tables import latest_version_on_disk
 from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, is_local
+from databuild_assets.runtime.object_store import is_s3
 
 # Dagster's sensor daemon loops every 5 s and evaluates a sensor when its minimum interval has
 # passed since its last tick. With 5 here, the last tick (stamped a little after its loop began) is
@@ -26,8 +27,8 @@ SENSOR_INTERVAL_SECONDS = 1
 )
 def landing_files_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource):
     landing = lakehouse.lake.landing
-    if not is_local(landing):
-        return SkipReason(f"{landing} is not on a local disk: schedule ingest_job instead of this sensor")
+    if not (is_local(landing) or is_s3(landing)):
+        return SkipReason(f"{landing} is neither on a local disk nor on S3: schedule ingest_job instead of this sensor")
     state = landing_state(landing)
     if state is None or state.fingerprint == context.cursor:
         return SkipReason(f"no new landing files in {landing}")
@@ -36,7 +37,7 @@ def landing_files_sensor(context: SensorEvaluationContext, lakehouse: LakehouseR
         # An ingestion over a commit that does not parse would only fail: say which file, and keep
         # the cursor, so that the tick after a repair requests the run.
         path = lake.table_path(table)
-        newest = latest_version_on_disk(path)
+        newest = latest_version_on_disk(path) if is_local(path) else None  # on S3: the run reports it
         if newest is not None and (damage := new_commits_damage(path, newest - 1, newest)) is not None:
             return SkipReason(str(damage))
     # Ingestion takes every file not yet ingested, so one run per change of the folder is enough.

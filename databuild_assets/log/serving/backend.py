@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,12 +49,13 @@ from databuild_assets.log.interface import (
 )
 from databuild_assets.log.serving.append import CommitConflictError, append_files, writable_by_fast_append
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
-from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
-from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder, PrivateFolder
+from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import latest_version_on_disk, table_properties
+from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
+from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,10 @@ def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer
         )
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_raw_log_schema())
+
+
+class ObjectStoreAppendError(RuntimeError):
+    """An append to a lake on S3 through the JVM-free path, which this release refuses; nothing was written."""
 
 
 class IndexNotFollowableError(RuntimeError):
@@ -119,9 +125,11 @@ class DeltaRsEventLog(BuildEventLog):
         self.writer = writer
         self._progress = progress  # where a build says how far it is (default: this module's logger)
         self._log_path = lake.table_path(RAW_EVENT_LOG)
-        self._log = DeltaFollower(self._log_path)
-        self._tombstones = DeltaFollower(lake.table_path(TOMBSTONES))
-        self._folder = IndexFolder(lake.path(SERVING_INDEX_FOLDER))
+        self._log = follower_for(self._log_path)
+        self._tombstones = follower_for(lake.table_path(TOMBSTONES))
+        self._folder = IndexFolder(index_folder_of(lake.root))
+        if is_s3(lake.root):  # the index of a lake on S3 lives in this machine's cache folder
+            os.makedirs(self._folder.path, exist_ok=True)
         self._index: ServingIndex | None = None
         self._seen = (-1, -1)  # the raw log's and the tombstones' versions last seen in the index
         self._marker: tuple[int, int] | None = None  # CURRENT's identity when the index was opened
@@ -200,7 +208,7 @@ class DeltaRsEventLog(BuildEventLog):
                 return f"{follower.path} is not the table the index followed (replaced or removed)"
             if follower.open_table().metadata().id != mark.table_id:
                 return f"{follower.path} is not the table the index followed (replaced)"
-            newest = latest_version_on_disk(follower.path)
+            newest = follower.newest_version()
             if newest is not None and newest < mark.version:
                 # Its log went back (`repair` restored an older version): the index holds more.
                 return f"the index reflects {follower.path} v{mark.version}, newer than its log's newest (v{newest})"
@@ -220,7 +228,7 @@ class DeltaRsEventLog(BuildEventLog):
         """A new generation of the index from the lake's snapshot, published for every process
         (or private, on a lake this process cannot write)."""
         if not self._build:
-            raise IndexNotFollowableError(f"{self.lake.path(SERVING_INDEX_FOLDER)}: {reason}")
+            raise IndexNotFollowableError(f"{self._folder.path}: {reason}")
         if not self._folder.writable():
             self._build_private(reason)
             return
@@ -410,6 +418,14 @@ class DeltaRsEventLog(BuildEventLog):
             require_valid(event, f"events[{index}]")
         if not events:
             return AppendResult(0, 0)
+        if is_s3(self.lake.root):
+            # Not until a racing test proves that these commits and the pipeline's never lose one
+            # another on S3 (issue 29); the landing folder is the way in meanwhile.
+            raise ObjectStoreAppendError(
+                f"{self!r}: appends to a lake on S3 through the JVM-free path are not available yet; nothing was "
+                f"written. Put the events as a JSON Lines object under {self.lake.landing}/ (the pipeline "
+                "ingests it exactly once), or append through the Spark backend (open_event_log(uri, spark=spark))."
+            )
         with commit_lock(self._log_path):
             for attempt in range(_COMMIT_ATTEMPTS):
                 index = self._catch_up()
@@ -572,4 +588,11 @@ def refresh_serving_index(lake: Lake, progress: Callable[[str], None] | None = N
         )
 
 
-__all__ = ["DeltaRsEventLog", "IndexNotFollowableError", "ServingIndexStatus", "raw_log_rows", "refresh_serving_index"]
+__all__ = [
+    "DeltaRsEventLog",
+    "IndexNotFollowableError",
+    "ObjectStoreAppendError",
+    "ServingIndexStatus",
+    "raw_log_rows",
+    "refresh_serving_index",
+]

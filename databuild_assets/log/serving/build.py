@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from databuild_assets.events.schema import EVENT_COLUMNS
-from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.log.serving.follower import DeltaFollower, follower_for
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, create_index_file, event_rows
 from databuild_assets.log.serving.store import remove_index_files
 from databuild_assets.runtime.delta_tables import iter_local_table
@@ -54,7 +54,7 @@ def table_mark(follower: DeltaFollower, version: int | None, table_id: str | Non
 
 def tombstone_values(lake: Lake) -> tuple[dict[str, set[str]], TableMark]:
     """Every tombstone value by key, at the tombstones table's latest version, and its mark."""
-    follower = DeltaFollower(lake.table_path(TOMBSTONES))
+    follower = follower_for(lake.table_path(TOMBSTONES))
     if not follower.exists():
         return {}, TableMark()
     table = follower.open_table()
@@ -80,7 +80,7 @@ def build_index(lake: Lake, path: str, progress: Callable[[str], None] | None = 
 def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
     remove_index_files(path)
     hidden_by, tombstones = tombstone_values(lake)
-    raw = DeltaFollower(lake.table_path(RAW_EVENT_LOG))
+    raw = follower_for(lake.table_path(RAW_EVENT_LOG))
     connection = create_index_file(path)
     index = ServingIndex(path, connection)
     try:

@@ -1,4 +1,4 @@
-"""Follow a Delta table on a local disk commit by commit, without a JVM.
+"""Follow a Delta table on a local disk or on S3 commit by commit, without a JVM.
 
 A follower knows the version it has read up to. Whether the table moved is one `stat` of the
 next commit file (Delta versions are contiguous and each commit file appears atomically), so
@@ -7,7 +7,7 @@ Delta protocol's JSON actions): the data files added and removed. A reader that 
 past the log's retention, or that meets a commit it cannot follow, reloads the table's
 snapshot (its files as delta-rs lists them) instead.
 
-    follower = DeltaFollower("/data/lake/tables/raw_event_log")
+    follower = DeltaFollower("/data/lake/tables/raw_event_log")   # follower_for(path) for any store
     rows = follower.load(["event_id"])     # every live row, at the latest version
     changes = follower.changes()          # the commits since, or None: load() again
 """
@@ -27,7 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage
-from databuild_assets.runtime.delta_tables import read_local_table, schema_version_of
+from databuild_assets.runtime.delta_log import COMMIT_FILE
+from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_local_table, schema_version_of
+from databuild_assets.runtime.object_store import arrow_filesystem, delta_rs_options, delta_rs_uri, is_s3
 
 # Reader features whose files a plain Parquet read would misread: rows only marked deleted,
 # physical column names that differ from the schema's.
@@ -82,6 +84,10 @@ class DeltaFollower:
             return None
         return f"{status.st_size}:{status.st_mtime_ns}"
 
+    def newest_version(self) -> int | None:
+        """The newest commit in the table's log, by listing it; None when there is none."""
+        return latest_version_on_disk(self.path)
+
     def last_checkpoint(self) -> int | None:
         """The version of the table's newest checkpoint (`_last_checkpoint`), if any."""
         try:
@@ -122,9 +128,8 @@ class DeltaFollower:
             return None
         changes = Changes(self.version)
         while True:
-            path = self._commit_file(changes.version + 1)
             try:
-                text = path.read_text(encoding="utf-8")
+                text = self._commit_text(changes.version + 1)
             except FileNotFoundError:
                 break
             except UnicodeDecodeError as error:
@@ -145,6 +150,10 @@ class DeltaFollower:
             changes.version += 1
         self.version = changes.version
         return changes
+
+    def _commit_text(self, version: int) -> str:
+        """The commit file of `version`; FileNotFoundError when there is none (yet)."""
+        return self._commit_file(version).read_text(encoding="utf-8")
 
     def check(self, reader_features: Iterable[str] | None, configuration: dict[str, str]) -> None:
         blocked = sorted(set(reader_features or ()) & _UNFOLLOWABLE_READER_FEATURES)
@@ -175,4 +184,87 @@ class DeltaFollower:
         return pa.concat_tables(tables, promote_options="permissive")
 
 
-__all__ = ["Changes", "DeltaFollower", "UnfollowableTableError"]
+class ObjectStoreFollower(DeltaFollower):
+    """One Delta table on S3, followed by version: the same protocol through pyarrow's S3
+    filesystem (whether the table moved is one HEAD of the next commit object) and delta-rs's
+    own object store (runtime/object_store.py). Damage is reported as the store's error, which
+    names the object; the local damage diagnosis does not apply."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path.rstrip("/")
+        self._filesystem, self._root = arrow_filesystem(self.path)
+        self._log_prefix = f"{self._root}/_delta_log/"
+        self.version = None
+
+    def _object(self, version: int) -> str:
+        return f"{self._log_prefix}{version:020d}.json"
+
+    def _info(self, key: str):
+        return self._filesystem.get_file_info(key)
+
+    def exists(self) -> bool:
+        from pyarrow import fs
+
+        selector = fs.FileSelector(self._log_prefix.rstrip("/"), allow_not_found=True)
+        return any(info.path.endswith((".json", ".parquet")) for info in self._filesystem.get_file_info(selector))
+
+    def moved_since(self, version: int) -> bool:
+        from pyarrow import fs
+
+        if version < 0:
+            return self.exists()
+        return self._info(self._object(version + 1)).type != fs.FileType.NotFound
+
+    def newest_version(self) -> int | None:
+        from pyarrow import fs
+
+        selector = fs.FileSelector(self._log_prefix.rstrip("/"), allow_not_found=True)
+        versions = [
+            int(match.group(1))
+            for info in self._filesystem.get_file_info(selector)
+            if (match := COMMIT_FILE.match(info.base_name))
+        ]
+        return max(versions, default=None)
+
+    def commit_mark(self, version: int) -> str | None:
+        from pyarrow import fs
+
+        info = self._info(self._object(version))
+        return None if info.type == fs.FileType.NotFound else f"{info.size}:{info.mtime_ns}"
+
+    def last_checkpoint(self) -> int | None:
+        try:
+            with self._filesystem.open_input_stream(f"{self._log_prefix}_last_checkpoint") as stream:
+                return int(json.loads(stream.read().decode("utf-8"))["version"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def open_table(self) -> deltalake.DeltaTable:
+        table = deltalake.DeltaTable(delta_rs_uri(self.path), storage_options=delta_rs_options())
+        self.check(table.protocol().reader_features, table.metadata().configuration)
+        return table
+
+    def _commit_text(self, version: int) -> str:
+        with self._filesystem.open_input_stream(self._object(version)) as stream:
+            return stream.read().decode("utf-8")
+
+    def read(self, files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
+        tables = []
+        for relative in files:
+            try:
+                tables.append(
+                    pq.read_table(f"{self._root}/{relative}", columns=list(columns), filesystem=self._filesystem)
+                )
+            except FileNotFoundError:
+                return None  # vacuumed after a long pause: the caller loads the snapshot again
+        if not tables:
+            return None if files else pa.table({})
+        return pa.concat_tables(tables, promote_options="permissive")
+
+
+def follower_for(path: str) -> DeltaFollower:
+    """The follower for a table at `path`: on S3 or on a local disk."""
+    return ObjectStoreFollower(path) if is_s3(path) else DeltaFollower(path)
+
+
+__all__ = ["Changes", "DeltaFollower", "ObjectStoreFollower", "UnfollowableTableError", "follower_for"]

@@ -6,6 +6,10 @@
         build.lock                      held by the one process building a new generation
         .index-<n>.sqlite.building      a build in progress (a dead builder's is removed by the next)
 
+A lake on S3 keeps its serving index on each reading machine's disk instead (SQLite needs a
+local file): `$DATABUILD_SERVING_INDEX_DIR/<bucket>/<prefix>/`, by default under
+`$XDG_CACHE_HOME/databuild` (`~/.cache/databuild`); see `index_folder_of`.
+
 A process that cannot write the lake (a read-only mount) keeps a private copy in a temporary
 folder named after its process id (`PrivateFolder`), removed when it closes or exits, or by
 the next such process once its owner is dead.
@@ -40,12 +44,27 @@ from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.processes import process_alive
 
 SERVING_INDEX_FOLDER = "serving_index"
+INDEX_DIR_ENV = "DATABUILD_SERVING_INDEX_DIR"
 _CURRENT = "CURRENT"
 _GENERATION = re.compile(r"^\.?index-(\d+)\.sqlite")
 # A SQLite database's files: the main file first (a process can no longer open it by name), then
 # the files beside it.
 INDEX_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 _PRIVATE_PREFIX = "databuild-serving-index-"
+
+
+def index_folder_of(root: str) -> str:
+    """Where the lake at `root` keeps its serving index: `<root>/serving_index` on a local disk;
+    for a lake on an object store, a folder of this machine named after the bucket and prefix.
+
+        index_folder_of("s3a://bucket/lake")   # '~/.cache/databuild/serving_index/bucket/lake'
+    """
+    if "://" not in root or root.startswith("file:"):
+        return root.rstrip("/") + "/" + SERVING_INDEX_FOLDER
+    cache = os.environ.get(INDEX_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "databuild", SERVING_INDEX_FOLDER
+    )
+    return os.path.join(cache, *root.partition("://")[2].strip("/").split("/"))
 
 
 class IndexFolder:
@@ -204,4 +223,12 @@ def _remove_dead_private_folders() -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-__all__ = ["INDEX_FILE_SUFFIXES", "SERVING_INDEX_FOLDER", "IndexFolder", "PrivateFolder", "remove_index_files"]
+__all__ = [
+    "INDEX_DIR_ENV",
+    "INDEX_FILE_SUFFIXES",
+    "SERVING_INDEX_FOLDER",
+    "IndexFolder",
+    "PrivateFolder",
+    "index_folder_of",
+    "remove_index_files",
+]
