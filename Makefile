@@ -63,11 +63,12 @@ ui: setup
 
 # dagster dev on a free loopback port, driven by Playwright in Debian's chromium (installed here
 # with apt-get when missing; Playwright never downloads a browser). Screenshots: .ui-screenshots/
-# Lakes on S3: hadoop-aws and the AWS SDK modules S3A uses (delta-jars/s3/pom.xml), and moto for the
+# Lakes on S3: hadoop-aws and the AWS SDK modules S3A uses (delta-jars/s3/pom.xml), our LogStore
+# that commits with S3's conditional writes (delta-jars/s3/logstore, built by Maven), and moto for the
 # tests' S3 server on loopback. Not part of `make setup`: a local lake needs none of it.
 s3-setup: setup delta-jars/s3/lib/.fetched $(VENV)/.s3-test-installed
 
-delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml $(VENV)/.installed
+delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml delta-jars/s3/logstore/pom.xml $(wildcard delta-jars/s3/logstore/src/main/java/io/databuild/delta/*.java) $(VENV)/.installed
 	$(BIN)/python -m databuild_assets.runtime.delta_jars fetch-s3
 	touch $@
 

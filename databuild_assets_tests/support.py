@@ -268,6 +268,11 @@ def write_landing(lake: Lake, name: str, lines: list[str | bytes | dict]) -> Pat
 # ---------------------------------------------------------------------------------------------
 
 
+def log_uri(lake: Lake) -> str:
+    """The event log URI of `lake`: delta:///path for a local root, delta+s3a://... for a bucket."""
+    return f"delta://{lake.root}" if "://" not in lake.root else f"delta+{lake.root}"
+
+
 @dataclass
 class AppenderProcess:
     """A real process appending batches of events to a lake through the JVM-free backend
@@ -281,7 +286,7 @@ class AppenderProcess:
         batches_file = workdir / f"{name}.json"
         batches_file.write_text(json.dumps(batches))
         process = subprocess.Popen(
-            [sys.executable, "-m", "databuild_assets_tests.appender", f"delta://{lake.root}", str(batches_file), name],
+            [sys.executable, "-m", "databuild_assets_tests.appender", log_uri(lake), str(batches_file), name],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

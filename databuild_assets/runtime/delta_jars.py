@@ -28,6 +28,9 @@ DEFAULT_JARS_DIR = REPO_ROOT / "delta-jars" / "lib"
 # The Maven coordinate the pom pins, for messages and docs; the pom is what Maven reads.
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 S3_POM = REPO_ROOT / "delta-jars" / "s3" / "pom.xml"
+# Our LogStore for S3 (a Java class built with Maven at set-up): delta-jars/s3/logstore.
+S3_LOGSTORE_POM = REPO_ROOT / "delta-jars" / "s3" / "logstore" / "pom.xml"
+S3_LOGSTORE_JAR = "databuild-s3-logstore-1.jar"
 S3_JARS_DIR = REPO_ROOT / "delta-jars" / "s3" / "lib"
 HADOOP_AWS_MAVEN_COORDINATE = "org.apache.hadoop:hadoop-aws:3.5.0"
 
@@ -69,11 +72,12 @@ def delta_jar_paths(directory: Path | None = None) -> list[str]:
 def s3_jar_paths(directory: Path = S3_JARS_DIR) -> list[str]:
     """The jars a session needs for a lake on S3; a clear error when set-up has not fetched them."""
     jars = sorted(str(jar) for jar in directory.glob("*.jar"))
-    if not any(Path(jar).name.startswith("hadoop-aws-") for jar in jars):
+    if not any(Path(jar).name.startswith("hadoop-aws-") for jar in jars) or not (directory / S3_LOGSTORE_JAR).is_file():
         raise DeltaJarsMissingError(
             f"the jars for lakes on S3 are not in {directory}. Run `make s3-setup` (or "
             f"`python -m databuild_assets.runtime.delta_jars fetch-s3`) once with access to Maven Central; "
-            f"it fetches {HADOOP_AWS_MAVEN_COORDINATE} and the AWS SDK modules it uses."
+            f"it fetches {HADOOP_AWS_MAVEN_COORDINATE} and the AWS SDK modules it uses, and builds our "
+            "LogStore for S3 (delta-jars/s3/logstore)."
         )
     return jars
 
@@ -107,13 +111,22 @@ def fetch(directory: Path | None = None, pom: Path = POM) -> list[str]:
     return sorted(str(jar) for jar in directory.glob("*.jar"))
 
 
+def build_s3_logstore(directory: Path = S3_JARS_DIR) -> Path:
+    """Build our LogStore for S3 (`mvn package`) and put its jar into `directory`."""
+    if shutil.which("mvn") is None:
+        raise DeltaJarsMissingError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven).")
+    subprocess.run(["mvn", "-q", "-B", "-f", str(S3_LOGSTORE_POM), "package", "-DskipTests"], check=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / S3_LOGSTORE_JAR
+    shutil.copy2(S3_LOGSTORE_POM.parent / "target" / S3_LOGSTORE_JAR, target)
+    return target
+
+
 def main(argv: list[str]) -> int:
     if argv == ["fetch-s3"]:
-        if list(S3_JARS_DIR.glob("hadoop-aws-*.jar")):
-            print(f"S3 jars already in {S3_JARS_DIR}")
-            return 0
         jars = fetch(S3_JARS_DIR, S3_POM)
-        print(f"fetched {len(jars)} jars for lakes on S3 into {S3_JARS_DIR}")
+        build_s3_logstore()
+        print(f"fetched {len(jars)} jars for lakes on S3 into {S3_JARS_DIR}, and built {S3_LOGSTORE_JAR} there")
         return 0
     if argv != ["fetch"]:
         print("usage: python -m databuild_assets.runtime.delta_jars fetch|fetch-s3", file=sys.stderr)

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 
 S3_SCHEMES = ("s3a", "s3")
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# Our LogStore (delta-jars/s3/logstore): commits with S3's conditional writes, as delta-rs does.
+S3_LOG_STORE = "io.databuild.delta.S3ConditionalPutLogStore"
 
 
 def is_s3(root: str) -> bool:
@@ -43,6 +45,10 @@ def spark_s3_config(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
         # s3:// roots through S3A too (Hadoop has no s3:// filesystem of its own any more).
         "spark.hadoop.fs.s3.impl": S3A_FILESYSTEM,
         "spark.hadoop.fs.s3a.impl": S3A_FILESYSTEM,
+        # Commit N is put-if-absent against every writer, other drivers and delta-rs included
+        # (docs/decisions/0040-every-s3-writer-commits-with-conditional-writes.md).
+        "spark.delta.logStore.s3a.impl": S3_LOG_STORE,
+        "spark.delta.logStore.s3.impl": S3_LOG_STORE,
     }
     if url := endpoint(environ):
         config["spark.hadoop.fs.s3a.endpoint"] = url

@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import deltalake
+import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, write_deltalake
@@ -55,12 +57,16 @@ from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
-from databuild_assets.runtime.object_store import is_s3
+from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
 
 log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
 _COMMIT_ATTEMPTS = 3
+# On S3 no lock keeps writers apart: a commit that finds its version taken dedupes and tries again,
+# after a random pause so that racing appenders spread out.
+_S3_COMMIT_ATTEMPTS = 30
+_S3_RETRY_PAUSE_S = (0.02, 0.3)
 _FILES_PER_BATCH = 16  # a catch-up reads the new files this many at a time
 _CHECKPOINT_WAIT_S = 30.0
 _NS_PER_DAY = 86_400 * 10**9
@@ -86,10 +92,6 @@ def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer
         )
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_raw_log_schema())
-
-
-class ObjectStoreAppendError(RuntimeError):
-    """An append to a lake on S3 through the JVM-free path, which this release refuses; nothing was written."""
 
 
 class IndexNotFollowableError(RuntimeError):
@@ -418,16 +420,9 @@ class DeltaRsEventLog(BuildEventLog):
             require_valid(event, f"events[{index}]")
         if not events:
             return AppendResult(0, 0)
-        if is_s3(self.lake.root):
-            # Not until a racing test proves that these commits and the pipeline's never lose one
-            # another on S3 (issue 29); the landing folder is the way in meanwhile.
-            raise ObjectStoreAppendError(
-                f"{self!r}: appends to a lake on S3 through the JVM-free path are not available yet; nothing was "
-                f"written. Put the events as a JSON Lines object under {self.lake.landing}/ (the pipeline "
-                "ingests it exactly once), or append through the Spark backend (open_event_log(uri, spark=spark))."
-            )
-        with commit_lock(self._log_path):
-            for attempt in range(_COMMIT_ATTEMPTS):
+        attempts = _S3_COMMIT_ATTEMPTS if is_s3(self.lake.root) else _COMMIT_ATTEMPTS
+        with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
+            for attempt in range(attempts):
                 index = self._catch_up()
                 known = index.known_event_ids(event["event_id"] for event in events)
                 new: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -441,9 +436,11 @@ class DeltaRsEventLog(BuildEventLog):
                 try:
                     next_version = self._commit(raw_log_rows(new.values(), self.writer), before.version)
                 except CommitConflictError:
-                    if attempt == _COMMIT_ATTEMPTS - 1:
+                    if attempt == attempts - 1:
                         raise
-                    continue  # a writer that ignores the lock committed first: dedupe again
+                    if is_s3(self.lake.root):
+                        time.sleep(random.uniform(*_S3_RETRY_PAUSE_S))
+                    continue  # another writer committed first: dedupe again
                 applied = False
                 if before.version >= 0 and next_version and not index.read_only:
                     try:
@@ -473,17 +470,20 @@ class DeltaRsEventLog(BuildEventLog):
         of a writer that ignores the lock)."""
         if latest < 0 and not self._log.exists():
             self._table = deltalake.DeltaTable.create(
-                self._log_path,
+                delta_rs_uri(self._log_path),
                 schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
                 partition_by=list(RAW_EVENT_LOG.partition_by),
                 description=RAW_EVENT_LOG.description,
                 configuration=table_properties(RAW_EVENT_LOG),
                 raise_if_key_not_exists=False,  # our own databuild.schemaVersion property
+                storage_options=delta_rs_options() if is_s3(self._log_path) else None,
             )
         elif self._table is None:
-            self._table = deltalake.DeltaTable(self._log_path)
+            self._table = self._log.open_table()
         table, user_metadata = self._table, json.dumps({"writer": self.writer})
         latest = latest if latest >= 0 else table.version()
+        if is_s3(self.lake.root):
+            return self._commit_exactly(table, rows, latest, user_metadata)
         stats_columns = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
         if stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json()):
             partition_by = table.metadata().partition_columns
@@ -505,6 +505,29 @@ class DeltaRsEventLog(BuildEventLog):
             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
         )
         return False
+
+    def _commit_exactly(self, table: deltalake.DeltaTable, rows: pa.Table, latest: int, user_metadata: str) -> bool:
+        """The append as version `latest + 1` or not at all: on S3 no lock keeps other writers out,
+        so a commit that finds that version taken (S3's conditional write, which every writer of
+        ours uses: decision 0040) raises CommitConflictError, and the caller dedupes again against
+        what that writer stored. delta-rs would otherwise commit past it, blind to its event ids."""
+        if table.version() != latest:
+            table.update_incremental()
+        if table.version() != latest:
+            raise CommitConflictError(f"{self._log_path} moved past v{latest} before this append")
+        try:
+            write_deltalake(
+                table,
+                rows,
+                mode="append",
+                commit_properties=CommitProperties(
+                    custom_metadata={"userMetadata": user_metadata}, max_commit_retries=0
+                ),
+            )
+        except deltalake.exceptions.CommitFailedError as error:
+            table.update_incremental()
+            raise CommitConflictError(f"{self._log_path} v{latest + 1} was committed by another writer") from error
+        return True
 
     # -- reads: the index's, once it has caught up ----------------------------------------------
 
@@ -591,7 +614,6 @@ def refresh_serving_index(lake: Lake, progress: Callable[[str], None] | None = N
 __all__ = [
     "DeltaRsEventLog",
     "IndexNotFollowableError",
-    "ObjectStoreAppendError",
     "ServingIndexStatus",
     "raw_log_rows",
     "refresh_serving_index",
