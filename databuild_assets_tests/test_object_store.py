@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -41,8 +42,8 @@ from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.cluster_scenario import SUMMARY_PREFIX, run_scenario
-from databuild_assets_tests.s3_server import SECRET_KEY, LoopbackS3
-from databuild_assets_tests.support import AppenderProcess
+from databuild_assets_tests.s3_server import ACCESS_KEY, SECRET_KEY, LoopbackS3
+from databuild_assets_tests.support import REPO_ROOT, AppenderProcess
 
 pytestmark = pytest.mark.s3
 
@@ -335,3 +336,54 @@ def test_two_spark_drivers_appending_to_one_table_on_the_bucket_lose_no_commit(s
     assert rows == sorted((name, n) for name in ("a", "b") for n in range(count))
     commits = [key for key in s3.keys("stress/_delta_log/") if key.endswith(".json")]
     assert len(commits) == 1 + 2 * count
+
+
+# An ingestion on the bucket as a deployment runs it: a Dagster instance on disk, Spark's UI on.
+_RUN_WITH_UI = """
+import json, sys, urllib.request
+from dagster import DagsterInstance, materialize
+from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.resources import LakehouseResource
+lakehouse = LakehouseResource(
+    master="local[1]", lake_root=sys.argv[1], shuffle_partitions=2, driver_memory="1g", driver="own",
+    extra_spark_config={"spark.ui.enabled": "true", "spark.ui.port": sys.argv[2]},
+)
+result = materialize([landing_files, ingested_event_log], resources={"lakehouse": lakehouse},
+                     instance=DagsterInstance.get())
+assert result.success
+spark = lakehouse.spark_session
+url = f"http://127.0.0.1:{sys.argv[2]}/api/v1/applications/{spark.sparkContext.applicationId}/environment"
+with urllib.request.urlopen(url, timeout=30) as response:
+    print("SPARK-ENVIRONMENT " + json.dumps(json.load(response)))
+"""
+
+
+def test_the_credentials_reach_no_run_config_storage_metadata_log_or_spark_environment_page(s3, tmp_path, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO_ROOT / "dagster.yaml").read_text())
+    env = {**os.environ, **s3.env, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1"}
+    root = s3.root("secrets")
+    events = list(generate_events(300, seed=5))
+    body = "".join(json.dumps(event) + "\n" for event in events).encode()
+    s3.client.put_object(Bucket=s3.bucket, Key="secrets/landing/events-0.jsonl", Body=body)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    run = subprocess.run(
+        [sys.executable, "-c", _RUN_WITH_UI, root, port], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    [page] = [line for line in run.stdout.splitlines() if line.startswith("SPARK-ENVIRONMENT ")]
+    environment = json.loads(page.removeprefix("SPARK-ENVIRONMENT "))
+    # The page is real: it lists the S3 settings we did put there, from the environment ...
+    assert ["spark.hadoop.fs.s3a.endpoint", s3.url] in environment["sparkProperties"]
+    # ... and neither key: S3A and delta-rs read them from the process environment.
+    for secret in (SECRET_KEY, ACCESS_KEY):
+        assert secret not in page
+        assert secret not in run.stdout + run.stderr  # the run's logs
+        holding = [path for path in home.rglob("*") if path.is_file() and secret.encode() in path.read_bytes()]
+        assert not holding, holding  # run storage, event logs, run configs, metadata
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    assert follower_for(f"{root}/tables/raw_event_log").load(["event_id"]).num_rows == len(events)
