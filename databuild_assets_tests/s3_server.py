@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -117,7 +118,76 @@ class LoopbackS3:
         self.stop()
 
 
-__all__ = ["BUCKET", "LoopbackS3"]
+class StoreOutage:
+    """A TCP forwarder on loopback in front of the S3 server, which a test can take down and bring
+    back: while down, every connection is cut at once (as a store that stops answering), and the
+    server behind it keeps its objects. `env` points a process at the forwarder.
+
+        with StoreOutage(s3) as outage:
+            ...                      # a run using outage.env
+            outage.down(); ...; outage.up()
+    """
+
+    def __init__(self, s3: LoopbackS3):
+        self.s3 = s3
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._up = threading.Event()
+        self._up.set()
+        self._listener: socket.socket | None = None
+        self.cut = 0  # connections refused while down
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**self.s3.env, "AWS_ENDPOINT_URL": self.url}
+
+    def down(self) -> None:
+        self._up.clear()
+
+    def up(self) -> None:
+        self._up.set()
+
+    def _pipe(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while self._up.is_set() and (data := source.recv(65536)):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                end.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            if not self._up.is_set():
+                self.cut += 1
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", self.s3.port))
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+
+    def __enter__(self) -> StoreOutage:
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", self.port))
+        self._listener.listen(64)
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._listener.close()
+
+
+__all__ = ["BUCKET", "LoopbackS3", "StoreOutage"]
 
 
 if __name__ == "__main__":  # a server to try things against by hand: prints its env, runs until ^C

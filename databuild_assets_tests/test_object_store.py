@@ -42,7 +42,7 @@ from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.cluster_scenario import SUMMARY_PREFIX, run_scenario
-from databuild_assets_tests.s3_server import ACCESS_KEY, SECRET_KEY, LoopbackS3
+from databuild_assets_tests.s3_server import ACCESS_KEY, SECRET_KEY, LoopbackS3, StoreOutage
 from databuild_assets_tests.support import REPO_ROOT, AppenderProcess
 
 pytestmark = pytest.mark.s3
@@ -50,6 +50,7 @@ pytestmark = pytest.mark.s3
 S3_TEST_COMMAND = "make s3-test"
 N_EVENTS = 3000
 SCENARIO_TIMEOUT_S = 900
+OUTAGE_AFTER_S = 25  # into an ingestion run: its JVM started, its first requests made
 
 if os.environ.get("DATABUILD_S3_TEST") != "1":
     pytest.skip(
@@ -387,3 +388,61 @@ def test_the_credentials_reach_no_run_config_storage_metadata_log_or_spark_envir
     for key, value in s3.env.items():
         monkeypatch.setenv(key, value)
     assert follower_for(f"{root}/tables/raw_event_log").load(["event_id"]).num_rows == len(events)
+
+
+_INGEST_ONCE = """
+import sys
+from dagster import materialize
+from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.defs.resources import LakehouseResource
+lakehouse = LakehouseResource(
+    master="local[1]", lake_root=sys.argv[1], shuffle_partitions=2, driver_memory="1g", driver="own",
+    extra_spark_config={"spark.ui.enabled": "false"},
+)
+result = materialize([landing_files, ingested_event_log], resources={"lakehouse": lakehouse}, raise_on_error=False)
+for event in result.all_events:
+    if event.is_step_failure:
+        print("STEP-FAILURE " + event.event_specific_data.error.cause.message.replace(chr(10), " "))
+print("SUCCESS", result.success)
+"""
+
+
+def test_a_store_that_stops_mid_ingestion_fails_the_run_naming_store_and_object_and_a_rerun_loses_nothing(
+    s3, tmp_path, monkeypatch
+):
+    events = list(generate_events(4_500, seed=9))
+    for number in range(3):
+        body = "".join(json.dumps(event) + "\n" for event in events[number * 1_500 : (number + 1) * 1_500])
+        s3.client.put_object(Bucket=s3.bucket, Key=f"outage/landing/events-{number}.jsonl", Body=body.encode())
+    root = s3.root("outage")
+    with StoreOutage(s3) as outage:
+        env = {**os.environ, **outage.env}
+        run = subprocess.Popen(
+            [sys.executable, "-c", _INGEST_ONCE, root],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        time.sleep(OUTAGE_AFTER_S)  # the JVM has started and the run is reading and writing the bucket
+        outage.down()
+        out, _ = run.communicate(timeout=SCENARIO_TIMEOUT_S)
+        assert outage.cut > 0, "the run made no request while the store was down: start the outage earlier"
+        assert "SUCCESS False" in out, out[-3000:]
+        [failure] = [line for line in out.splitlines() if line.startswith("STEP-FAILURE ")]
+        assert f"the object store at {outage.url} failed:" in failure and f" on {root}/" in failure, failure
+        assert "run the step again" in failure
+
+        outage.up()
+        rerun = subprocess.run(
+            [sys.executable, "-c", _INGEST_ONCE, root],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=SCENARIO_TIMEOUT_S,
+        )
+        assert "SUCCESS True" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    stored = follower_for(f"{root}/tables/raw_event_log").load(["event_id"]).column("event_id").to_pylist()
+    assert len(stored) == len(set(stored)) == len(events)  # none lost, none twice

@@ -1,6 +1,7 @@
 """Assets, checks and ops that read the lake report a damaged file as one line: the Spark or Delta
 failure a step meets is located and raised as the DamagedTableError it stands for
-(runtime/damage.py), here once for every step instead of in each job. Dagster still records the
+(runtime/damage.py), here once for every step instead of in each job; on S3, a request the store
+failed is raised as one ObjectStoreError naming the store and the object. Dagster still records the
 step's failure; its message is the line, naming the table, the file, and `check` and `repair`.
 
     @asset
@@ -10,6 +11,7 @@ step's failure; its message is the line, naming the table, the file, and `check`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Mapping
@@ -18,17 +20,27 @@ from typing import Any, TypeVar
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.runtime.damage import damage_reported
 from databuild_assets.runtime.lake import Lake, is_local
+from databuild_assets.runtime.object_store import is_s3, store_errors_reported
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _lake_root(arguments: Mapping[str, Any]) -> str | None:
-    """The local lake root of the step's lakehouse resource (None: none, or a remote lake)."""
+    """The lake root of the step's lakehouse resource (None: none)."""
     for value in arguments.values():
         if isinstance(value, LakehouseResource):
-            root = Lake(value.lake_root).root
-            return root if is_local(root) else None
+            return Lake(value.lake_root).root
     return None
+
+
+def _reported(root: str | None):
+    """What a failure on this root is reported as: a damaged file on a local lake, a failure of
+    the store on S3 (runtime/object_store.py); nothing else is translated."""
+    if root is None:
+        return contextlib.nullcontext()
+    if is_local(root):
+        return damage_reported(root)
+    return store_errors_reported() if is_s3(root) else contextlib.nullcontext()
 
 
 def reports_damage(compute: F) -> F:
@@ -39,20 +51,14 @@ def reports_damage(compute: F) -> F:
 
         @functools.wraps(compute)
         def generating(*args: Any, **kwargs: Any) -> Any:
-            root = _lake_root(kwargs)
-            if root is None:
-                return (yield from compute(*args, **kwargs))
-            with damage_reported(root):
+            with _reported(_lake_root(kwargs)):
                 return (yield from compute(*args, **kwargs))
 
         return generating
 
     @functools.wraps(compute)
     def returning(*args: Any, **kwargs: Any) -> Any:
-        root = _lake_root(kwargs)
-        if root is None:
-            return compute(*args, **kwargs)
-        with damage_reported(root):
+        with _reported(_lake_root(kwargs)):
             return compute(*args, **kwargs)
 
     return returning

@@ -16,7 +16,9 @@ run storage or Spark's environment page. What is not secret comes from the envir
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 S3_SCHEMES = ("s3a", "s3")
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
@@ -83,7 +85,48 @@ def delta_rs_options(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {"AWS_ALLOW_HTTP": "true"} if url and url.startswith("http://") else {}
 
 
+class ObjectStoreError(RuntimeError):
+    """The object store failed a request (stopped, unreachable, refusing): one line naming the store,
+    the operation and the object. A Delta commit is all or nothing, so nothing half-written is
+    visible; the step can run again once the store answers."""
+
+
+# S3A's messages: "<operation> on s3a://bucket/key: <SDK error>"; the SDK's own reason after it.
+_S3A_FAILURE = re.compile(r"(\w+) on (s3a?://[^\s:,]+)")
+_SDK_REASON = re.compile(r"(?:Unable to execute HTTP request: |Caused by: [\w.$]+: )([^\n(]+)")
+
+
+def store_error(error: BaseException, environ: Mapping[str, str] = os.environ) -> ObjectStoreError | None:
+    """`error` (Spark's, through py4j) as the ObjectStoreError it stands for, when S3A raised it
+    for a request the store failed; None for any other error."""
+    text = str(error)
+    failure = _S3A_FAILURE.search(text)
+    if failure is None or "org.apache.hadoop.fs.s3a" not in text and "software.amazon.awssdk" not in text:
+        return None
+    reason = _SDK_REASON.search(text)
+    operation, target = failure.groups()
+    return ObjectStoreError(
+        f"the object store at {endpoint(environ) or 'AWS S3'} failed: {operation} on {target}"
+        f"{': ' + reason.group(1).strip() if reason else ''}. A commit is all or nothing, so nothing half-written "
+        "is visible; run the step again once the store answers (ingestion takes each landing object once)."
+    )
+
+
+@contextmanager
+def store_errors_reported() -> Iterator[None]:
+    """Raise a failure of the object store met in the block as one ObjectStoreError line."""
+    try:
+        yield
+    except ObjectStoreError:
+        raise
+    except Exception as error:
+        if (translated := store_error(error)) is None:
+            raise
+        raise translated from None
+
+
 __all__ = [
+    "ObjectStoreError",
     "S3_SCHEMES",
     "arrow_filesystem",
     "delta_rs_options",
@@ -92,4 +135,6 @@ __all__ = [
     "is_s3",
     "region",
     "spark_s3_config",
+    "store_error",
+    "store_errors_reported",
 ]
