@@ -24,7 +24,9 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
 def serving_index(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     lake = lakehouse.lake
     if not is_local(lake.root):
-        context.log.info(f"{lake.root} is not on a local disk: the JVM-free serving path does not follow it yet")
+        # On an object store each reading machine keeps its own index in its cache folder, built
+        # and followed by its readers (log/serving/store.py: index_folder_of); none lives in the lake.
+        context.log.info(f"{lake.root} is not on a local disk: its readers keep the serving index on their own disks")
         return MaterializeResult(metadata={"skipped": MetadataValue.text("lake not on a local disk")})
     status = refresh_serving_index(lake, progress=context.log.info)
     context.log.info(
