@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,8 +54,31 @@ def _instance() -> DagsterInstance:
 
 
 def _landing_has_files(lake: Lake) -> bool:
+    if is_s3(lake.landing):
+        from databuild_assets.ingest.landing_state import landing_state
+
+        return landing_state(lake.landing) is not None
     landing = Path(lake.landing)
     return landing.is_dir() and any(not p.name.startswith((".", "_")) for p in landing.iterdir())
+
+
+def _write_landing(lake: Lake, events: int, seed: int):
+    """The demo's workload as landing files: written into a local landing folder; for a lake on
+    S3 written aside, then put as objects (each appears whole), as a writer would."""
+    from databuild_assets.workload import write_landing_files
+
+    settings = {"seed": seed, "events_per_file": max(1, events // 8), "bad_line_rate": 0.001, "duplicate_rate": 0.002}
+    if not is_s3(lake.landing):
+        return write_landing_files(lake.landing, events, **settings)
+    from databuild_assets.runtime.files import ObjectFiles
+
+    with tempfile.TemporaryDirectory(prefix="databuild-demo-") as staging:
+        summary = write_landing_files(staging, events, **settings)
+        objects = ObjectFiles()
+        for file in summary.files:
+            with open(file, "rb") as source, objects.open_new(f"{lake.landing}/{file.name}") as target:
+                shutil.copyfileobj(source, target, 8 << 20)
+    return summary
 
 
 def demo(events: int, seed: int) -> int:
@@ -64,22 +89,14 @@ def demo(events: int, seed: int) -> int:
     # The demo is one process: a JVM of its own, gone when it ends (the warm driver is for runs).
     os.environ.setdefault("DATABUILD_SPARK_DRIVER", "own")
     from databuild_assets.definitions import all_assets_job, defs
-    from databuild_assets.workload import write_landing_files
 
     started = time.monotonic()
-    if not is_local(lake.root):
+    if not (is_local(lake.root) or is_s3(lake.root)):
         print(f"lake root {lake.root} is remote: not generating a workload; ingesting what is in {lake.landing}")
     elif _landing_has_files(lake):
         print(f"{lake.landing} already has landing files: ingesting only what is new")
     else:
-        summary = write_landing_files(
-            lake.landing,
-            events,
-            seed=seed,
-            events_per_file=max(1, events // 8),
-            bad_line_rate=0.001,
-            duplicate_rate=0.002,
-        )
+        summary = _write_landing(lake, events, seed)
         print(
             f"generated {summary.events_written:,} events in {len(summary.files)} landing files "
             f"(+{summary.bad_lines_written} bad lines, +{summary.duplicate_lines_written} redelivered) "
@@ -124,7 +141,7 @@ def demo(events: int, seed: int) -> int:
             f"  tombstones          {metadata['tombstones']['tombstones']}"
             f" ({metadata['tombstones']['pending']} pending)"
         )
-    if "serving_index" in metadata:
+    if "raw_log_version" in metadata.get("serving_index", {}):  # none for a lake on an object store
         index = metadata["serving_index"]
         print(
             f"  serving_index       raw_event_log v{index['raw_log_version']}, {index['events']:,} visible events, "

@@ -16,7 +16,7 @@ from pathlib import Path
 from dagster import AssetSpec, MetadataValue, TableSchema, map_asset_specs
 
 from databuild_assets.defs.column_schema import projection_table_schema, table_schema
-from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
+from databuild_assets.log.serving.store import index_folder_of
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.runtime.lake import (
@@ -126,7 +126,7 @@ def catalog_metadata(name: str, lake: Lake) -> dict:
     if name == LANDING_FILES:
         return {"dagster/uri": MetadataValue.text(location_uri(lake.landing))}
     if name == SERVING_INDEX:
-        return {"dagster/uri": MetadataValue.text(location_uri(lake.path(SERVING_INDEX_FOLDER)))}
+        return {"dagster/uri": MetadataValue.text(location_uri(index_folder_of(lake.root)))}
     if name not in TABLE_ASSETS:
         return {}
     spec, columns = TABLE_ASSETS[name]

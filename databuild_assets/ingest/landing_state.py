@@ -44,8 +44,13 @@ def _local_entries(landing: str) -> Iterator[tuple[str, int, int, Callable[[], b
     if not folder.is_dir():
         return
     for entry in os.scandir(folder):
+        if entry.name.startswith((".", "_")) or not entry.name.endswith(LANDING_SUFFIXES):
+            continue  # a writer's temp file may be renamed away at any moment: never stat it
         if entry.is_file():
-            stat = entry.stat()
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue  # removed (archived) since it was listed
             ends_with_newline = partial(_ends_with_newline_on_disk, entry.path, stat.st_size)
             yield entry.name, stat.st_size, stat.st_mtime_ns, ends_with_newline
 

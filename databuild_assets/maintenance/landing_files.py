@@ -216,6 +216,11 @@ def retain_landing_files(
             bytes_deleted += landing_file.size
             continue
         target = f"{archive_folder}/{_name(landing_file.path)}"
+        if files.exists(target) and files.same_content(landing_file.path, target):
+            # A move interrupted after its copy (on S3 a move is a copy, then a delete): finish it.
+            files.remove(landing_file.path)
+            archived.append(landing_file.path)
+            continue
         if files.exists(target):
             # An erasure rewrite interrupted between its rename and the removal of its source
             # leaves both; the next compaction completes it. Anything else is for a person.

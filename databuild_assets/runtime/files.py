@@ -87,18 +87,17 @@ class ObjectFiles:
         from pyarrow import fs
 
         self._fs_module = fs
-        self._filesystem = None
 
     @staticmethod
     def path(uri: str) -> str:
         """`uri` itself: how objects are shown and recorded."""
         return uri
 
-    def _split(self, uri: str) -> tuple[object, str]:
-        scheme, _, rest = uri.partition("://")
-        if self._filesystem is None:
-            self._filesystem, _ = self._fs_module.FileSystem.from_uri(f"s3://{rest}")
-        return self._filesystem, rest.rstrip("/")
+    @staticmethod
+    def _split(uri: str) -> tuple[object, str]:
+        from databuild_assets.runtime.object_store import arrow_filesystem
+
+        return arrow_filesystem(uri)
 
     def exists(self, uri: str) -> bool:
         filesystem, path = self._split(uri)

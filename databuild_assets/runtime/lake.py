@@ -138,6 +138,10 @@ class Lake:
         # is spelled two ways.
         if self.root.startswith("file:"):
             object.__setattr__(self, "root", "/" + self.root.removeprefix("file:").lstrip("/"))
+        # A root on S3 is spelled s3a:// whichever scheme it was given with: the ingest ledger
+        # keys landing objects by their full path, so one object must have one spelling.
+        if self.root.lower().startswith("s3://"):
+            object.__setattr__(self, "root", "s3a://" + self.root[len("s3://") :])
 
     @classmethod
     def from_env(cls) -> Lake:

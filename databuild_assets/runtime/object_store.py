@@ -62,14 +62,21 @@ def spark_s3_config(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return config
 
 
+_FILESYSTEMS: dict[tuple[str, ...], object] = {}
+
+
 def arrow_filesystem(uri: str):
     """pyarrow's S3 filesystem for `uri` (s3a:// or s3://), configured from the environment as the
-    AWS SDK is, and the path it names there ("bucket/prefix/...")."""
+    AWS SDK is, and the path it names there ("bucket/prefix/..."). One per bucket and environment:
+    making one may ask AWS for the bucket's region."""
     from pyarrow import fs
 
     rest = uri.partition("://")[2].rstrip("/")
-    filesystem, _ = fs.FileSystem.from_uri(f"s3://{rest}")
-    return filesystem, rest
+    bucket = rest.partition("/")[0]
+    key = (bucket, endpoint() or "", region() or "", os.environ.get("AWS_ACCESS_KEY_ID", ""))
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key], _ = fs.FileSystem.from_uri(f"s3://{bucket}")
+    return _FILESYSTEMS[key], rest
 
 
 def delta_rs_uri(uri: str) -> str:

@@ -10,10 +10,12 @@ from databuild_assets.defs.event_log.sensors import SENSOR_INTERVAL_SECONDS
 from databuild_assets.defs.maintenance.jobs import erase_job
 from databuild_assets.defs.projections.jobs import refresh_projections_job
 from databuild_assets.defs.resources import LakehouseResource
+from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.projections.refresh_all import reflected_versions_on_disk
 from databuild_assets.runtime.damage import DamagedTableError, new_commits_damage
 from databuild_assets.runtime.delta_tables import current_version, latest_version_on_disk
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
+from databuild_assets.runtime.object_store import is_s3
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 # The jobs whose runs end with the filtered log and the projections refreshed.
@@ -29,8 +31,13 @@ def event_log_commits_sensor(context: SensorEvaluationContext, lakehouse: Lakeho
     lake = lakehouse.lake
 
     def version(path: str) -> int | None:
-        # Local tables are read without a JVM; remote ones need Spark to list object storage.
-        return latest_version_on_disk(path) if is_local(path) else current_version(lakehouse.spark_session, path)
+        # Local tables and tables on S3 are read without a JVM (a listing of their log); on another
+        # object store it takes Spark.
+        if is_local(path):
+            return latest_version_on_disk(path)
+        if is_s3(path):
+            return follower_for(path).newest_version()
+        return current_version(lakehouse.spark_session, path)
 
     raw = version(lake.table_path(RAW_EVENT_LOG))
     if raw is None:

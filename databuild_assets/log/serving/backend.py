@@ -1,14 +1,17 @@
-"""The JVM-free Delta backend: `BuildEventLog` over a local lake, for a live DataBuild service.
+"""The JVM-free Delta backend: `BuildEventLog` over a local lake or one on S3, for a live DataBuild service.
 
 Reads are answered by the lake's serving index (`log/serving/index.py`: the SQLite reference
-backend's tables, indexes and SQL in a file under `<root>/serving_index/`), stamped with the
+backend's tables, indexes and SQL in a file under `<root>/serving_index/`, for S3 in this
+machine's cache folder: `store.index_folder_of`), stamped with the
 versions of raw_event_log and tombstones it reflects. Opening the log opens the index and
 applies only the commits after its stamp (`log/serving/follower.py`), so the cost of an open
 follows what changed since, not the history; the pipeline's serving_index asset keeps it
 current. Before every read one `stat` per table says whether either moved, so a read sees every
 append and every tombstone committed before it, its own included. Appends are one delta-rs
 commit under the raw log's commit lock, which the Spark jobs take too
-(`runtime/commit_lock.py`), deduplicated by event_id against the whole log.
+(`runtime/commit_lock.py`), deduplicated by event_id against the whole log; on S3, with no lock,
+the commit takes exactly the next version with S3's conditional write, or dedupes again
+(docs/decisions/0040-every-s3-writer-commits-with-conditional-writes.md).
 
     log = open_event_log("delta:///data/lake")          # no SparkSession: this backend
     log.append_events(events)
@@ -467,22 +470,32 @@ class DeltaRsEventLog(BuildEventLog):
         """One append commit of `rows` as the log's next version (the raw log created first when
         the lake has none): by `delta_append` when the table's protocol allows, else delta-rs.
         True when the commit is exactly version `latest + 1` (delta-rs may retry past a commit
-        of a writer that ignores the lock)."""
+        of a writer that ignores the lock). On S3, CommitConflictError when another writer
+        created the log or took that version first."""
+        s3 = is_s3(self.lake.root)
+        if latest < 0 and s3 and self._log.exists():
+            # Created by another writer since this append looked: dedupe against what it stored.
+            raise CommitConflictError(f"{self._log_path} was created by another writer")
         if latest < 0 and not self._log.exists():
-            self._table = deltalake.DeltaTable.create(
-                delta_rs_uri(self._log_path),
-                schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
-                partition_by=list(RAW_EVENT_LOG.partition_by),
-                description=RAW_EVENT_LOG.description,
-                configuration=table_properties(RAW_EVENT_LOG),
-                raise_if_key_not_exists=False,  # our own databuild.schemaVersion property
-                storage_options=delta_rs_options() if is_s3(self._log_path) else None,
-            )
+            try:
+                self._table = deltalake.DeltaTable.create(
+                    delta_rs_uri(self._log_path),
+                    schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
+                    partition_by=list(RAW_EVENT_LOG.partition_by),
+                    description=RAW_EVENT_LOG.description,
+                    configuration=table_properties(RAW_EVENT_LOG),
+                    raise_if_key_not_exists=False,  # our own databuild.schemaVersion property
+                    storage_options=delta_rs_options() if s3 else None,
+                )
+            except deltalake.exceptions.DeltaError as error:
+                if s3 and self._log.exists():  # another writer created it first (a conditional write)
+                    raise CommitConflictError(f"{self._log_path} was created by another writer") from error
+                raise
         elif self._table is None:
             self._table = self._log.open_table()
         table, user_metadata = self._table, json.dumps({"writer": self.writer})
         latest = latest if latest >= 0 else table.version()
-        if is_s3(self.lake.root):
+        if s3:
             return self._commit_exactly(table, rows, latest, user_metadata)
         stats_columns = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
         if stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json()):

@@ -58,7 +58,8 @@ public class S3ConditionalPutLogStore extends HadoopFileSystemLogStore {
       if (cause instanceof org.apache.hadoop.fs.FileAlreadyExistsException
           || cause instanceof FileAlreadyExistsException
           || name.endsWith("RemoteFileChangedException")
-          || message.contains("412")
+          // the SDK's message for S3's answer; not a bare "412", which a commit file's name can hold
+          || message.contains("Status Code: 412")
           || message.contains("PreconditionFailed")) {
         return true;
       }

@@ -1,0 +1,151 @@
+"""The JVM-free Delta backend on a lake in an S3 bucket on loopback (moto's server), against SQLite
+on local disk and against the same lake on local disk, side by side in one run (issue 29).
+
+    python -m bench.object_store --lake /path/to/lake [--loops 100] [--calls 200]
+
+The raw log (and tombstones) of `--lake` are copied into a bucket of an S3 server this bench starts
+on loopback, and onto local disk; their events are loaded into SQLite. Prints:
+- open to the first answer: SQLite; the JVM-free backend building its serving index from the
+  bucket and from the local copy; and opening again with the index kept;
+- the service loop (append the 5 events of a new build, then read the partition's status and the
+  build's events; a status read with nothing new), p50/p95 per step, on the bucket against SQLite;
+- every query method on random keys, p50/p95 and the p95 ratio against SQLite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+from bench.query_path import lake_events, ms, percentile, query_methods, service_build, timings
+from databuild_assets.log import SqliteEventLog, load_events, open_event_log
+from databuild_assets.log.serving.store import INDEX_DIR_ENV
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES
+from databuild_assets_tests.s3_server import LoopbackS3
+
+
+def _upload(s3: LoopbackS3, root: Path, prefix: str) -> int:
+    """Every file of the raw log and the tombstones under `root` into the bucket at `prefix`."""
+    uploaded = 0
+    for table in (RAW_EVENT_LOG.name, TOMBSTONES.name):
+        for path in sorted((root / "tables" / table).rglob("*")):
+            if path.is_file():
+                s3.client.upload_file(str(path), s3.bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
+                uploaded += path.stat().st_size
+    return uploaded
+
+
+def _row(name: str, a: list[float], b: list[float]) -> str:
+    """A table row: p50 / p95 of `a` (SQLite) and `b` (the bucket), and the p95 ratio."""
+    return (
+        f"| {name} | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
+        f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))} | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
+    )
+
+
+def _open_to_first_answer(uri: str) -> tuple[float, object]:
+    started = time.perf_counter()
+    log = open_event_log(uri)
+    log.get_activity_summary()
+    return time.perf_counter() - started, log
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lake", required=True, help="a lake whose raw log (and tombstones) to copy")
+    parser.add_argument("--calls", type=int, default=200, help="calls per query method")
+    parser.add_argument("--loops", type=int, default=100, help="service loop iterations")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-object-store-"))
+    local = workdir / "lake"
+    os.environ[INDEX_DIR_ENV] = str(workdir / "index-cache")
+    try:
+        with LoopbackS3(workdir) as s3:
+            os.environ.update(s3.env)
+            for table in (RAW_EVENT_LOG.name, TOMBSTONES.name):
+                if (Path(args.lake) / "tables" / table).is_dir():
+                    shutil.copytree(Path(args.lake) / "tables" / table, local / "tables" / table)
+            started = time.perf_counter()
+            size = _upload(s3, local, "lake")
+            print(f"copied {size / 1e6:,.0f} MB into the bucket in {time.perf_counter() - started:.1f}s")
+            events = lake_events(local)
+            load_events(workdir / "bel.db", events)
+            rng = random.Random(1)
+            refs = sorted(
+                {e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"}
+            )
+            builds = sorted({e["build_request_id"] for e in events})
+            jobs = sorted({e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"})
+            timestamps = sorted(e["timestamp"] for e in events[:: max(1, len(events) // 10_000)])
+            print(f"lake: {len(events):,} events")
+            del events
+
+            started = time.perf_counter()
+            sqlite_log = SqliteEventLog(workdir / "bel.db")
+            sqlite_log.get_activity_summary()
+            sqlite_open = time.perf_counter() - started
+            bucket_build, bucket_log = _open_to_first_answer(f"delta+{s3.root('lake')}")
+            local_build, local_log = _open_to_first_answer(f"delta://{local}")
+            local_log.close()
+            bucket_log.close()
+            bucket_open, bucket_log = _open_to_first_answer(f"delta+{s3.root('lake')}")
+            local_open, local_log = _open_to_first_answer(f"delta://{local}")
+            local_log.close()
+            print()
+            print("| open to the first answer | seconds |")
+            print("|---|---:|")
+            print(f"| SQLite, local disk | {sqlite_open:.2f} |")
+            print(f"| JVM-free, bucket: first open (builds the serving index) | {bucket_build:.2f} |")
+            print(f"| JVM-free, local disk: first open (builds the serving index) | {local_build:.2f} |")
+            print(f"| JVM-free, bucket: index kept | {bucket_open:.2f} |")
+            print(f"| JVM-free, local disk: index kept | {local_open:.2f} |")
+
+            steps: dict[str, dict[str, list[float]]] = {"sqlite": {}, "bucket": {}}
+            for name, log in (("sqlite", sqlite_log), ("bucket", bucket_log)):
+                for index in range(args.loops):
+                    batch, build, ref = service_build(index)
+                    for step, action in (
+                        ("append 5 events", partial(log.append_events, batch)),
+                        (
+                            "get_latest_partition_status right after an append",
+                            partial(log.get_latest_partition_status, ref),
+                        ),
+                        (
+                            "get_build_request_events right after an append",
+                            partial(log.get_build_request_events, build),
+                        ),
+                        ("get_latest_partition_status, nothing new", partial(log.get_latest_partition_status, ref)),
+                    ):
+                        steps[name].setdefault(step, []).extend(timings(action, 1))
+            print()
+            print("| service loop | SQLite (disk) p50 / p95 ms | JVM-free (bucket) p50 / p95 ms | p95 ratio |")
+            print("|---|---:|---:|---:|")
+            for step in steps["sqlite"]:
+                print(_row(step, steps["sqlite"][step], steps["bucket"][step]))
+            print()
+            print("| method | SQLite (disk) p50 / p95 ms | JVM-free (bucket) p50 / p95 ms | p95 ratio |")
+            print("|---|---:|---:|---:|")
+            for method, call in query_methods(rng, builds, refs, jobs, timestamps):
+                state = rng.getstate()
+                a = timings(partial(call, sqlite_log), args.calls)
+                rng.setstate(state)
+                b = timings(partial(call, bucket_log), len(a), budget_s=float("inf"))[: len(a)]
+                print(_row(f"{method} ({len(a)} calls)", a, b))
+            bucket_log.close()
+            sqlite_log.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["main"]
