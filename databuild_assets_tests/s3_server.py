@@ -125,7 +125,7 @@ class StoreOutage:
 
         with StoreOutage(s3) as outage:
             ...                      # a run using outage.env
-            outage.down(); ...; outage.up()
+            outage.down(); ...; outage.up()      # or outage.down_at(b"/bucket/lake/tables/")
     """
 
     def __init__(self, s3: LoopbackS3):
@@ -135,7 +135,8 @@ class StoreOutage:
         self._up = threading.Event()
         self._up.set()
         self._listener: socket.socket | None = None
-        self.cut = 0  # connections refused while down
+        self._trigger: bytes | None = None
+        self.cut = 0  # requests and connections refused while down
 
     @property
     def env(self) -> dict[str, str]:
@@ -145,11 +146,22 @@ class StoreOutage:
         self._up.clear()
 
     def up(self) -> None:
+        self._trigger = None
         self._up.set()
 
-    def _pipe(self, source: socket.socket, target: socket.socket) -> None:
+    def down_at(self, request: bytes) -> None:
+        """Go down at the first request whose bytes hold `request` (e.g. a key's prefix), which is
+        not forwarded: an outage at a known point of a run, whatever its speed."""
+        self._trigger = request
+
+    def _pipe(self, source: socket.socket, target: socket.socket, upstream: bool) -> None:
         try:
             while self._up.is_set() and (data := source.recv(65536)):
+                if upstream and self._trigger is not None and self._trigger in data:
+                    self._up.clear()
+                if not self._up.is_set():
+                    self.cut += 1
+                    break
                 target.sendall(data)
         except OSError:
             pass
@@ -172,8 +184,8 @@ class StoreOutage:
                 client.close()
                 continue
             server = socket.create_connection(("127.0.0.1", self.s3.port))
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+            for source, target, upstream in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(source, target, upstream), daemon=True).start()
 
     def __enter__(self) -> StoreOutage:
         self._listener = socket.socket()
