@@ -20,10 +20,9 @@ import random
 import shutil
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
-from bench.query_path import lake_events, ms, percentile, query_methods, service_build, timings
+from bench.query_path import compare_methods, comparison_row, lake_events, query_keys, query_methods, service_loop
 from databuild_assets.log import SqliteEventLog, load_events, open_event_log
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES
@@ -39,14 +38,6 @@ def _upload(s3: LoopbackS3, root: Path, prefix: str) -> int:
                 s3.client.upload_file(str(path), s3.bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
                 uploaded += path.stat().st_size
     return uploaded
-
-
-def _row(name: str, a: list[float], b: list[float]) -> str:
-    """A table row: p50 / p95 of `a` (SQLite) and `b` (the bucket), and the p95 ratio."""
-    return (
-        f"| {name} | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
-        f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))} | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
-    )
 
 
 def _open_to_first_answer(uri: str) -> tuple[float, object]:
@@ -77,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             events = lake_events(local)
             load_events(workdir / "bel.db", events)
             rng = random.Random(1)
-            refs = sorted(
-                {e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"}
-            )
-            builds = sorted({e["build_request_id"] for e in events})
-            jobs = sorted({e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"})
-            timestamps = sorted(e["timestamp"] for e in events[:: max(1, len(events) // 10_000)])
+            builds, refs, jobs, timestamps = query_keys(events)
             print(f"lake: {len(events):,} events")
             del events
 
@@ -106,37 +92,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| JVM-free, bucket: index kept | {bucket_open:.2f} |")
             print(f"| JVM-free, local disk: index kept | {local_open:.2f} |")
 
-            steps: dict[str, dict[str, list[float]]] = {"sqlite": {}, "bucket": {}}
-            for name, log in (("sqlite", sqlite_log), ("bucket", bucket_log)):
-                for index in range(args.loops):
-                    batch, build, ref = service_build(index)
-                    for step, action in (
-                        ("append 5 events", partial(log.append_events, batch)),
-                        (
-                            "get_latest_partition_status right after an append",
-                            partial(log.get_latest_partition_status, ref),
-                        ),
-                        (
-                            "get_build_request_events right after an append",
-                            partial(log.get_build_request_events, build),
-                        ),
-                        ("get_latest_partition_status, nothing new", partial(log.get_latest_partition_status, ref)),
-                    ):
-                        steps[name].setdefault(step, []).extend(timings(action, 1))
+            sqlite_steps, bucket_steps = service_loop(sqlite_log, args.loops), service_loop(bucket_log, args.loops)
             print()
             print("| service loop | SQLite (disk) p50 / p95 ms | JVM-free (bucket) p50 / p95 ms | p95 ratio |")
             print("|---|---:|---:|---:|")
-            for step in steps["sqlite"]:
-                print(_row(step, steps["sqlite"][step], steps["bucket"][step]))
+            for step in sqlite_steps:
+                print(comparison_row(step, sqlite_steps[step], bucket_steps[step]))
             print()
             print("| method | SQLite (disk) p50 / p95 ms | JVM-free (bucket) p50 / p95 ms | p95 ratio |")
             print("|---|---:|---:|---:|")
-            for method, call in query_methods(rng, builds, refs, jobs, timestamps):
-                state = rng.getstate()
-                a = timings(partial(call, sqlite_log), args.calls)
-                rng.setstate(state)
-                b = timings(partial(call, bucket_log), len(a), budget_s=float("inf"))[: len(a)]
-                print(_row(f"{method} ({len(a)} calls)", a, b))
+            methods = query_methods(rng, builds, refs, jobs, timestamps)
+            print("\n".join(compare_methods(methods, rng, sqlite_log, bucket_log, args.calls)))
             bucket_log.close()
             sqlite_log.close()
     finally:

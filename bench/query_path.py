@@ -158,6 +158,56 @@ def service_build(index: int) -> tuple[list[dict[str, Any]], str, str]:
     )
 
 
+def query_keys(events: list[dict[str, Any]]) -> tuple[list[str], list[str], list[str], list[int]]:
+    """The keys `query_methods` draws from: build requests, partitions, job runs, and a sample of
+    up to 10,000 timestamps."""
+    builds = sorted({e["build_request_id"] for e in events})
+    refs = sorted({e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"})
+    jobs = sorted({e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"})
+    timestamps = sorted(e["timestamp"] for e in events[:: max(1, len(events) // 10_000)])
+    return builds, refs, jobs, timestamps
+
+
+def service_loop(log: Any, loops: int) -> dict[str, list[float]]:
+    """Seconds per step of `loops` service loops on `log`: append a new build's 5 events, read its
+    partition's status and its events right after, and the status again with nothing new."""
+    steps: dict[str, list[float]] = {}
+    for index in range(loops):
+        batch, build, ref = service_build(index)
+        for step, action in (
+            ("append 5 events", partial(log.append_events, batch)),
+            ("get_latest_partition_status right after an append", partial(log.get_latest_partition_status, ref)),
+            ("get_build_request_events right after an append", partial(log.get_build_request_events, build)),
+            ("get_latest_partition_status, nothing new", partial(log.get_latest_partition_status, ref)),
+        ):
+            steps.setdefault(step, []).extend(timings(action, 1))
+    return steps
+
+
+def comparison_row(name: str, a: list[float], b: list[float]) -> str:
+    """A table row: p50 / p95 of `a` (the reference, SQLite) and of `b`, and the p95 ratio b / a."""
+    return (
+        f"| {name} | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
+        f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))} | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
+    )
+
+
+def compare_methods(
+    methods: list[tuple[str, Callable[[Any], Any]]], rng: random.Random, reference: Any, other: Any, calls: int
+) -> list[str]:
+    """One `comparison_row` per query method: `calls` calls on `reference` (fewer when they take
+    over its time budget), then the same calls, on the same keys, on `other`."""
+    rows = []
+    for method, call in methods:
+        state = rng.getstate()
+        a = timings(partial(call, reference), calls)
+        rng.setstate(state)  # the same keys for both
+        b = timings(partial(call, other), len(a), budget_s=float("inf"))
+        b = b[: len(a)]  # the same calls, when the budget cut the reference's short
+        rows.append(comparison_row(f"{method} ({len(a)} calls)", a, b))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -179,10 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         load_events(workdir / "bel.db", events)
         print(f"SQLite: loaded in {time.perf_counter() - started:.1f}s")
         rng = random.Random(1)
-        refs = sorted({e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"})
-        builds = sorted({e["build_request_id"] for e in events})
-        jobs = sorted({e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"})
-        timestamps = sorted(e["timestamp"] for e in events[:: max(1, len(events) // 10_000)])
+        builds, refs, jobs, timestamps = query_keys(events)
         log_bytes = sum(f.stat().st_size for f in (root / "tables").rglob("*") if f.is_file())
         del events
         gc.collect()
@@ -212,47 +259,19 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         # The service loop.
-        steps: dict[str, dict[str, list[float]]] = {"sqlite": {}, "delta": {}}
-        for name, log in (("sqlite", sqlite_log), ("delta", delta_log)):
-            for index in range(args.loops):
-                batch, build, ref = service_build(index)
-                for step, action in (
-                    ("append 5 events", partial(log.append_events, batch)),
-                    (
-                        "get_latest_partition_status right after an append",
-                        partial(log.get_latest_partition_status, ref),
-                    ),
-                    ("get_build_request_events right after an append", partial(log.get_build_request_events, build)),
-                    ("get_latest_partition_status, nothing new", partial(log.get_latest_partition_status, ref)),
-                ):
-                    steps[name].setdefault(step, []).extend(timings(action, 1))
+        sqlite_steps, delta_steps = service_loop(sqlite_log, args.loops), service_loop(delta_log, args.loops)
         print()
         print("| service loop | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |")
         print("|---|---:|---:|---:|")
-        for step in steps["sqlite"]:
-            a, b = steps["sqlite"][step], steps["delta"][step]
-            print(
-                f"| {step} | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
-                f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))}"
-                f" | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
-            )
+        for step in sqlite_steps:
+            print(comparison_row(step, sqlite_steps[step], delta_steps[step]))
 
         # Every query method.
         methods = query_methods(rng, builds, refs, jobs, timestamps)
         print()
         print("| method | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |")
         print("|---|---:|---:|---:|")
-        for method, call in methods:
-            state = rng.getstate()
-            a = timings(partial(call, sqlite_log), args.calls)
-            rng.setstate(state)  # the same keys for both
-            b = timings(partial(call, delta_log), len(a), budget_s=float("inf"))
-            b = b[: len(a)]  # the same calls, when the budget cut SQLite's short
-            print(
-                f"| {method} ({len(a)} calls) | {ms(percentile(a, 0.5))} / {ms(percentile(a, 0.95))} | "
-                f"{ms(percentile(b, 0.5))} / {ms(percentile(b, 0.95))}"
-                f" | {percentile(b, 0.95) / percentile(a, 0.95):.2f}x |"
-            )
+        print("\n".join(compare_methods(methods, rng, sqlite_log, delta_log, args.calls)))
 
         # Two other designs, for the point read of one build request's events.
         table = deltalake.DeltaTable(str(root / "tables" / RAW_EVENT_LOG.name))
