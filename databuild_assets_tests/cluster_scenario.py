@@ -46,6 +46,19 @@ from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, 
 from databuild_assets.workload import write_landing_files
 
 SUMMARY_PREFIX = "CLUSTER-SCENARIO-SUMMARY "
+
+
+def scenario_command(master: str, lake: str, events: int, *options: str) -> list[str]:
+    """The command that runs the scenario in a process of its own (`main`), with more options."""
+    return [sys.executable, "-m", __name__, "--master", master, "--lake", lake, "--events", str(events), *options]
+
+
+def printed_summary(output: str) -> dict:
+    """The summary a scenario process printed, from its whole standard output."""
+    [line] = [line for line in output.splitlines() if line.startswith(SUMMARY_PREFIX)]
+    return json.loads(line.removeprefix(SUMMARY_PREFIX))
+
+
 # The wall clock (when a row was written) differs between any two runs; nothing else may.
 _CLOCK_COLUMNS = {"ingested_at", "quarantined_at"}
 

@@ -41,7 +41,7 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
-from databuild_assets_tests.cluster_scenario import SUMMARY_PREFIX, run_scenario
+from databuild_assets_tests.cluster_scenario import printed_summary, run_scenario, scenario_command
 from databuild_assets_tests.s3_server import ACCESS_KEY, SECRET_KEY, LoopbackS3, StoreOutage
 from databuild_assets_tests.support import REPO_ROOT, AppenderProcess
 
@@ -95,18 +95,7 @@ def test_the_whole_flow_on_a_bucket_gives_the_tables_of_a_local_lake_and_leaves_
     started = time.monotonic()
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "databuild_assets_tests.cluster_scenario",
-                "--master",
-                "local[2]",
-                "--lake",
-                root,
-                "--events",
-                str(N_EVENTS),
-                "--vacuum",
-            ],
+            scenario_command("local[2]", root, N_EVENTS, "--vacuum"),
             stdout=stdout,
             stderr=stderr,
             env={**os.environ, **s3.env},
@@ -114,8 +103,7 @@ def test_the_whole_flow_on_a_bucket_gives_the_tables_of_a_local_lake_and_leaves_
         )
     bucket_s = time.monotonic() - started
     assert run.returncode == 0, f"the run on the bucket failed ({run.returncode}):\n{err.read_text()[-4000:]}"
-    [line] = [line for line in out.read_text().splitlines() if line.startswith(SUMMARY_PREFIX)]
-    on_bucket = json.loads(line.removeprefix(SUMMARY_PREFIX))["result"]
+    on_bucket = printed_summary(out.read_text())["result"]
 
     started = time.monotonic()
     local = run_scenario(spark, Lake(str(tmp_path / "local-lake")), N_EVENTS, vacuum=True)["result"]

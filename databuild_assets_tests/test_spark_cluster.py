@@ -29,7 +29,7 @@ import pytest
 
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.runtime.lake import Lake
-from databuild_assets_tests.cluster_scenario import SUMMARY_PREFIX, run_scenario
+from databuild_assets_tests.cluster_scenario import printed_summary, run_scenario, scenario_command
 
 pytestmark = pytest.mark.cluster
 
@@ -166,23 +166,17 @@ def test_ingestion_projections_and_compaction_on_a_standalone_cluster_give_the_s
     started = time.monotonic()
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "databuild_assets_tests.cluster_scenario",
-                "--master",
+            scenario_command(
                 cluster.url,
-                "--lake",
                 str(cluster_lake),
-                "--events",
-                str(N_EVENTS),
+                N_EVENTS,
                 "--app-name",
                 APP_NAME,
                 "--conf",
                 f"spark.pyspark.python={sys.executable}",
                 "--conf",
                 "spark.executor.memory=1g",
-            ],
+            ),
             stdout=stdout,
             stderr=stderr,
             env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -204,8 +198,7 @@ def test_ingestion_projections_and_compaction_on_a_standalone_cluster_give_the_s
     print(f"local mode {local_s:.0f} s, cluster run {finished[0] - started:.0f} s (side by side)")
     returncode = run.returncode
     assert returncode == 0, f"the cluster run failed ({returncode}):\n{err.read_text()[-4000:]}"
-    [line] = [line for line in out.read_text().splitlines() if line.startswith(SUMMARY_PREFIX)]
-    on_cluster = json.loads(line.removeprefix(SUMMARY_PREFIX))
+    on_cluster = printed_summary(out.read_text())
 
     # It ran on the cluster: executors in JVMs of their own, fed Delta's jars by the driver, their
     # Python workers this venv; and the master knows the application, finished.
