@@ -233,6 +233,8 @@ def retain_landing_files(
         files.remove(archived_file.path)
         deleted.append(archived_file.path)
         bytes_deleted += archived_file.size
+    if landing_due or archive_due:
+        files.sync(_qualified(spark, lake.landing), _qualified(spark, lake.landing_archive))
 
     result = LandingRetentionResult(
         mode,
@@ -315,8 +317,10 @@ def _rewrite(
             )
         else:
             files.move(temp, target)
+            files.sync(target.rsplit("/", 1)[0])
         if source != target or kept == 0:
             files.remove(source)
+            files.sync(source.rsplit("/", 1)[0])
     finally:
         if files.exists(temp):
             files.remove(temp)

@@ -69,6 +69,11 @@ def delta_jar_paths(directory: Path | None = None) -> list[str]:
     return jars
 
 
+def _require_maven() -> None:
+    if shutil.which("mvn") is None:
+        raise DeltaJarsMissingError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven).")
+
+
 def s3_jar_paths(directory: Path = S3_JARS_DIR) -> list[str]:
     """The jars a session needs for a lake on S3; a clear error when set-up has not fetched them."""
     jars = sorted(str(jar) for jar in directory.glob("*.jar"))
@@ -85,8 +90,7 @@ def s3_jar_paths(directory: Path = S3_JARS_DIR) -> list[str]:
 def fetch(directory: Path | None = None, pom: Path = POM) -> list[str]:
     """Resolve `pom` with Maven and copy the jars Spark lacks into `directory`. Idempotent."""
     directory = directory or jars_dir()
-    if shutil.which("mvn") is None:
-        raise DeltaJarsMissingError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven).")
+    _require_maven()
     bundled = spark_bundled_artifacts()
     with tempfile.TemporaryDirectory() as staging:
         subprocess.run(
@@ -113,8 +117,7 @@ def fetch(directory: Path | None = None, pom: Path = POM) -> list[str]:
 
 def build_s3_logstore(directory: Path = S3_JARS_DIR) -> Path:
     """Build our LogStore for S3 (`mvn package`) and put its jar into `directory`."""
-    if shutil.which("mvn") is None:
-        raise DeltaJarsMissingError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven).")
+    _require_maven()
     subprocess.run(["mvn", "-q", "-B", "-f", str(S3_LOGSTORE_POM), "package", "-DskipTests"], check=True)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / S3_LOGSTORE_JAR
@@ -135,7 +138,8 @@ def main(argv: list[str]) -> int:
     if (jars_dir() / f"{artifact}-{version}.jar").exists():
         print(f"Delta jars already in {jars_dir()}")
         return 0
-    jars = delta_jar_paths(Path(fetch()[0]).parent)
+    fetch()
+    jars = delta_jar_paths()
     print(f"fetched {len(jars)} Delta jars into {jars_dir()}")
     return 0
 

@@ -1,8 +1,9 @@
 """Whole files on a local disk or in an object store, for the code that moves and rewrites landing
 files (maintenance/landing_files.py): the few operations it needs, with each store's own guarantee.
 
-- Local: a write goes to a hidden temp file, fsynced, then renamed over its target; the folder is
-  fsynced after a rename or a delete, so a crash leaves the old file or the new one, never half.
+- Local: a write goes to a hidden temp file, fsynced, then renamed over its target; the caller
+  fsyncs the folders it changed (`sync`, once per batch of renames and deletes), so a crash leaves
+  the old file or the new one, never half.
 - S3 (pyarrow's S3 filesystem, reached as runtime/object_store.py describes): an object appears
   whole when its upload completes, or not at all; a "rename" is a copy, then a delete of the source.
 
@@ -18,7 +19,8 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from databuild_assets.runtime.durable import fsync_folder
-from databuild_assets.runtime.lake import is_local
+from databuild_assets.runtime.lake import is_local, plain_path
+from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
 
 _CHUNK = 8 << 20
 
@@ -42,7 +44,7 @@ class LocalFiles:
     @staticmethod
     def path(uri: str) -> str:
         """The plain path of `uri` (file:/a/b -> /a/b): how paths are shown and recorded."""
-        return "/" + uri.removeprefix("file:").lstrip("/") if uri.startswith("file:") else uri
+        return plain_path(uri)
 
     def exists(self, uri: str) -> bool:
         return os.path.exists(self.path(uri))
@@ -65,15 +67,18 @@ class LocalFiles:
         return filecmp.cmp(self.path(a), self.path(b), shallow=False)
 
     def move(self, source: str, target: str) -> None:
-        """Rename `source` over `target` (atomic on one filesystem), then make it durable."""
+        """Rename `source` over `target` (atomic on one filesystem); `sync` makes it durable."""
         os.makedirs(os.path.dirname(self.path(target)), exist_ok=True)
         os.replace(self.path(source), self.path(target))
-        fsync_folder(os.path.dirname(self.path(target)))
-        fsync_folder(os.path.dirname(self.path(source)))
 
     def remove(self, uri: str) -> None:
         os.remove(self.path(uri))
-        fsync_folder(os.path.dirname(self.path(uri)))
+
+    def sync(self, *folders: str) -> None:
+        """Make the renames and deletes in `folders` durable (those that exist)."""
+        for folder in map(self.path, folders):
+            if os.path.isdir(folder):
+                fsync_folder(folder)
 
     def list_names(self, folder: str) -> list[str]:
         folder = self.path(folder)
@@ -93,11 +98,7 @@ class ObjectFiles:
         """`uri` itself: how objects are shown and recorded."""
         return uri
 
-    @staticmethod
-    def _split(uri: str) -> tuple[object, str]:
-        from databuild_assets.runtime.object_store import arrow_filesystem
-
-        return arrow_filesystem(uri)
+    _split = staticmethod(arrow_filesystem)
 
     def exists(self, uri: str) -> bool:
         filesystem, path = self._split(uri)
@@ -115,6 +116,10 @@ class ObjectFiles:
     @staticmethod
     def finish(stream: BinaryIO) -> None:
         """Nothing to do: an object is durable once its upload completes, at close."""
+
+    @staticmethod
+    def sync(*folders: str) -> None:
+        """Nothing to do: a copy or a delete is durable once the store answers."""
 
     def same_content(self, a: str, b: str) -> bool:
         with self.open_read(a) as first, self.open_read(b) as second:
@@ -147,8 +152,6 @@ def files_for(uri: str) -> LocalFiles | ObjectFiles:
     """The operations for where `uri` is: LocalFiles for a local path, ObjectFiles for S3."""
     if is_local(uri):
         return LocalFiles()
-    from databuild_assets.runtime.object_store import is_s3
-
     if is_s3(uri):
         return ObjectFiles()
     raise ValueError(f"{uri}: landing files are moved and rewritten on a local disk or S3 only")

@@ -126,6 +126,11 @@ def is_local(root: str) -> bool:
     return "://" not in root or root.startswith("file://")
 
 
+def plain_path(uri: str) -> str:
+    """A local path given as a URI ("file:///data/lake", "file:/data/lake") as the plain path."""
+    return "/" + uri.removeprefix("file:").lstrip("/") if uri.startswith("file:") else uri
+
+
 @dataclass(frozen=True)
 class Lake:
     """The lake root and the paths under it."""
@@ -136,8 +141,7 @@ class Lake:
         # A local root given as a URI ("file:///data/lake", "file:/data/lake") is kept as the
         # plain path: Spark writes "file:/..." and Delta refuses a CREATE TABLE whose location
         # is spelled two ways.
-        if self.root.startswith("file:"):
-            object.__setattr__(self, "root", "/" + self.root.removeprefix("file:").lstrip("/"))
+        object.__setattr__(self, "root", plain_path(self.root))
         # A root on S3 is spelled s3a:// whichever scheme it was given with: the ingest ledger
         # keys landing objects by their full path, so one object must have one spelling.
         if self.root.lower().startswith("s3://"):

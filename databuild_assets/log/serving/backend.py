@@ -423,7 +423,8 @@ class DeltaRsEventLog(BuildEventLog):
             require_valid(event, f"events[{index}]")
         if not events:
             return AppendResult(0, 0)
-        attempts = _S3_COMMIT_ATTEMPTS if is_s3(self.lake.root) else _COMMIT_ATTEMPTS
+        s3 = is_s3(self.lake.root)
+        attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
         with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
             for attempt in range(attempts):
                 index = self._catch_up()
@@ -441,7 +442,7 @@ class DeltaRsEventLog(BuildEventLog):
                 except CommitConflictError:
                     if attempt == attempts - 1:
                         raise
-                    if is_s3(self.lake.root):
+                    if s3:
                         time.sleep(random.uniform(*_S3_RETRY_PAUSE_S))
                     continue  # another writer committed first: dedupe again
                 applied = False

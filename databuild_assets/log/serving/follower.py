@@ -25,6 +25,7 @@ import deltalake
 import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow import fs
 
 from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage
 from databuild_assets.runtime.delta_log import COMMIT_FILE
@@ -202,33 +203,23 @@ class ObjectStoreFollower(DeltaFollower):
     def _info(self, key: str):
         return self._filesystem.get_file_info(key)
 
-    def exists(self) -> bool:
-        from pyarrow import fs
+    def _log_listing(self) -> list[fs.FileInfo]:
+        """Every object of the table's `_delta_log/` (none when there is none)."""
+        return self._filesystem.get_file_info(fs.FileSelector(self._log_prefix.rstrip("/"), allow_not_found=True))
 
-        selector = fs.FileSelector(self._log_prefix.rstrip("/"), allow_not_found=True)
-        return any(info.path.endswith((".json", ".parquet")) for info in self._filesystem.get_file_info(selector))
+    def exists(self) -> bool:
+        return any(info.path.endswith((".json", ".parquet")) for info in self._log_listing())
 
     def moved_since(self, version: int) -> bool:
-        from pyarrow import fs
-
         if version < 0:
             return self.exists()
         return self._info(self._object(version + 1)).type != fs.FileType.NotFound
 
     def newest_version(self) -> int | None:
-        from pyarrow import fs
-
-        selector = fs.FileSelector(self._log_prefix.rstrip("/"), allow_not_found=True)
-        versions = [
-            int(match.group(1))
-            for info in self._filesystem.get_file_info(selector)
-            if (match := COMMIT_FILE.match(info.base_name))
-        ]
+        versions = [int(match.group(1)) for info in self._log_listing() if (match := COMMIT_FILE.match(info.base_name))]
         return max(versions, default=None)
 
     def commit_mark(self, version: int) -> str | None:
-        from pyarrow import fs
-
         info = self._info(self._object(version))
         return None if info.type == fs.FileType.NotFound else f"{info.size}:{info.mtime_ns}"
 

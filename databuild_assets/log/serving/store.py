@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
+from databuild_assets.runtime.lake import is_local
 from databuild_assets.runtime.processes import process_alive
 
 SERVING_INDEX_FOLDER = "serving_index"
@@ -59,7 +60,7 @@ def index_folder_of(root: str) -> str:
 
         index_folder_of("s3a://bucket/lake")   # '~/.cache/databuild/serving_index/bucket/lake'
     """
-    if "://" not in root or root.startswith("file:"):
+    if is_local(root):
         return root.rstrip("/") + "/" + SERVING_INDEX_FOLDER
     cache = os.environ.get(INDEX_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "databuild", SERVING_INDEX_FOLDER
