@@ -27,7 +27,8 @@ from databuild_assets.defs.event_log.assets import ingested_event_log, landing_f
 from databuild_assets.defs.event_log.sensors import landing_files_sensor
 from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
-from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows, refresh_serving_index
+from databuild_assets.log.serving.append import raw_log_rows
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.runtime.damage import DamagedTableError
 from databuild_assets.runtime.delta_log import read_log
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake

@@ -11,12 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import deltalake
+import pytest
 from dagster import materialize
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.tombstones import request_erasure
@@ -50,6 +54,34 @@ def test_an_append_is_read_at_once_by_the_same_log_and_by_a_log_in_another_proce
         # The other process's commit is seen by the very next read here.
         assert log.get_build_request_for_available_partition("data/a") == "br-1"
         assert bel_cases.ids(log.get_partition_events("data/a")) == ["e1", "e2"]
+
+
+def _commit_from_elsewhere(lake: Lake, event: dict) -> None:
+    """Commit `event` to the raw log as a writer on another machine does: without this
+    machine's serving index knowing."""
+    rows = raw_log_rows([(0, canonical_event(event))], "elsewhere")
+    deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
+
+
+def test_a_read_with_a_staleness_bound_may_lag_other_writers_but_never_its_own_appends(lake: Lake) -> None:
+    # The bound a service on S3 reads with (decision 0041), here an hour on a local lake.
+    with DeltaRsEventLog(lake) as first:
+        first.append_event(partition_event("e0", 50, "br-1", "data/b", P.PARTITION_BUILDING))
+    with DeltaRsEventLog(lake, max_staleness=3600) as log:
+        _commit_from_elsewhere(lake, partition_event("e1", 100, "br-1", "data/a", P.PARTITION_BUILDING))
+        assert log.get_latest_partition_status("data/a") is None  # checked at its open; an hour is not up
+        assert log.known_event_ids(["e1"]) == {"e1"}  # what dedupes appends is never stale
+        _commit_from_elsewhere(lake, partition_event("e2", 200, "br-1", "data/a", P.PARTITION_AVAILABLE))
+        log.append_event(partition_event("e3", 300, "br-1", "data/b", P.PARTITION_AVAILABLE))
+        # Its own append is read at once, with every commit before it.
+        assert log.get_latest_partition_status("data/b").status == P.PARTITION_AVAILABLE
+        assert log.get_latest_partition_status("data/a").status == P.PARTITION_AVAILABLE
+        _commit_from_elsewhere(lake, partition_event("e4", 400, "br-1", "data/a", P.PARTITION_FAILED))
+        assert log.get_latest_partition_status("data/a").status == P.PARTITION_AVAILABLE
+        log.max_staleness = 0
+        assert log.get_latest_partition_status("data/a").status == P.PARTITION_FAILED
+    with pytest.raises(ValueError, match="max_staleness must be a number of seconds"):
+        DeltaRsEventLog(lake, max_staleness=-1)
 
 
 def test_a_tombstone_hides_its_events_from_the_next_read_and_a_purge_keeps_them_hidden(spark, lake: Lake) -> None:

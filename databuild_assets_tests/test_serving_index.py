@@ -25,7 +25,8 @@ from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.defs.serving.assets import serving_index
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
-from databuild_assets.log.serving.backend import DeltaRsEventLog, raw_log_rows
+from databuild_assets.log.serving.append import raw_log_rows
+from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.runtime.delta_tables import table_properties

@@ -36,7 +36,9 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
     A `delta` URI opens the JVM-free backend (`DeltaRsEventLog`, a local lake or one on S3, answered
     from its serving index under `<root>/serving_index/`, for S3 in this machine's cache) unless
     `spark=` (a SparkSession with Delta configured) is given, which opens the Spark backend
-    (`DeltaEventLog`, any Hadoop filesystem). Both take `writer=`, the name appends are recorded under.
+    (`DeltaEventLog`, any Hadoop filesystem). Both take `writer=`, the name appends are recorded under;
+    the JVM-free backend takes `max_staleness=` too (seconds a read may lag other processes'
+    commits: 0 on a local lake and 1 on S3 unless given; `DeltaRsEventLog`).
     Raises ValueError for a URI no backend accepts, naming the accepted forms, and LakeRootError
     for a local lake root that is a file or is missing with its parent folder (nothing is created).
 
@@ -58,9 +60,10 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
         from databuild_assets.log.spark.backend import DeltaEventLog
 
         return DeltaEventLog(spark, parsed.lake, writer=writer)
+    max_staleness = options.pop("max_staleness", None)
     if options:
         raise TypeError(
-            f"{uri}: the JVM-free Delta backend takes writer= (spark= chooses the Spark backend), "
+            f"{uri}: the JVM-free Delta backend takes writer= and max_staleness= (spark= chooses the Spark backend), "
             f"got {', '.join(sorted(options))}"
         )
     if not (is_local(parsed.location) or is_s3(parsed.location)):
@@ -70,7 +73,7 @@ def open_event_log(uri: str, **options: Any) -> BuildEventLog:
         )
     from databuild_assets.log.serving.backend import DeltaRsEventLog
 
-    return DeltaRsEventLog(parsed.lake, writer=writer)
+    return DeltaRsEventLog(parsed.lake, writer=writer, max_staleness=max_staleness)
 
 
 __all__ = [

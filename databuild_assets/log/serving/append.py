@@ -12,31 +12,89 @@ starts over from the log.
 
 It is used only for tables this code can write without a protocol feature: reader version 1,
 writer version 2 or lower, no invariants (`writable_by_fast_append`); anything else goes
-through delta-rs.
+through delta-rs. On S3, where no lock keeps writers apart, `commit_exactly` has delta-rs commit
+exactly the next version with S3's conditional write, or raise CommitConflictError.
 
     append_files(table_path, version + 1, rows, partition_by=["event_date"], stats_columns=[...])
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
+import deltalake
+import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from deltalake import CommitProperties, PostCommitHookProperties, write_deltalake
+
+from databuild_assets.runtime.lake import RAW_EVENT_LOG
 
 # Spark and delta-rs truncate string statistics to this many characters.
 _STRING_STATS_PREFIX = 32
+_NS_PER_DAY = 86_400 * 10**9
 
 
 class CommitConflictError(RuntimeError):
     """Another writer committed the version this append meant to write."""
+
+
+@functools.cache
+def _raw_log_schema() -> pa.Schema:
+    return pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
+
+
+def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer: str) -> pa.Table:
+    """Raw log rows of canonical events (with their place in the append), as the Spark writer
+    stores them (source "writer:<writer>")."""
+    ingested_at = datetime.now(UTC)
+    rows = []
+    for index, event in indexed_events:
+        row = dict(event)
+        row.update(
+            event_date=datetime.fromtimestamp(event["timestamp"] // _NS_PER_DAY * 86_400, UTC).date(),
+            source_file=f"writer:{writer}",
+            source_line=index + 1,
+            ingested_at=ingested_at,
+        )
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=_raw_log_schema())
+
+
+def commit_exactly(
+    table_path: str, table: deltalake.DeltaTable, rows: pa.Table, latest: int, user_metadata: str
+) -> bool:
+    """Append `rows` to `table` as version `latest + 1` or not at all: on S3 no lock keeps other
+    writers out, so a commit that finds that version taken (S3's conditional write, which every
+    writer of ours uses: decision 0040) raises CommitConflictError, and the caller dedupes again
+    against what that writer stored. delta-rs would otherwise commit past it, blind to its event
+    ids. Returns True (the commit is exactly `latest + 1`)."""
+    if table.version() != latest:
+        table.update_incremental()
+    if table.version() != latest:
+        raise CommitConflictError(f"{table_path} moved past v{latest} before this append")
+    try:
+        write_deltalake(
+            table,
+            rows,
+            mode="append",
+            commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}, max_commit_retries=0),
+            # Not a listing of the whole log after every append: the Spark jobs' checkpoints
+            # clean expired commits up, as they do after the local appends.
+            post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
+        )
+    except deltalake.exceptions.CommitFailedError as error:
+        table.update_incremental()
+        raise CommitConflictError(f"{table_path} v{latest + 1} was committed by another writer") from error
+    return True
 
 
 def writable_by_fast_append(protocol: Any, schema_json: str) -> bool:
@@ -148,4 +206,4 @@ def _put_if_absent(path: str, text: str) -> None:
         os.unlink(temporary)
 
 
-__all__ = ["CommitConflictError", "append_files", "writable_by_fast_append"]
+__all__ = ["CommitConflictError", "append_files", "commit_exactly", "raw_log_rows", "writable_by_fast_append"]

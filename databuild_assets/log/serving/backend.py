@@ -6,8 +6,11 @@ machine's cache folder: `store.index_folder_of`), stamped with the
 versions of raw_event_log and tombstones it reflects. Opening the log opens the index and
 applies only the commits after its stamp (`log/serving/follower.py`), so the cost of an open
 follows what changed since, not the history; the pipeline's serving_index asset keeps it
-current. Before every read one `stat` per table says whether either moved, so a read sees every
-append and every tombstone committed before it, its own included. Appends are one delta-rs
+current. Before a read one `stat` per table says whether either moved, so a read sees every
+append and every tombstone committed before it, its own included; on S3, where that `stat` is a
+request to the store, a read asks at most once per `max_staleness` (1 s unless given) and may miss
+what other processes committed in that last second, never what this one appended
+(docs/decisions/0041-reads-on-s3-may-be-a-second-old.md). Appends are one delta-rs
 commit under the raw log's commit lock, which the Spark jobs take too
 (`runtime/commit_lock.py`), deduplicated by event_id against the whole log; on S3, with no lock,
 the commit takes exactly the next version with S3's conditional write, or dedupes again
@@ -20,16 +23,15 @@ the commit takes exactly the next version with S3's conditional write, or dedupe
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
+import math
 import os
 import random
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import deltalake
@@ -52,7 +54,13 @@ from databuild_assets.log.interface import (
     PartitionSummary,
     canonical_event,
 )
-from databuild_assets.log.serving.append import CommitConflictError, append_files, writable_by_fast_append
+from databuild_assets.log.serving.append import (
+    CommitConflictError,
+    append_files,
+    commit_exactly,
+    raw_log_rows,
+    writable_by_fast_append,
+)
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
@@ -72,29 +80,9 @@ _S3_COMMIT_ATTEMPTS = 30
 _S3_RETRY_PAUSE_S = (0.02, 0.3)
 _FILES_PER_BATCH = 16  # a catch-up reads the new files this many at a time
 _CHECKPOINT_WAIT_S = 30.0
-_NS_PER_DAY = 86_400 * 10**9
-
-
-@functools.cache
-def _raw_log_schema() -> pa.Schema:
-    return pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
-
-
-def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer: str) -> pa.Table:
-    """Raw log rows of canonical events (with their place in the append), as the Spark writer
-    stores them (source "writer:<writer>")."""
-    ingested_at = datetime.now(UTC)
-    rows = []
-    for index, event in indexed_events:
-        row = dict(event)
-        row.update(
-            event_date=datetime.fromtimestamp(event["timestamp"] // _NS_PER_DAY * 86_400, UTC).date(),
-            source_file=f"writer:{writer}",
-            source_line=index + 1,
-            ingested_at=ingested_at,
-        )
-        rows.append(row)
-    return pa.Table.from_pylist(rows, schema=_raw_log_schema())
+# On S3 a check of the lake is two HEAD requests (milliseconds, and billed); a read asks at most
+# once per this many seconds (decision 0041).
+S3_MAX_STALENESS_S = 1.0
 
 
 class IndexNotFollowableError(RuntimeError):
@@ -112,7 +100,10 @@ class DeltaRsEventLog(BuildEventLog):
     Opening it opens the lake's serving index (`<root>/serving_index/`), building it first when
     there is none or it cannot be followed, and applies the commits after its stamp. One instance
     per thread; processes share the lake and the index. `writer` names the appends' source
-    ("writer:<writer>"); `progress` receives a build's progress lines.
+    ("writer:<writer>"); `progress` receives a build's progress lines. `max_staleness` (seconds)
+    is how old a read's view of other processes' commits may be: 0 asks the lake before every
+    read; None means 0 on a local lake and `S3_MAX_STALENESS_S` on S3. This process's own
+    appends are seen by its next read whatever the bound.
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
@@ -124,8 +115,15 @@ class DeltaRsEventLog(BuildEventLog):
         writer: str = "event-log",
         progress: Callable[[str], None] | None = None,
         build: bool = True,
+        max_staleness: float | None = None,
     ) -> None:
         self.lake = lake
+        if max_staleness is None:
+            max_staleness = S3_MAX_STALENESS_S if is_s3(lake.root) else 0.0
+        if not max_staleness >= 0:
+            raise ValueError(f"max_staleness must be a number of seconds, 0 or more, got {max_staleness!r}")
+        self.max_staleness = max_staleness
+        self._checked_at = -math.inf  # time.monotonic() when the last check of the lake began
         self._build = build  # False: raise IndexNotFollowableError where an index would be built
         self.writer = writer
         self._progress = progress  # where a build says how far it is (default: this module's logger)
@@ -144,7 +142,7 @@ class DeltaRsEventLog(BuildEventLog):
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
         self._open()
         try:
-            self._catch_up()
+            self._catch_up(fresh=True)
         except BaseException:
             self.close()
             raise
@@ -284,7 +282,17 @@ class DeltaRsEventLog(BuildEventLog):
         raw_version, tombstones_version = versions
         return self._log.moved_since(raw_version) or self._tombstones.moved_since(tombstones_version)
 
-    def _catch_up(self) -> ServingIndex:
+    def _catch_up(self, fresh: bool = False) -> ServingIndex:
+        """The index as of the lake's latest versions, or as of a check begun less than
+        `max_staleness` ago (unless `fresh`)."""
+        if not fresh and time.monotonic() - self._checked_at < self.max_staleness:
+            return self._store()
+        checked_at = time.monotonic()
+        index = self._follow()
+        self._checked_at = checked_at
+        return index
+
+    def _follow(self) -> ServingIndex:
         """The index, with every commit of the tombstones and the raw log applied: one `stat` of
         each table's next commit file when nothing is new.
 
@@ -393,7 +401,7 @@ class DeltaRsEventLog(BuildEventLog):
             with self._folder.build_lock():  # no build in flight, and what a dead one left removed
                 if self._folder.marker() != self._marker:
                     self._open()
-        index = self._catch_up()
+        index = self._catch_up(fresh=True)
         deadline = time.monotonic() + _CHECKPOINT_WAIT_S
         while not index.checkpoint():
             if time.monotonic() > deadline:
@@ -413,7 +421,7 @@ class DeltaRsEventLog(BuildEventLog):
     def known_event_ids(self, event_ids: Iterable[str]) -> set[str]:
         """Which of `event_ids` the raw log holds at its latest version (visible or hidden), by the
         index caught up first: a few primary-key lookups, however long the history."""
-        return self._catch_up().known_event_ids(event_ids)
+        return self._catch_up(fresh=True).known_event_ids(event_ids)
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -427,7 +435,7 @@ class DeltaRsEventLog(BuildEventLog):
         attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
         with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
             for attempt in range(attempts):
-                index = self._catch_up()
+                index = self._catch_up(fresh=True)
                 known = index.known_event_ids(event["event_id"] for event in events)
                 new: dict[str, tuple[int, dict[str, Any]]] = {}
                 for position, event in enumerate(events):
@@ -459,11 +467,12 @@ class DeltaRsEventLog(BuildEventLog):
                     except sqlite3.OperationalError as error:
                         # The events are committed; the next read's catch-up applies them.
                         log.warning("%r: the append is committed, its index update waits (%s)", self, error)
+                        self._checked_at = -math.inf  # the next read applies it, whatever the bound
                         break
                 if applied:
                     self._seen = (before.version + 1, stamp.tombstones.version)
                 else:
-                    self._catch_up()
+                    self._catch_up(fresh=True)
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
@@ -497,7 +506,7 @@ class DeltaRsEventLog(BuildEventLog):
         table, user_metadata = self._table, json.dumps({"writer": self.writer})
         latest = latest if latest >= 0 else table.version()
         if s3:
-            return self._commit_exactly(table, rows, latest, user_metadata)
+            return commit_exactly(self._log_path, table, rows, latest, user_metadata)
         stats_columns = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
         if stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json()):
             partition_by = table.metadata().partition_columns
@@ -519,29 +528,6 @@ class DeltaRsEventLog(BuildEventLog):
             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
         )
         return False
-
-    def _commit_exactly(self, table: deltalake.DeltaTable, rows: pa.Table, latest: int, user_metadata: str) -> bool:
-        """The append as version `latest + 1` or not at all: on S3 no lock keeps other writers out,
-        so a commit that finds that version taken (S3's conditional write, which every writer of
-        ours uses: decision 0040) raises CommitConflictError, and the caller dedupes again against
-        what that writer stored. delta-rs would otherwise commit past it, blind to its event ids."""
-        if table.version() != latest:
-            table.update_incremental()
-        if table.version() != latest:
-            raise CommitConflictError(f"{self._log_path} moved past v{latest} before this append")
-        try:
-            write_deltalake(
-                table,
-                rows,
-                mode="append",
-                commit_properties=CommitProperties(
-                    custom_metadata={"userMetadata": user_metadata}, max_commit_retries=0
-                ),
-            )
-        except deltalake.exceptions.CommitFailedError as error:
-            table.update_incremental()
-            raise CommitConflictError(f"{self._log_path} v{latest + 1} was committed by another writer") from error
-        return True
 
     # -- reads: the index's, once it has caught up ----------------------------------------------
 
@@ -629,6 +615,5 @@ __all__ = [
     "DeltaRsEventLog",
     "IndexNotFollowableError",
     "ServingIndexStatus",
-    "raw_log_rows",
     "refresh_serving_index",
 ]

@@ -213,7 +213,13 @@ class ObjectStoreFollower(DeltaFollower):
     def moved_since(self, version: int) -> bool:
         if version < 0:
             return self.exists()
-        return self._info(self._object(version + 1)).type != fs.FileType.NotFound
+        # Opening the object is one HEAD request; get_file_info would follow a miss, the common
+        # answer, with a listing to tell a missing object from a folder.
+        try:
+            self._filesystem.open_input_file(self._object(version + 1)).close()
+        except FileNotFoundError:
+            return False
+        return True
 
     def newest_version(self) -> int | None:
         versions = [int(match.group(1)) for info in self._log_listing() if (match := COMMIT_FILE.match(info.base_name))]
