@@ -4,7 +4,8 @@ Spark standalone cluster and local mode, and test_object_store.py between a lake
 It generates a small workload (with bad and redelivered lines) as three landing files, lands
 and ingests two of them, builds the filtered log and the three projections, lands and ingests
 the third and folds it into them (an incremental refresh, also on a log under the small-log
-rule's 1 MiB), records one erasure, refreshes again and compacts. The
+rule's 1 MiB), records one erasure, refreshes again, compacts, and asks the log as it was before
+the erasure (time travel, which still hides the erased events). The
 summary holds, per table, the row count and an order-independent checksum of every row (minus
 the columns that hold the wall clock or the lake's own path), the sorted event_ids' hash, the
 Delta versions, and what the engine was (master URL, executors), so two runs on different
@@ -19,6 +20,7 @@ project's own LakehouseResource, pointed at the master given:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,6 +33,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing import IngestResult, ingest_landing_files
+from databuild_assets.log.spark.backend import DeltaEventLog
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -159,6 +162,9 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7, 
     hidden = refresh_filtered_log(spark, lake)
     refresh_all_projections(spark, lake)
     compaction = compact(spark, lake)
+    # Time travel to before the erasure, after its purge: the past view still hides the erased events.
+    past = DeltaEventLog(spark, lake).as_of(version=before_erasure[RAW_EVENT_LOG.name]["version"])
+    time_travel = dataclasses.asdict(past.get_activity_summary())
     tombstones = read_tombstones(spark, lake)
     finish = {}
     if vacuum:
@@ -200,6 +206,7 @@ def run_scenario(spark: SparkSession, lake: Lake, n_events: int, seed: int = 7, 
                 "rows_purged_per_tombstone": sorted(compaction.rows_purged_per_tombstone.values()),
                 "applied": len(compaction.applied),
             },
+            "time_travel_before_erasure": time_travel,
             "tombstones": [[t.key, t.value, t.pending] for t in tombstones],  # lists: what JSON gives back
             "after_compaction": lake_digest(spark, lake),
             **finish,

@@ -118,10 +118,21 @@ class LoopbackS3:
         self.stop()
 
 
+_SLOW_DOWN = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+SLOW_DOWN_RESPONSE = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+    b"Content-Length: " + str(len(_SLOW_DOWN)).encode() + b"\r\n\r\n" + _SLOW_DOWN
+)
+
+
 class StoreOutage:
     """A TCP forwarder on loopback in front of the S3 server, which a test can take down and bring
     back: while down, every connection is cut at once (as a store that stops answering), and the
-    server behind it keeps its objects. `env` points a process at the forwarder.
+    server behind it keeps its objects. It can also answer chosen requests with S3's
+    `503 Slow Down` instead of forwarding them (`slow_down_at`). `env` points a process at it.
 
         with StoreOutage(s3) as outage:
             ...                      # a run using outage.env
@@ -136,7 +147,10 @@ class StoreOutage:
         self._up.set()
         self._listener: socket.socket | None = None
         self._trigger: bytes | None = None
+        self._slow_down: tuple[bytes, int] | None = None  # (request bytes, answers left)
+        self._lock = threading.Lock()  # one forwarding thread per connection and direction
         self.cut = 0  # requests and connections refused while down
+        self.slowed = 0  # requests answered 503
 
     @property
     def env(self) -> dict[str, str]:
@@ -154,9 +168,26 @@ class StoreOutage:
         not forwarded: an outage at a known point of a run, whatever its speed."""
         self._trigger = request
 
+    def slow_down_at(self, request: bytes, times: int) -> None:
+        """Answer the next `times` requests whose bytes hold `request` with `503 Slow Down`, not
+        forwarded (the connection then closes): a store throttling a run at a known point."""
+        self._slow_down = (request, times)
+
+    def _slowed_down(self, data: bytes) -> bool:
+        with self._lock:
+            request, left = self._slow_down or (b"", 0)
+            if left <= 0 or request not in data:
+                return False
+            self._slow_down = (request, left - 1)
+            self.slowed += 1
+            return True
+
     def _pipe(self, source: socket.socket, target: socket.socket, upstream: bool) -> None:
         try:
             while self._up.is_set() and (data := source.recv(65536)):
+                if upstream and self._slowed_down(data):
+                    source.sendall(SLOW_DOWN_RESPONSE)
+                    break
                 if upstream and self._trigger is not None and self._trigger in data:
                     self._up.clear()
                 if not self._up.is_set():

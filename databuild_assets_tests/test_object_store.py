@@ -8,8 +8,8 @@ compaction (two Spark drivers) racing on the bucket store every event once: ever
 with S3's conditional writes (decision 0040).
 
 The whole flow (landing objects, ingestion with quarantine, the filtered log, the projections and
-their fold, an erasure, compaction with the rewrite of landing objects, landing retention, vacuum
-at retention 0, the erasure report) runs on the bucket in a process of its own and on a local lake
+their fold, an erasure, compaction with the rewrite of landing objects, time travel, landing
+retention, vacuum at retention 0, the erasure report) runs on the bucket in a process of its own and on a local lake
 in the suite's session: every table must come out the same, row for row, and no object but the
 tombstones table's may hold the erased value.
 
@@ -31,7 +31,7 @@ import deltalake
 import pyarrow as pa
 import pytest
 
-from databuild_assets.log import SqliteEventLog, open_event_log
+from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
@@ -113,6 +113,8 @@ def test_the_whole_flow_on_a_bucket_gives_the_tables_of_a_local_lake_and_leaves_
     assert on_bucket["ingest"]["accepted"] == N_EVENTS and on_bucket["ingest"]["files"] == 3
     assert on_bucket["ingest"]["duplicates"] > 0 and on_bucket["ingest"]["quarantined"] > 0
     assert on_bucket["hidden_by_erasure"] > 0
+    # Time travel on the bucket: the log before the erasure, its erased events still hidden.
+    assert on_bucket["time_travel_before_erasure"]["total_events"] == N_EVENTS - on_bucket["hidden_by_erasure"]
     assert on_bucket["landing_archived"] > 0  # the landing objects erasure did not rewrite
     assert "raw_event_log" in on_bucket["erasure_report"]["scanned"]
     assert on_bucket["erasure_report"]["rows_left"] == on_bucket["erasure_report"]["log_mentions"] == 0
@@ -176,7 +178,8 @@ def test_the_jvm_free_log_reads_and_follows_a_lake_on_the_bucket_as_it_reads_the
     assert json.loads(on_bucket.stdout) == json.loads(on_disk.stdout)
     assert json.loads(on_bucket.stdout)["total_events"] == 1_500
 
-    with open_event_log(uri) as remote, DeltaRsEventLog(local) as writer:
+    # Asking the bucket before every read (not once a second, the default on S3: decision 0041).
+    with open_event_log(uri, max_staleness=0) as remote, DeltaRsEventLog(local) as writer:
         # Its serving index is on this machine's disk, in the cache folder, not in the bucket.
         assert remote.index_path.startswith(str(tmp_path / "index-cache" / s3.bucket / "served"))
         assert not [key for key in s3.keys("served/") if "serving_index" in key]
@@ -198,6 +201,34 @@ def test_the_jvm_free_log_reads_and_follows_a_lake_on_the_bucket_as_it_reads_the
         extra = dict(events[-1], event_id="appended-on-the-bucket")
         assert remote.append_events([extra]).accepted == 1
         assert remote.get_activity_summary().total_events == writer.get_activity_summary().total_events + 1
+
+
+def test_an_append_whose_commit_the_store_throttles_is_retried_and_stores_every_event_once(s3, tmp_path, monkeypatch):
+    with StoreOutage(s3) as store:
+        for key, value in {**store.env, INDEX_DIR_ENV: str(tmp_path / "index-cache")}.items():
+            monkeypatch.setenv(key, value)
+        events = list(generate_events(300, seed=11))
+        with DeltaRsEventLog(Lake(f"s3a://{s3.bucket}/throttled")) as log:
+            assert log.append_events(events[:200]).accepted == 200
+            # The store answers the next writes of a commit object with 503 Slow Down, as S3 does
+            # when throttling a prefix: delta-rs retries the conditional write.
+            store.slow_down_at(f"PUT /{s3.bucket}/throttled/tables/raw_event_log/_delta_log/".encode(), 2)
+            assert log.append_events(events[100:]) == AppendResult(accepted=100, duplicates=100)
+            assert store.slowed == 2
+    # The table's creation, then one commit per append: the retried write made no other.
+    assert [key.rsplit("/", 1)[1] for key in s3.keys("throttled/tables/raw_event_log/_delta_log/")] == [
+        f"{version:020d}.json" for version in range(3)
+    ]
+    for key, value in {**s3.env, INDEX_DIR_ENV: str(tmp_path / "another-machine")}.items():
+        monkeypatch.setenv(key, value)
+    with (
+        open_event_log(f"delta+s3://{s3.bucket}/throttled") as fresh,  # an index built from the bucket
+        SqliteEventLog(":memory:") as reference,
+    ):
+        reference.append_events(events)
+        keys = bel_cases.keys_of(events)
+        assert bel_cases.answers(fresh, *keys) == bel_cases.answers(reference, *keys)
+        assert fresh.get_activity_summary().total_events == 300
 
 
 # A pipeline run on the bucket in a process of its own (its own Spark driver), as a deployment runs them.
