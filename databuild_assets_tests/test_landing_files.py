@@ -171,6 +171,25 @@ def test_erasure_rewrites_an_ingested_landing_file_without_its_lines_and_the_rep
     assert os.listdir(lake.landing) == [] and raw_log_count(spark, lake) == 3
 
 
+def test_erasure_parses_only_the_landing_files_whose_bytes_may_hold_a_value_and_misses_no_spelling(spark, lake):
+    land(lake.landing, "other.jsonl", build("br-b", OTHER, 0))  # no erased value: not parsed
+    land(lake.landing, "plain.jsonl", build("br-a", REF, 10) + build("br-c", OTHER, 20))
+    # A writer may escape any character as \\uXXXX: the value's text is then nowhere in the bytes.
+    escaped = [line.replace("data/users", "\\u0064ata/users") for line in build("br-d", REF, 30)]
+    land(lake.landing, "escaped.jsonl", escaped)
+    ingest_landing_files(spark, lake)
+    assert raw_log_count(spark, lake) == 12
+    request_erasure(spark, lake, "partition_ref", REF, actor="alice", reason="ticket 30")
+
+    result = erase_from_landing_files(spark, lake, read_tombstones(spark, lake))
+
+    assert (result.files_scanned, result.files_parsed) == (3, 2)
+    removed = sorted((Path(r.source).name, r.lines_removed) for r in result.rewrites)
+    assert removed == [("escaped.jsonl", 3), ("plain.jsonl", 3)]
+    assert os.listdir(lake.landing) == ["other.jsonl"]
+    assert (lines_holding(spark, lake, "landing"), lines_holding(spark, lake, "landing_archive")) == (0, 0)
+
+
 def test_an_archived_file_is_rewritten_in_place_and_one_in_the_way_of_a_rewrite_stops_it(spark, lake):
     land(lake.landing, "a.jsonl", build("br-a", REF, 0) + build("br-b", OTHER, 10))
     ingest_landing_files(spark, lake)

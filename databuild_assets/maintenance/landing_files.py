@@ -12,6 +12,7 @@ on any other (docs/decisions/0017-landing-files-and-erasure.md).
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -44,6 +45,13 @@ DEFAULT_RETENTION_MODE = "archive"
 # ingestion nor retention lists a hidden name, and a crash leaves only a temp file to clear.
 TEMP_PREFIX = ".erasure-"
 _DAY_MS = 86_400_000
+# Up to this many tombstones, a file is parsed only when its bytes may hold one (`_may_hold`);
+# past it, one substring search per value costs more than Spark's parse of every file.
+_PREFILTER_MAX_VALUES = 64
+_SCAN_CHUNK = 8 << 20
+# The only JSON escapes that can spell a printable ASCII character other than '"', '\\' or '/':
+# a writer that escapes letters or digits, or some '/' of a value and not others.
+_ESCAPES = (b"\\u", b"\\/")
 
 
 class LandingFilesError(RuntimeError):
@@ -89,6 +97,7 @@ class LandingRewrite:
 @dataclass(frozen=True)
 class LandingErasureResult:
     files_scanned: int = 0  # ingested landing files and archived files read
+    files_parsed: int = 0  # of those, the ones whose bytes may hold a tombstone's value, parsed line by line
     rewrites: tuple[LandingRewrite, ...] = ()
     not_ingested: int = 0  # landing files not read: not ingested yet (the next compaction after does)
     changed: tuple[str, ...] = ()  # landing files not read: changed since their batch read them
@@ -285,6 +294,42 @@ def _matching_lines(
     return {row.source_file: (row.lines, set(row.matched)) for row in per_file}
 
 
+def _literal_core(value: str) -> bytes:
+    """The longest run of `value` that every JSON spelling of it without a \\u escape writes as is:
+    printable ASCII but '"', '\\' and '/' (which writers may escape)."""
+    runs = re.split(r'[^\x20-\x7e]|["\\\\/]', value)
+    return max(runs, key=len).encode("ascii")
+
+
+def _may_hold(files: LocalFiles | ObjectFiles, path: str, cores: list[bytes]) -> bool:
+    """Whether the file may hold a line a tombstone matches, by its bytes alone: one of the values'
+    literal cores, or an escape that could spell a value otherwise. A line that matches holds its
+    value (in a field, or in a JSON text field inside a field) in some JSON spelling, and every
+    spelling without a \\u escape holds the value's literal core as is; a file with none of these
+    has no line that matches, and is not parsed."""
+    needles = [*cores, *_ESCAPES]
+    overlap = max(map(len, needles)) - 1
+    tail = b""
+    with files.open_read(files.path(path)) as stream:
+        while chunk := stream.read(_SCAN_CHUNK):
+            window = tail + chunk
+            if any(needle in window for needle in needles):
+                return True
+            tail = window[-overlap:] if overlap else b""
+    return False
+
+
+def _files_to_parse(lake: Lake, paths: list[str], tombstones: list[Tombstone]) -> list[str]:
+    """`paths` but the files whose bytes hold no tombstone's value (`_may_hold`): compaction reads
+    every ingested landing file at each run with tombstones, and Spark's parse of every line was
+    most of that; a search of the bytes is a small part of it."""
+    cores = sorted({_literal_core(t.value) for t in tombstones})
+    if len(cores) > _PREFILTER_MAX_VALUES or not all(cores) or not (is_local(lake.root) or is_s3(lake.root)):
+        return paths
+    files = files_for(lake.root)
+    return [path for path in paths if _may_hold(files, path, cores)]
+
+
 def _rewrite(
     files: LocalFiles | ObjectFiles, source: str, target: str, drop: set[int], expected_lines: int
 ) -> LandingRewrite:
@@ -347,7 +392,8 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
     not_read = {"not_ingested": len(inventory.not_ingested), "changed": tuple(f.path for f, _ in inventory.changed)}
     if not paths:
         return LandingErasureResult(**not_read)
-    matches = _matching_lines(spark, paths, tombstones)
+    to_parse = _files_to_parse(lake, paths, tombstones)
+    matches = _matching_lines(spark, to_parse, tombstones) if to_parse else {}
     _refuse_remote(lake, "erasure would rewrite", sorted(matches))
     files = files_for(lake.root)
     archive = files.path(_qualified(spark, lake.landing_archive))
@@ -371,10 +417,12 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
         )
     if failures:
         raise LandingFilesError(f"{len(failures)} landing files still hold erased lines: " + " | ".join(failures))
-    result = LandingErasureResult(len(paths), tuple(rewrites), **not_read)
+    result = LandingErasureResult(len(paths), len(to_parse), tuple(rewrites), **not_read)
     log.info(
-        "erasure in landing files: %d read, %d rewritten, %d removed, %d lines removed; %d not ingested yet (not read)",
+        "erasure in landing files: %d read, %d of them parsed (the others hold no value), %d rewritten, %d removed, "
+        "%d lines removed; %d not ingested yet (not read)",
         result.files_scanned,
+        result.files_parsed,
         result.files_rewritten,
         result.files_removed,
         result.lines_removed,

@@ -99,7 +99,8 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
         f"tombstones applied: {len(result.applied)}; rows purged per tombstone: {result.rows_purged_per_tombstone}"
     )
     context.log.info(
-        f"landing files: {landing.files_scanned} ingested or archived files read, {landing.files_rewritten} rewritten "
+        f"landing files: {landing.files_scanned} ingested or archived files read, {landing.files_parsed} of them "
+        f"parsed (the others hold no erased value), {landing.files_rewritten} rewritten "
         f"into the archive, {landing.files_removed} removed (every line erased), "
         f"{landing.lines_removed} lines removed; "
         f"{landing.not_ingested} not ingested yet and {len(landing.changed)} changed since ingestion, not read"
@@ -108,6 +109,8 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
         None,
         metadata={
             "tombstones_applied": MetadataValue.int(len(result.applied)),
+            "landing_files_read": MetadataValue.int(landing.files_scanned),
+            "landing_files_parsed": MetadataValue.int(landing.files_parsed),
             "landing_files_rewritten": MetadataValue.int(landing.files_rewritten),
             "landing_files_removed": MetadataValue.int(landing.files_removed),
             "landing_lines_removed": MetadataValue.int(landing.lines_removed),
