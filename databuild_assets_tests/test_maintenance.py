@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -16,12 +17,20 @@ from databuild_assets.defs.maintenance.jobs import (
     erasure_report_job,
     vacuum_job,
 )
+from databuild_assets.events.erasure_rule import matches
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.maintenance.compaction import PurgeVerificationError, compact, purge_events
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
-from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, request_erasure, request_erasures
+from databuild_assets.maintenance.tombstones import (
+    Tombstone,
+    TombstoneError,
+    event_matches,
+    read_tombstones,
+    request_erasure,
+    request_erasures,
+)
 from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec, refresh_projection
@@ -320,3 +329,45 @@ def test_the_filtered_log_follows_a_raw_log_that_was_replaced_by_a_younger_one(s
         "br-new-1",
         "br-new-2",
     ]
+
+
+def test_the_spark_rule_matches_json_text_fields_as_the_python_rule_does_with_one_or_many_tombstones(spark, lake):
+    ref = "data/users/id=42"
+    configs = {
+        "named": json.dumps({"inputs": [ref]}),
+        "as-a-key": json.dumps({ref: 1}),
+        "first": f'"{ref}" and more',
+        "longer-ref": json.dumps({"inputs": [ref + "/part=1"]}),
+        "prefixed-ref": json.dumps({"inputs": ["x" + ref]}),
+        "no-quote-before": ref + '"',
+        "slash-escaped": json.dumps({"inputs": [ref]}).replace("/", "\\/"),
+        "empty": "",
+        "quoted-value": json.dumps({"inputs": ['say "hi"']}),
+        "nested": json.dumps({"config": json.dumps({"inputs": [ref]})}),
+    }
+    events = []
+    for name, config in configs.items():
+        (build_event, job, available) = one_partition_build(f"br-{name}", "data/other", 0)
+        job["job_event"]["config"] = config
+        job["job_event"]["target_partitions"] = []
+        events.append(job)
+    # A value Spark's SQL would read otherwise if it were not quoted right: a quote, backslashes, non-ASCII.
+    odd = "data/o'brien\\u0041\\/é"
+    *_, odd_available = one_partition_build("br-odd", odd, 0)
+    odd_job = one_partition_build("br-odd-config", "data/other", 0)[1]
+    odd_job["job_event"].update(config=json.dumps({"inputs": [odd]}), target_partitions=[])
+    events += [odd_available, odd_job]
+    append_events(spark, lake, events)
+    rows = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
+    noise = [f"data/nothing/id={i}" for i in range(500)]  # many tombstones that match nothing
+    for values in ([ref], ['say "hi"'], [odd], ["data/o'brien"], [ref, *noise], ['say "hi"', odd, *noise]):
+        tombstones = [Tombstone(f"t{i}", "partition_ref", value, "a", "r", None) for i, value in enumerate(values)]
+        in_spark = {row.event_id for row in rows.where(event_matches(tombstones)).collect()}
+        in_python = {e["event_id"] for e in events if matches(e, {"partition_ref": set(values)})}
+        assert in_spark == in_python, values
+    assert {e["event_id"] for e in events if matches(e, {"partition_ref": {ref}})} == {
+        "br-named-2",
+        "br-as-a-key-2",
+        "br-first-2",
+    }
+    assert {e["event_id"] for e in events if matches(e, {"partition_ref": {odd}})} == {"br-odd-3", "br-odd-config-2"}

@@ -152,30 +152,46 @@ def read_tombstones(spark: SparkSession, lake: Lake, version: int | None = None)
 
 
 def event_matches(tombstones: list[Tombstone]) -> Column:
-    """True for an event (a row of the event schema) that any of `tombstones` matches; never null."""
-    conditions = []
+    """True for an event (a row of the event schema) that any of `tombstones` matches; never null.
+
+    Every string of the row a tombstone could name (the fields of each key, the elements of its
+    array fields, the pieces of its JSON text fields between two quotes) is tagged with its key
+    and looked up in one hash set of the tagged values (IN over many literals is InSet): a row
+    costs its own strings, not the number of tombstones. A JSON text field matches when it
+    contains the value as a JSON string, `"<json>"`; for a value whose JSON has no quote inside,
+    that is exactly when one of the text's pieces between two quotes is <json> (a value with a
+    quote is searched for in the text). The expression is handed to Spark as one SQL text:
+    a Column per literal would cost a call into the JVM per tombstone."""
+    strings: list[str] = []
+    wanted: set[str] = set()
+    searched: list[Column] = []
     for key in TOMBSTONE_KEYS:
         values = sorted({t.value for t in tombstones if t.key == key})
         if not values:
             continue
-        for field in SCALAR_FIELDS[key]:
-            conditions.append(F.col(field).isin(values))
-        for field in ARRAY_FIELDS.get(key, ()):
-            # Each element looked up in the values' hash set (IN over many literals is InSet): a
-            # row costs its own elements, not the number of tombstones.
-            conditions.append(F.exists(F.col(field), _is_one_of(values)))
+        tag, json_tag = _sql_string(f"{key}:"), _sql_string(f"{key}~json:")
+        wanted.update(f"{key}:{value}" for value in values)
+        strings += [f"array(concat({tag}, {field}))" for field in SCALAR_FIELDS[key]]
+        strings += [f"transform({field}, s -> concat({tag}, s))" for field in ARRAY_FIELDS.get(key, ())]
+        pieces = [json.dumps(value)[1:-1] for value in values]
+        wanted.update(f"{key}~json:{piece}" for piece in pieces if '"' not in piece)
         for field in JSON_TEXT_FIELDS.get(key, ()):
-            for value in values:
-                conditions.append(F.col(field).contains(json.dumps(value)))
-    if not conditions:
+            split = f"split({field}, '\"')"
+            between_quotes = f"slice({split}, 2, greatest(size({split}) - 2, 0))"  # all but the first and last
+            strings.append(f"transform({between_quotes}, s -> concat({json_tag}, s))")
+            searched += [F.col(field).contains(f'"{piece}"') for piece in pieces if '"' in piece]
+    if not wanted:
         return F.lit(False)
-    # coalesce: a null field (an unset payload) means "no match", never "unknown".
+    # coalesce: a null field (an unset payload) means "no strings", never "unknown".
+    every_string = ", ".join(f"coalesce({part}, cast(array() AS array<string>))" for part in strings)
+    listed = ", ".join(_sql_string(value) for value in sorted(wanted))
+    conditions = [F.expr(f"exists(concat({every_string}), s -> s IN ({listed}))"), *searched]
     return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
 
 
-def _is_one_of(values: list[str]):
-    """A one-argument function for Spark's higher-order functions (it counts the arguments)."""
-    return lambda element: element.isin(values)
+def _sql_string(value: str) -> str:
+    """`value` as a Spark SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def text_mentions(text: Column, tombstones: list[Tombstone]) -> Column:
