@@ -3,8 +3,10 @@ the ingested ones without the erased lines, and the erasure report reads them.""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from databuild_assets.ingest.landing import (
     ingest_landing_files,
     list_landing_files,
 )
+from databuild_assets.maintenance import landing_files
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.landing_files import (
@@ -213,3 +216,16 @@ def test_an_archived_file_is_rewritten_in_place_and_one_in_the_way_of_a_rewrite_
         compact(spark, lake)
     assert [t.pending for t in read_tombstones(spark, lake)] == [True]
     assert not any(name.startswith(".erasure-") for name in os.listdir(lake.landing_archive))
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_the_lines_erasure_parses_are_found_and_numbered_as_ingestion_splits_them(chunk, monkeypatch):
+    monkeypatch.setattr(landing_files, "_SCAN_CHUNK", chunk)  # lines and needles across chunk ends
+    rng = random.Random(chunk)
+    pieces, needles = [b"ab", b"x", b"", b"zab", b"\\u", b"q\\/r", b"abab", b"\r"], [b"ab", b"\\u", b"\\/"]
+    for _ in range(200):
+        data = b"\n".join(rng.choice(pieces) + rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        data += rng.choice([b"", b"\n"]) if data else b""
+        lines = data.split(b"\n")[: -1 if data.endswith(b"\n") else None] if data else []
+        expected = {number: line for number, line in enumerate(lines, 1) if any(n in line for n in needles)}
+        assert landing_files._lines_holding(io.BytesIO(data), needles) == (len(lines), expected), data

@@ -30,6 +30,7 @@ from databuild_assets.maintenance.tombstones import (
     read_tombstones,
     request_erasure,
     request_erasures,
+    text_mentions,
 )
 from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
@@ -371,3 +372,13 @@ def test_the_spark_rule_matches_json_text_fields_as_the_python_rule_does_with_on
         "br-first-2",
     }
     assert {e["event_id"] for e in events if matches(e, {"partition_ref": {odd}})} == {"br-odd-3", "br-odd-config-2"}
+
+
+def test_a_bad_line_is_matched_by_its_text_with_one_tombstone_or_thousands(spark):
+    ref = "data/o'brien/id=1"
+    texts = [f'{{"partition_ref": {json.dumps(ref)}', ref.replace("/", "\\/"), "nothing here", None]
+    lines = spark.createDataFrame([(text,) for text in texts], "line string")
+    for noise in (0, 3000):  # 3,000 values: a chain of their tests overflowed Spark's analyzer
+        values = [ref, *(f"data/nothing/id={i}" for i in range(noise))]
+        tombstones = [Tombstone(f"t{i}", "partition_ref", value, "a", "r", None) for i, value in enumerate(values)]
+        assert [row.line for row in lines.where(text_mentions("line", tombstones)).collect()] == texts[:2]

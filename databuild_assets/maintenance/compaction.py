@@ -226,7 +226,7 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
     lines = (
         spark.read.format("delta")
         .load(path)
-        .where(text_mentions(F.col("line"), tombstones))
+        .where(text_mentions("line", tombstones))
         .select("source_file", "line_number")
         .distinct()
     )

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from databuild_assets.events.erasure_rule import matches
+from databuild_assets.events.validation import parse_line
 from databuild_assets.ingest.landing import (
     IngestedFile,
     LandingFile,
@@ -30,6 +32,7 @@ from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
     event_matches,
+    text_forms,
     text_mentions,
 )
 from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for, lines_of
@@ -45,8 +48,9 @@ DEFAULT_RETENTION_MODE = "archive"
 # ingestion nor retention lists a hidden name, and a crash leaves only a temp file to clear.
 TEMP_PREFIX = ".erasure-"
 _DAY_MS = 86_400_000
-# Up to this many tombstones, a file is parsed only when its bytes may hold one (`_may_hold`);
-# past it, one substring search per value costs more than Spark's parse of every file.
+# Up to this many tombstones, only the lines that may hold one are parsed, here
+# (`_matching_lines_without_spark`); past it, one substring search per value and line costs
+# more than Spark's parse of every line.
 _PREFILTER_MAX_VALUES = 64
 _SCAN_CHUNK = 8 << 20
 # The only JSON escapes that can spell a printable ASCII character other than '"', '\\' or '/':
@@ -97,7 +101,7 @@ class LandingRewrite:
 @dataclass(frozen=True)
 class LandingErasureResult:
     files_scanned: int = 0  # ingested landing files and archived files read
-    files_parsed: int = 0  # of those, the ones whose bytes may hold a tombstone's value, parsed line by line
+    files_parsed: int = 0  # of those, the ones with a line that may hold a tombstone's value (parsed)
     rewrites: tuple[LandingRewrite, ...] = ()
     not_ingested: int = 0  # landing files not read: not ingested yet (the next compaction after does)
     changed: tuple[str, ...] = ()  # landing files not read: changed since their batch read them
@@ -282,9 +286,7 @@ def _matching_lines(
     rule that purges the quarantine). Lines are numbered as ingestion numbers them.
     """
     lines = read_landing_lines(spark, paths)
-    matched = F.when(F.col("reason").isNull(), event_matches(tombstones)).otherwise(
-        text_mentions(F.col("line"), tombstones)
-    )
+    matched = F.when(F.col("reason").isNull(), event_matches(tombstones)).otherwise(text_mentions("line", tombstones))
     per_file = (
         lines.groupBy("source_file")
         .agg(F.count(F.lit(1)).alias("lines"), F.collect_list(F.when(matched, F.col("line_number"))).alias("matched"))
@@ -301,33 +303,70 @@ def _literal_core(value: str) -> bytes:
     return max(runs, key=len).encode("ascii")
 
 
-def _may_hold(files: LocalFiles | ObjectFiles, path: str, cores: list[bytes]) -> bool:
-    """Whether the file may hold a line a tombstone matches, by its bytes alone: one of the values'
-    literal cores, or an escape that could spell a value otherwise. A line that matches holds its
-    value (in a field, or in a JSON text field inside a field) in some JSON spelling, and every
-    spelling without a \\u escape holds the value's literal core as is; a file with none of these
-    has no line that matches, and is not parsed."""
-    needles = [*cores, *_ESCAPES]
-    overlap = max(map(len, needles)) - 1
-    tail = b""
-    with files.open_read(files.path(path)) as stream:
-        while chunk := stream.read(_SCAN_CHUNK):
-            window = tail + chunk
-            if any(needle in window for needle in needles):
-                return True
-            tail = window[-overlap:] if overlap else b""
-    return False
+def _matching_lines_without_spark(
+    files: LocalFiles | ObjectFiles, paths: list[str], tombstones: list[Tombstone]
+) -> tuple[dict[str, tuple[int, set[int]]], int] | None:
+    """`_matching_lines` read line by line here, for few tombstones, and how many files had a line
+    to parse (None: too many tombstones, or a value with no literal core: Spark parses them all).
 
-
-def _files_to_parse(lake: Lake, paths: list[str], tombstones: list[Tombstone]) -> list[str]:
-    """`paths` but the files whose bytes hold no tombstone's value (`_may_hold`): compaction reads
-    every ingested landing file at each run with tombstones, and Spark's parse of every line was
-    most of that; a search of the bytes is a small part of it."""
+    A line that matches holds its value (in a field, or in a JSON text field inside one) in some
+    JSON spelling, and every spelling without a \\u escape holds the value's literal core as is: a
+    line holding no core and no escape that could spell one otherwise cannot match, and is not
+    parsed. The others are parsed as ingestion parses them (`parse_line`) and matched by the same
+    rule (`erasure_rule.matches`; a bad line by its text, as `text_mentions`)."""
     cores = sorted({_literal_core(t.value) for t in tombstones})
-    if len(cores) > _PREFILTER_MAX_VALUES or not all(cores) or not (is_local(lake.root) or is_s3(lake.root)):
-        return paths
-    files = files_for(lake.root)
-    return [path for path in paths if _may_hold(files, path, cores)]
+    if len(cores) > _PREFILTER_MAX_VALUES or not all(cores):
+        return None
+    needles = [*cores, *_ESCAPES]
+    values_by_key: dict[str, set[str]] = {}
+    for tombstone in tombstones:
+        values_by_key.setdefault(tombstone.key, set()).add(tombstone.value)
+    forms = {form for tombstone in tombstones for form in text_forms(tombstone.value)}
+    found, parsed = {}, 0
+    for path in paths:
+        with files.open_read(files.path(path)) as stream:
+            lines, candidates = _lines_holding(stream, needles)
+        matched = set()
+        for number, raw in candidates.items():
+            event, reason = parse_line(raw)
+            if reason is None:
+                hit = matches(event, values_by_key)
+            else:  # a bad line: its text, as the quarantine holds it
+                hit = any(form in raw.decode("utf-8", errors="replace") for form in forms)
+            if hit:
+                matched.add(number)
+        parsed += bool(candidates)
+        if matched:
+            found[path] = (lines, matched)
+    return found, parsed
+
+
+def _lines_holding(stream, needles: list[bytes]) -> tuple[int, dict[int, bytes]]:
+    """How many lines the stream has (split after b"\\n" only, as ingestion splits them), and the
+    lines holding any of `needles` by their number (without their b"\\n"). The bytes are searched
+    a chunk at a time; only the lines around a hit are cut out."""
+    lines, found, rest = 0, {}, b""
+    while True:
+        chunk = stream.read(_SCAN_CHUNK)
+        buffer = rest + chunk
+        end = len(buffer) if not chunk else buffer.rfind(b"\n") + 1  # whole lines (all at the end)
+        whole, rest = buffer[:end], buffer[end:]
+        starts = set()  # of the lines holding a needle
+        for needle in needles:
+            at = whole.find(needle)
+            while at >= 0:
+                starts.add(whole.rfind(b"\n", 0, at) + 1)
+                next_line = whole.find(b"\n", at) + 1
+                at = whole.find(needle, next_line) if next_line else -1
+        number, counted_to = lines, 0
+        for start in sorted(starts):
+            number += whole.count(b"\n", counted_to, start)
+            counted_to = start
+            stop = whole.find(b"\n", start)
+            found[number + 1] = whole[start : len(whole) if stop < 0 else stop]
+        lines += whole.count(b"\n") + (1 if not chunk and whole and not whole.endswith(b"\n") else 0)
+        if not chunk:
+            return lines, found
 
 
 def _rewrite(
@@ -392,16 +431,16 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
     not_read = {"not_ingested": len(inventory.not_ingested), "changed": tuple(f.path for f, _ in inventory.changed)}
     if not paths:
         return LandingErasureResult(**not_read)
-    to_parse = _files_to_parse(lake, paths, tombstones)
-    matches = _matching_lines(spark, to_parse, tombstones) if to_parse else {}
-    _refuse_remote(lake, "erasure would rewrite", sorted(matches))
     files = files_for(lake.root)
+    here = _matching_lines_without_spark(files, paths, tombstones) if is_local(lake.root) or is_s3(lake.root) else None
+    matching, parsed = here if here is not None else (_matching_lines(spark, paths, tombstones), len(paths))
+    _refuse_remote(lake, "erasure would rewrite", sorted(matching))
     archive = files.path(_qualified(spark, lake.landing_archive))
     rewrites, failures = [], []
     # Archived files first: a landing file's rewrite then finds an archived copy from an
     # interrupted run already rewritten for the same tombstones, and completes that run.
     archived_paths = {f.path for f, _ in inventory.archived}
-    for path, (lines, drop) in sorted(matches.items(), key=lambda match: (match[0] not in archived_paths, match[0])):
+    for path, (lines, drop) in sorted(matching.items(), key=lambda match: (match[0] not in archived_paths, match[0])):
         try:
             rewrites.append(_rewrite(files, files.path(path), f"{archive}/{_name(path)}", drop, lines))
         except LandingFilesError as error:  # the other files are still rewritten; the run fails below
@@ -417,7 +456,7 @@ def erase_from_landing_files(spark: SparkSession, lake: Lake, tombstones: list[T
         )
     if failures:
         raise LandingFilesError(f"{len(failures)} landing files still hold erased lines: " + " | ".join(failures))
-    result = LandingErasureResult(len(paths), len(to_parse), tuple(rewrites), **not_read)
+    result = LandingErasureResult(len(paths), parsed, tuple(rewrites), **not_read)
     log.info(
         "erasure in landing files: %d read, %d of them parsed (the others hold no value), %d rewritten, %d removed, "
         "%d lines removed; %d not ingested yet (not read)",

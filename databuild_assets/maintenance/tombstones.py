@@ -194,14 +194,19 @@ def _sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def text_mentions(text: Column, tombstones: list[Tombstone]) -> Column:
-    """True for a line of text (a bad landing line, a quarantined line) that contains any of
-    `tombstones`' values; never null. A bad line has no fields to match, so the text decides."""
-    mentions = F.lit(False)
-    for tombstone in tombstones:
-        for form in text_forms(tombstone.value):
-            mentions = mentions | F.coalesce(text.contains(form), F.lit(False))
-    return mentions
+def text_mentions(column: str, tombstones: list[Tombstone]) -> Column:
+    """True for a line of text (a bad landing line, a quarantined line) in `column` that contains
+    any of `tombstones`' values; never null. A bad line has no fields to match, so the text
+    decides. One SQL text, its ORs nested as a balanced tree: a chain of one test per form of
+    every value would be thousands deep for Spark's analyzer."""
+    forms = sorted({form for tombstone in tombstones for form in text_forms(tombstone.value)})
+    if not forms:
+        return F.lit(False)
+    tests = [f"contains({column}, {_sql_string(form)})" for form in forms]
+    while len(tests) > 1:
+        pairs = zip(tests[::2], tests[1::2], strict=False)  # an odd one out is kept below
+        tests = [f"({a} OR {b})" for a, b in pairs] + (tests[-1:] if len(tests) % 2 else [])
+    return F.coalesce(F.expr(tests[0]), F.lit(False))
 
 
 def text_forms(value: str) -> tuple[str, ...]:
