@@ -312,6 +312,8 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
 
     closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1)
     compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
+    files = sum(compacted.values())
+    log.info("bin-packed the dates before %s: %d files rewritten in %d tables", closed_before, files, len(tables))
     # Every tombstone, not only the pending ones: a landing file ingested after a tombstone was
     # applied may hold its values too. Before record_applied: if it fails, they stay pending.
     landing = erase_from_landing_files(spark, lake, tombstones)
