@@ -23,6 +23,7 @@ from dagster import materialize
 from databuild_assets.defs.maintenance.assets import tombstones
 from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.defs.serving.assets import serving_index
+from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
@@ -239,17 +240,42 @@ def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: La
         assert [e["event_id"] for e in log.get_partition_events("data/kept")] == ["e2"]
 
 
-def _request_erasure_without_spark(lake: Lake, key: str, value: str) -> None:
-    """A 'requested' tombstone record, committed by delta-rs with the table's own properties."""
+def _request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) -> None:
+    """'requested' tombstone records of `value` (or of each of a list, in one commit), committed by
+    delta-rs with the table's own properties."""
     path = lake.table_path(TOMBSTONES)
     schema = deltalake.Schema.from_json(TOMBSTONES.schema.json())
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         deltalake.DeltaTable.create(
             path, schema=schema, configuration=table_properties(TOMBSTONES), raise_if_key_not_exists=False
         )
-    record = {"tombstone_id": f"t-{value}", "record": "requested", "key": key, "value": value, "actor": "test"}
-    record |= {"reason": "a test", "requested_at": datetime.now(UTC), "applied_at": None, "applied_log_version": None}
-    deltalake.write_deltalake(path, pa.Table.from_pylist([record], schema=pa.schema(schema.to_arrow())), mode="append")
+    records = []
+    for one in [value] if isinstance(value, str) else value:
+        record = {"tombstone_id": f"t-{one}", "record": "requested", "key": key, "value": one, "actor": "test"}
+        record |= {
+            "reason": "a test",
+            "requested_at": datetime.now(UTC),
+            "applied_at": None,
+            "applied_log_version": None,
+        }
+        records.append(record)
+    deltalake.write_deltalake(path, pa.Table.from_pylist(records, schema=pa.schema(schema.to_arrow())), mode="append")
+
+
+def test_thousands_of_tombstones_are_honoured_by_a_build_a_catch_up_and_an_append(lake: Lake) -> None:
+    events = list(generate_events(600, seed=9))
+    refs = sorted({e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"})
+    erased = [*refs[:3], *(f"data/nothing/id={i}" for i in range(3000))]  # past SQLite's expression depth
+    hidden = [e for e in events if matches(e, {"partition_ref": set(erased)})]
+    assert hidden and any(e["event_type"] == "job_event" for e in hidden)  # fields, lists and job configs
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:300])
+        _request_erasure_without_spark(lake, "partition_ref", erased)
+        log.append_events(events[300:])  # read with the tombstones: hidden as they are added
+        assert log.get_activity_summary().total_events == len(events) - len(hidden)
+    shutil.rmtree(lake.path(SERVING_INDEX_FOLDER))
+    with DeltaRsEventLog(lake) as log:  # a build with them
+        _answers_match_the_reference(log, [e for e in events if e not in hidden])
 
 
 def test_events_arriving_after_a_tombstone_are_hidden_by_a_process_that_never_read_it(lake: Lake) -> None:

@@ -19,6 +19,7 @@ not only its pages' free lists.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -140,31 +141,58 @@ def _json_path_value(path: str) -> str:
     return f"(CASE WHEN e.event_type = '{payload}' THEN json_extract(e.payload, '$.{field}') END)"
 
 
-def tombstone_rule_sql(values_by_key: Mapping[str, Collection[str]]) -> tuple[str, list[str]]:
-    """The tombstone rule (events/erasure_rule.py) as an SQL condition on an `events` row
-    aliased `e`, with its parameters: true for a row that any of the values matches."""
+def tombstone_rule_sql(connection: sqlite3.Connection, values_by_key: Mapping[str, Collection[str]]) -> str:
+    """The tombstone rule (events/erasure_rule.py) as an SQL condition on an `events` row aliased
+    `e`, for `connection`: true for a row that any of the values matches.
+
+    The values go to a temp table and a function of the connection, not into the SQL text: one
+    OR per value is past SQLite's expression depth (1,000) at a few hundred tombstones, and its
+    parameters past their limit at a few thousand. A JSON text field contains a value as a JSON
+    string exactly when one of its pieces between two quotes is the value's JSON (for a value
+    whose JSON has no quote inside; the others are searched for), as the Spark form reads it."""
+    values = {key: set(of_key) for key, of_key in values_by_key.items() if of_key}
+    connection.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS tombstone_values"
+        " (key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (key, value))"
+    )
+    connection.execute("DELETE FROM temp.tombstone_values")
+    connection.executemany(
+        "INSERT INTO temp.tombstone_values VALUES (?, ?)",
+        [(key, value) for key, of_key in values.items() for value in of_key],
+    )
+    in_json = {}  # per key: the values' JSON without its quotes, those with a quote inside apart
+    for key, of_key in values.items():
+        pieces = {json.dumps(value)[1:-1] for value in of_key}
+        quoted = sorted(piece for piece in pieces if '"' in piece)
+        in_json[key] = (pieces.difference(quoted), quoted)
+    connection.create_function(
+        "names_a_tombstone_value", 2, functools.partial(_names_a_value, in_json), deterministic=True
+    )
     conditions: list[str] = []
-    parameters: list[str] = []
-    for key, values in values_by_key.items():
-        values = sorted(values)
-        if not values:
-            continue
-        listed = f"({', '.join('?' * len(values))})"
+    for key in values:
+        # A lookup in the temp table's primary key per string of the row.
+        named = f"EXISTS (SELECT 1 FROM temp.tombstone_values AS t WHERE t.key = '{key}' AND t.value = {{}})"
         for path in SCALAR_FIELDS[key]:
-            conditions.append(f"{_json_path_value(path)} IN {listed}")
-            parameters += values
+            conditions.append(named.format(_json_path_value(path)))
         for path in ARRAY_FIELDS.get(key, ()):
             payload, _, field = path.partition(".")
             conditions.append(
                 f"(e.event_type = '{payload}' AND EXISTS "
-                f"(SELECT 1 FROM json_each(e.payload, '$.{field}') WHERE value IN {listed}))"
+                f"(SELECT 1 FROM json_each(e.payload, '$.{field}') AS j WHERE {named.format('j.value')}))"
             )
-            parameters += values
         for path in JSON_TEXT_FIELDS.get(key, ()):
-            for value in values:
-                conditions.append(f"COALESCE(instr({_json_path_value(path)}, ?), 0) > 0")
-                parameters.append(json.dumps(value))
-    return (" OR ".join(conditions) or "0"), parameters
+            conditions.append(f"COALESCE(names_a_tombstone_value('{key}', {_json_path_value(path)}), 0)")
+    return " OR ".join(conditions) or "0"
+
+
+def _names_a_value(in_json: Mapping[str, tuple[set[str], list[str]]], key: str, text: str | None) -> int:
+    """Whether `text` contains one of the values of `key` as a JSON string ("<json>")."""
+    if not text or '"' not in text:
+        return 0
+    unquoted, quoted = in_json.get(key, (set(), []))
+    if not unquoted.isdisjoint(text.split('"')[1:-1]):
+        return 1
+    return int(any(f'"{piece}"' in text for piece in quoted))
 
 
 @dataclass(frozen=True)
@@ -308,11 +336,10 @@ class ServingIndex(SqliteEventLog):
         values by key) matches hidden, the indexes of `events` built once, the projections of
         every key, and the file switched to WAL for sharing."""
         connection = self._connection
-        rule, parameters = tombstone_rule_sql(hidden_by)
+        rule = tombstone_rule_sql(connection, hidden_by)
         with transaction(connection):
             connection.execute(
-                f"INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM main.events AS e WHERE {rule}",
-                parameters,
+                f"INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM main.events AS e WHERE {rule}"
             )
             connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM main.hidden_event_ids)")
             for statement in _MARK_DIRTY:
@@ -356,7 +383,7 @@ class ServingIndex(SqliteEventLog):
         if not rows:
             return 0
         connection = self._connection
-        rule, parameters = tombstone_rule_sql(hidden_by or {})
+        rule = tombstone_rule_sql(connection, hidden_by or {})
         insert = f"VALUES ({', '.join('?' * 8)})"
         with transaction(connection):
             connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
@@ -368,9 +395,7 @@ class ServingIndex(SqliteEventLog):
                 " WHERE h.event_id = s.event_id)"
             )
             connection.execute(
-                "INSERT OR IGNORE INTO main.hidden_event_ids"
-                f" SELECT event_id FROM temp.staged_events AS e WHERE {rule}",
-                parameters,
+                f"INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM temp.staged_events AS e WHERE {rule}"
             )
             connection.execute(
                 "DELETE FROM temp.staged_events AS s WHERE EXISTS (SELECT 1 FROM main.hidden_event_ids AS h"
@@ -405,10 +430,10 @@ class ServingIndex(SqliteEventLog):
 
     def hide(self, values_by_key: Mapping[str, Collection[str]]) -> int:
         """Hide every stored event that the tombstone values match; returns how many."""
-        rule, parameters = tombstone_rule_sql(values_by_key)
+        rule = tombstone_rule_sql(self._connection, values_by_key)
         with transaction(self._connection):
             self._connection.execute(
-                f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}", parameters
+                f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}"
             )
             self._connection.execute("INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM temp.leaving")
             return -self._counted(-self._drop_leaving())
