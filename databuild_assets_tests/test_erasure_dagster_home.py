@@ -23,6 +23,7 @@ from dagster import (
 )
 
 from databuild_assets.maintenance.dagster_home import ERASED, scrub_dagster_home
+from databuild_assets.maintenance.dagster_sqlite import rewrite_stored_text
 from databuild_assets.maintenance.erasure_report import DAGSTER_HOME_FINDING, dagster_home_findings
 from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones
 from databuild_assets_tests.support import (
@@ -205,3 +206,20 @@ def test_the_scrub_rewrites_previews_log_lines_tags_and_compute_logs_and_leaves_
         assert {record.data["partition_ref"] for record in preview.records} == {ERASED}
     logs = {Path(path).suffix: Path(path).read_text() for path in result.compute_logs_rewritten}
     assert f"building {ERASED}" in logs[".out"] and f"built {ERASED}" in logs[".err"]
+
+
+def test_a_dagster_database_is_scrubbed_of_thousands_of_values_at_once(tmp_path):
+    # One OR per value in one statement is past SQLite's expression depth (1,000).
+    database = tmp_path / "runs.db"
+    with closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("CREATE TABLE run_tags (run_id TEXT, key TEXT, value TEXT)")
+        connection.executemany(
+            "INSERT INTO run_tags VALUES (?, 'ref', ?)", [(f"r{i}", f"data/users/id={i}") for i in range(0, 3000, 7)]
+        )
+    holding = tuple(f"data/users/id={i}" for i in range(3000))
+
+    changed = rewrite_stored_text(database, holding, lambda table, run_id, text: ERASED)
+
+    assert changed == len(range(0, 3000, 7))
+    with closing(sqlite3.connect(database)) as connection:
+        assert {value for (value,) in connection.execute("SELECT value FROM run_tags")} == {ERASED}

@@ -48,6 +48,7 @@ STORED_TEXT: dict[str, tuple[str, ...]] = {
 }
 # Another process (the webserver, the daemon) may hold a write lock for a moment: wait for it.
 BUSY_TIMEOUT_SECONDS = 60.0
+_VALUES_PER_STATEMENT = 400
 
 # (table, run_id of the record or None, text) -> the text to store instead (the same text: no change)
 Rewrite = Callable[[str, str | None, str], str]
@@ -99,15 +100,20 @@ def rewrite_stored_text(path: Path, holding: tuple[str, ...], rewrite: Rewrite) 
     changed = 0
     with _connection(path) as connection:
         for table, column, has_run_id in list(_stored_text_columns(connection)):
-            matches = " OR ".join(f'instr("{column}", ?) > 0' for _ in holding)
             run_id = "run_id" if has_run_id else "NULL"
             select = f'SELECT rowid, {run_id}, "{column}" FROM "{table}"'
-            candidates = [row[0] for row in connection.execute(f"{select} WHERE {matches}", holding)]
+            candidates = set()
+            # A few hundred values per statement: one OR per value, and SQLite refuses an
+            # expression deeper than 1,000.
+            for start in range(0, len(holding), _VALUES_PER_STATEMENT):
+                some = holding[start : start + _VALUES_PER_STATEMENT]
+                matches = " OR ".join(f'instr("{column}", ?) > 0' for _ in some)
+                candidates.update(row[0] for row in connection.execute(f"{select} WHERE {matches}", some))
             if not candidates:
                 continue
             connection.execute("BEGIN IMMEDIATE")
             try:
-                for rowid in candidates:
+                for rowid in sorted(candidates):
                     row = connection.execute(f"{select} WHERE rowid = ?", (rowid,)).fetchone()
                     if row is None or not isinstance(row[2], str):
                         continue
