@@ -197,16 +197,13 @@ def _sql_string(value: str) -> str:
 def text_mentions(column: str, tombstones: list[Tombstone]) -> Column:
     """True for a line of text (a bad landing line, a quarantined line) in `column` that contains
     any of `tombstones`' values; never null. A bad line has no fields to match, so the text
-    decides. One SQL text, its ORs nested as a balanced tree: a chain of one test per form of
-    every value would be thousands deep for Spark's analyzer."""
+    decides. One SQL text with the forms in one flat list: an OR per form is thousands deep for
+    Spark's analyzer, and nested ORs make its parser run out of memory."""
     forms = sorted({form for tombstone in tombstones for form in text_forms(tombstone.value)})
     if not forms:
         return F.lit(False)
-    tests = [f"contains({column}, {_sql_string(form)})" for form in forms]
-    while len(tests) > 1:
-        pairs = zip(tests[::2], tests[1::2], strict=False)  # an odd one out is kept below
-        tests = [f"({a} OR {b})" for a, b in pairs] + (tests[-1:] if len(tests) % 2 else [])
-    return F.coalesce(F.expr(tests[0]), F.lit(False))
+    listed = ", ".join(_sql_string(form) for form in forms)
+    return F.coalesce(F.expr(f"exists(array({listed}), form -> contains({column}, form))"), F.lit(False))
 
 
 def text_forms(value: str) -> tuple[str, ...]:
