@@ -58,11 +58,40 @@ def matches(event: Mapping[str, Any], values_by_key: Mapping[str, Collection[str
             listed = _field(event, path)
             if listed and any(value in values for value in listed):
                 return True
-        for path in JSON_TEXT_FIELDS.get(key, ()):
-            text = _field(event, path)
-            if text and any(json.dumps(value) in text for value in values):
+        texts = [_field(event, path) for path in JSON_TEXT_FIELDS.get(key, ())]
+        if any(texts):
+            forms = json_forms(values)
+            if any(names_in_json_text(text, forms) for text in texts):
                 return True
     return False
 
 
-__all__ = ["ARRAY_FIELDS", "JSON_TEXT_FIELDS", "SCALAR_FIELDS", "TOMBSTONE_KEYS", "matches"]
+def json_forms(values: Collection[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The values' JSON without its quotes, as `names_in_json_text` looks for them: those with no
+    quote inside, and apart those with one."""
+    pieces = {json.dumps(value)[1:-1] for value in values}
+    quoted = tuple(sorted(piece for piece in pieces if '"' in piece))
+    return frozenset(pieces.difference(quoted)), quoted
+
+
+def names_in_json_text(text: str | None, forms: tuple[frozenset[str], tuple[str, ...]]) -> bool:
+    """Whether a JSON text field holds one of the values as a JSON string ("<json>"). For a value
+    whose JSON has no quote inside, that is exactly when one of the text's pieces between two
+    quotes is that JSON: a lookup per piece, however many values (the Spark form,
+    `maintenance.tombstones.event_matches`, reads it the same way); a value with a quote is
+    searched for in the text."""
+    if not text or '"' not in text:
+        return False
+    unquoted, quoted = forms
+    return not unquoted.isdisjoint(text.split('"')[1:-1]) or any(f'"{piece}"' in text for piece in quoted)
+
+
+__all__ = [
+    "ARRAY_FIELDS",
+    "JSON_TEXT_FIELDS",
+    "SCALAR_FIELDS",
+    "TOMBSTONE_KEYS",
+    "json_forms",
+    "matches",
+    "names_in_json_text",
+]

@@ -19,8 +19,6 @@ not only its pages' free lists.
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import sqlite3
 from collections.abc import Collection, Iterable, Mapping
@@ -32,7 +30,14 @@ from urllib.parse import quote
 import duckdb
 import pyarrow as pa
 
-from databuild_assets.events.erasure_rule import ARRAY_FIELDS, JSON_TEXT_FIELDS, SCALAR_FIELDS, matches
+from databuild_assets.events.erasure_rule import (
+    ARRAY_FIELDS,
+    JSON_TEXT_FIELDS,
+    SCALAR_FIELDS,
+    json_forms,
+    matches,
+    names_in_json_text,
+)
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
 from databuild_assets.log.sqlite.backend import (
     SqliteEventLog,
@@ -147,9 +152,8 @@ def tombstone_rule_sql(connection: sqlite3.Connection, values_by_key: Mapping[st
 
     The values go to a temp table and a function of the connection, not into the SQL text: one
     OR per value is past SQLite's expression depth (1,000) at a few hundred tombstones, and its
-    parameters past their limit at a few thousand. A JSON text field contains a value as a JSON
-    string exactly when one of its pieces between two quotes is the value's JSON (for a value
-    whose JSON has no quote inside; the others are searched for), as the Spark form reads it."""
+    parameters past their limit at a few thousand. A JSON text field is matched by
+    `erasure_rule.names_in_json_text`, as a function of the connection."""
     values = {key: set(of_key) for key, of_key in values_by_key.items() if of_key}
     connection.execute(
         "CREATE TEMP TABLE IF NOT EXISTS tombstone_values"
@@ -160,13 +164,9 @@ def tombstone_rule_sql(connection: sqlite3.Connection, values_by_key: Mapping[st
         "INSERT INTO temp.tombstone_values VALUES (?, ?)",
         [(key, value) for key, of_key in values.items() for value in of_key],
     )
-    in_json = {}  # per key: the values' JSON without its quotes, those with a quote inside apart
-    for key, of_key in values.items():
-        pieces = {json.dumps(value)[1:-1] for value in of_key}
-        quoted = sorted(piece for piece in pieces if '"' in piece)
-        in_json[key] = (pieces.difference(quoted), quoted)
+    forms = {key: json_forms(of_key) for key, of_key in values.items()}
     connection.create_function(
-        "names_a_tombstone_value", 2, functools.partial(_names_a_value, in_json), deterministic=True
+        "names_a_tombstone_value", 2, lambda key, text: int(names_in_json_text(text, forms[key])), deterministic=True
     )
     conditions: list[str] = []
     for key in values:
@@ -183,16 +183,6 @@ def tombstone_rule_sql(connection: sqlite3.Connection, values_by_key: Mapping[st
         for path in JSON_TEXT_FIELDS.get(key, ()):
             conditions.append(f"COALESCE(names_a_tombstone_value('{key}', {_json_path_value(path)}), 0)")
     return " OR ".join(conditions) or "0"
-
-
-def _names_a_value(in_json: Mapping[str, tuple[set[str], list[str]]], key: str, text: str | None) -> int:
-    """Whether `text` contains one of the values of `key` as a JSON string ("<json>")."""
-    if not text or '"' not in text:
-        return 0
-    unquoted, quoted = in_json.get(key, (set(), []))
-    if not unquoted.isdisjoint(text.split('"')[1:-1]):
-        return 1
-    return int(any(f'"{piece}"' in text for piece in quoted))
 
 
 @dataclass(frozen=True)
