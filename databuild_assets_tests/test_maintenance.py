@@ -141,6 +141,71 @@ def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_
     assert [t.tombstone_id for t in read_tombstones(spark, lake) if t.pending] == [late.tombstone_id]
 
 
+def test_after_a_purge_the_filtered_log_and_the_projections_follow_the_raw_log_without_a_rebuild(spark, two_builds):
+    # The purge removed only events the filtered log hides already: its commit is read past, and
+    # the next landing of events folds in as usual (a rebuild would read the whole log).
+    lake = two_builds
+    refresh_filtered_log(spark, lake)
+    refresh_all_projections(spark, lake)
+    request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 5")
+    compact(spark, lake)
+    append_events(spark, lake, one_partition_build("br-c", "data/new/c", 30))
+
+    after = refresh_filtered_log(spark, lake)
+    projections = refresh_all_projections(spark, lake, rule=FOLD)
+
+    assert (after.mode, after.inserted, after.deleted) == ("incremental", 3, 0)
+    assert "1 purges of hidden events read past" in after.reason, after.reason
+    assert {result.mode for result in projections.values()} == {"incremental"}
+    assert event_ids(spark, lake.table_path(FILTERED_EVENT_LOG)) == event_ids(spark, lake.table_path(RAW_EVENT_LOG))
+    assert event_ids(spark, lake.table_path(RAW_EVENT_LOG)) == [
+        "br-b-1",
+        "br-b-2",
+        "br-b-3",
+        "br-c-1",
+        "br-c-2",
+        "br-c-3",
+    ]
+
+    def read_models() -> dict[str, list]:
+        return {
+            p.name: sorted(
+                map(
+                    str,
+                    spark.read.format("delta")
+                    .load(lake.table_path(projection_spec(p)))
+                    .select(*p.schema.names)
+                    .collect(),
+                )
+            )
+            for p in PROJECTIONS.values()
+        }
+
+    folded = read_models()
+    refresh_all_projections(spark, lake, full=True)
+    assert read_models() == folded
+
+
+def test_a_purge_that_rewrote_a_file_the_filtered_log_has_not_read_yet_makes_it_rebuild(spark, two_builds):
+    # Events landed after the filtered log's last refresh, in the file the purge then rewrote: the
+    # rows it kept are in no file the filtered log would read as added, so it rebuilds.
+    lake = two_builds
+    refresh_filtered_log(spark, lake)
+    append_events(
+        spark, lake, one_partition_build("br-c", "data/new/c", 30) + one_partition_build("br-d", "data/new/d", 40)
+    )
+    request_erasure(spark, lake, "build_request_id", "br-c", actor="alice", reason="ticket 6")
+    tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
+    purge_events(spark, lake, RAW_EVENT_LOG, read_tombstones(spark, lake), tombstones_version=tombstones_version)
+
+    result = refresh_filtered_log(spark, lake)
+
+    assert result.mode == "full" and "removed data" in result.reason, result
+    assert event_ids(spark, lake.table_path(FILTERED_EVENT_LOG)) == [
+        "br-a-1", "br-a-2", "br-a-3", "br-b-1", "br-b-2", "br-b-3", "br-d-1", "br-d-2", "br-d-3"
+    ]  # fmt: skip
+
+
 def test_compaction_packs_the_small_files_that_refreshes_leave_in_the_projections(spark, two_builds):
     lake = two_builds
     partition_state = PROJECTIONS["partition_state"]

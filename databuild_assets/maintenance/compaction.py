@@ -13,10 +13,12 @@ match, and purged now, or the raw log would keep them for good):
 3. run the same purge on the real table: a MERGE on event_id that deletes the matched rows.
    With deletion vectors off (on every table of ours), Delta rewrites the files that held them, so
    the rows leave the live Parquet files. The MERGE retries on Delta's conflicts, so appends
-   that land meanwhile are neither lost nor failed. It names no erased value in the commit.
+   that land meanwhile are neither lost nor failed. It names no erased value in the commit; it
+   records the tombstones version it applied, so the filtered log, which hides those events
+   already, reads past the raw log's purge instead of rebuilding (runtime/commits.py).
 
-The projections are then refreshed (their source, the filtered log, removed data, so they
-rebuild in full and their live files no longer hold the values). Then OPTIMIZE bin-packs
+The projections are then refreshed (in full when their source, the filtered log, removed data
+since their last refresh: their live files then no longer hold the values). Then OPTIMIZE bin-packs
 closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
 small tables and the projections (whose refreshes leave a few small files each). Then every
 ingested landing file and archived landing file that holds a line any tombstone matches is
@@ -52,7 +54,7 @@ from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.commits import find_commit
+from databuild_assets.runtime.commits import PURGE, find_commit
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     TableSize,
@@ -127,12 +129,19 @@ def _drop_dir(spark: SparkSession, path: str) -> None:
     hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
 
 
-def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) -> tuple[int, int]:
-    """Delete the rows of `event_ids` from the table at `path`: (rows deleted, files rewritten)."""
+def _delete_by_event_id(
+    spark: SparkSession, path: str, event_ids: DataFrame, tombstones_version: int | None
+) -> tuple[int, int]:
+    """Delete the rows of `event_ids` from the table at `path`: (rows deleted, files rewritten).
+    The commit records the version of the tombstones whose events these are, if given: the
+    filtered log then knows it hides them already, and reads past the commit (`log_changes`)."""
     token = uuid.uuid4().hex
+    metadata = (
+        {PURGE: token} if tombstones_version is None else {PURGE: token, "tombstones_version": tombstones_version}
+    )
 
     def delete() -> Row:
-        with commit_lock(path), session_settings(spark, {USER_METADATA: json.dumps({"purge": token})}):
+        with commit_lock(path), session_settings(spark, {USER_METADATA: json.dumps(metadata)}):
             return (
                 DeltaTable.forPath(spark, path)
                 .alias("t")
@@ -143,7 +152,7 @@ def _delete_by_event_id(spark: SparkSession, path: str, event_ids: DataFrame) ->
             )
 
     metrics = retry_on_conflict(delete, what=f"purge erased events from {path}")
-    found = find_commit(spark, path, lambda metadata: metadata == {"purge": token})
+    found = find_commit(spark, path, lambda recorded: recorded == metadata)
     rewritten = int(((found[1].get("operationMetrics") or {}) if found else {}).get("numTargetFilesRemoved", 0))
     return int(metrics["num_deleted_rows"]), rewritten
 
@@ -164,9 +173,16 @@ def _partitions_holding(table: DataFrame, spec: TableSpec, event_ids: DataFrame)
 
 
 def purge_events(
-    spark: SparkSession, lake: Lake, spec: TableSpec, tombstones: list[Tombstone], event_ids: DataFrame | None = None
+    spark: SparkSession,
+    lake: Lake,
+    spec: TableSpec,
+    tombstones: list[Tombstone],
+    event_ids: DataFrame | None = None,
+    tombstones_version: int | None = None,
 ) -> Purge:
     """Remove every row of the event table `spec` that `tombstones` match; verified on a clone first.
+    `tombstones_version`: the tombstones table's version `tombstones` were read at, recorded in
+    the purge's commit.
 
     `event_ids` (what to delete) defaults to what the tombstone rule selects; the check compares
     the dry run's result with the rule, so a wrong id set fails before the real table changes.
@@ -190,7 +206,7 @@ def purge_events(
         clone = f"{scratch}/{spec.name}"
         try:
             spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{path}` VERSION AS OF {version}")
-            _delete_by_event_id(spark, clone, ids)
+            _delete_by_event_id(spark, clone, ids, tombstones_version)
             dry_run = spark.read.format("delta").load(clone).where(scope)
             kept, still_matching = _checksum(dry_run), dry_run.where(event_matches(tombstones)).count()
             if kept != expected or still_matching:
@@ -199,7 +215,7 @@ def purge_events(
                     f"(checksum {kept.checksum}), {still_matching} of them matching a tombstone; expected "
                     f"{expected.rows} rows (checksum {expected.checksum}) and none matching. The table is unchanged."
                 )
-            deleted, rewritten = _delete_by_event_id(spark, path, ids)
+            deleted, rewritten = _delete_by_event_id(spark, path, ids, tombstones_version)
             files = len(at_version.inputFiles())  # from the snapshot at `version`: no data read
             log.info(
                 "%s: purged %d rows for %d tombstones, rewrote %d of %d files (dry run at v%d verified)",
@@ -306,7 +322,7 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
         for spec in EVENT_TABLES:
             if spec in tables:
-                purged[spec.name] = purge_events(spark, lake, spec, to_purge)
+                purged[spec.name] = purge_events(spark, lake, spec, to_purge, tombstones_version=tombstones_version)
         purged[EVENT_QUARANTINE.name] = Purge({"lines": purge_quarantine(spark, lake, to_purge)})
         refresh_all_projections(spark, lake)
 

@@ -5,8 +5,10 @@ compaction purges it from the raw log. A refresh pins the raw log and tombstones
 one commit, inserts the raw rows appended since its last run that no tombstone matches and deletes
 the rows that tombstones new since then match: a MERGE keyed by event_id, or, when no tombstone is
 new (a landing file's run), an idempotent append. The versions it reflects are recorded in that
-commit's userMetadata. It rebuilds in full when the raw log's commits removed data (compaction's
-purge), when they are no longer on disk, or when asked.
+commit's userMetadata. Compaction's purges of the raw log are read past: they removed only events
+of tombstones this table applies (their commits say which version), and re-added the rest of the
+files they rewrote, rows this table holds. It rebuilds in full when other raw log commits removed
+data (a repair, a replaced table), when they are no longer on disk, or when asked.
 
 The MERGE keys on event_id, so neither an erased value nor a predicate naming it appears in
 the Delta log's commit information."""
@@ -127,13 +129,18 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
             )
     if reason is None:
         try:
-            changes = log_changes(session, raw_path, raw_before, raw_version)
+            changes = log_changes(
+                session, raw_path, raw_before, raw_version, hidden_tombstones_version=tombstones_version
+            )
         except LogVersionsUnavailable as error:
             reason = str(error)
         else:
             if changes.removed_data:
                 reason = f"raw log commits {raw_before + 1}..{raw_version} removed data"
             else:
+                added = f"{len(changes.added_files)} raw files added" + (
+                    f" ({changes.purges} purges of hidden events read past)" if changes.purges else ""
+                )
                 new_tombstones = []
                 if tombstones_before != tombstones_version:  # else none is new: no second read
                     known = {t.tombstone_id for t in read_tombstones(session, lake, tombstones_before)}
@@ -146,9 +153,7 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                 if not new_tombstones:  # the landing path: new events only, nothing to delete
                     appended = append_new_events(session, path, inserts.drop("_action"), raw_version, metadata)
                     if appended is not None:
-                        return done(
-                            "incremental", f"{len(changes.added_files)} raw files added, 0 new tombstones", appended
-                        )
+                        return done("incremental", f"{added}, 0 new tombstones", appended)
                     # Delta skipped it, its id saying this raw version was appended already (a refresh
                     # racing this one, or a raw log replaced since): the MERGE checks each event id.
                 current = session.read.format("delta").load(path)
@@ -176,7 +181,7 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                     )
                 return done(
                     "incremental",
-                    f"{len(changes.added_files)} raw files added, {len(new_tombstones)} new tombstones",
+                    f"{added}, {len(new_tombstones)} new tombstones",
                     int(metrics["num_inserted_rows"]),
                     int(metrics["num_deleted_rows"]),
                 )

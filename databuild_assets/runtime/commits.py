@@ -27,7 +27,8 @@ from databuild_assets.runtime.lake import is_local
 
 @dataclass(frozen=True)
 class LogChanges:
-    """What the log's commits in (from_version, to_version] did to its data."""
+    """What the log's commits in (from_version, to_version] did to its data: the files they
+    added that are still there at `to_version`, and the files there before that they removed."""
 
     added_files: tuple[str, ...]  # file names (unique: Delta names data files by UUID)
     partition_values: tuple[dict, ...]
@@ -36,61 +37,123 @@ class LogChanges:
     deletion_vectors: bool = False  # an added file has a deletion vector (some rows deleted)
     metadata_changed: bool = False  # a commit changed the table's metadata (schema, properties)
     added_bytes: int = 0  # the added files' size
+    purges: int = 0  # purge commits left out: they removed only rows the reader hides (`log_changes`)
+    # The files the range removed that were there before it, relative to the table's root; their
+    # partition values (None when a remove action did not record them) and size.
+    removed_paths: tuple[str, ...] = ()
+    removed_partition_values: tuple[dict | None, ...] = ()
+    removed_bytes: int = 0
 
 
 class LogVersionsUnavailable(RuntimeError):
     """A commit an incremental refresh needs is gone (log retention); rebuild in full."""
 
 
-def log_changes(spark: SparkSession, log_path: str, from_version: int, to_version: int) -> LogChanges:
-    """Read the add/remove actions of the log's commits after `from_version` up to `to_version`."""
+def log_changes(
+    spark: SparkSession,
+    log_path: str,
+    from_version: int,
+    to_version: int,
+    hidden_tombstones_version: int | None = None,
+) -> LogChanges:
+    """Read the add/remove actions of the log's commits after `from_version` up to `to_version`.
+
+    `hidden_tombstones_version`: the reader hides every event the tombstones at that version
+    match (the filtered log reading the raw log). Then a purge commit of compaction (its
+    userMetadata records `PURGE` and the tombstones version it applied, at most that one) is no
+    change to it: it removed only rows the reader hides, and its adds are the rest of the files it
+    rewrote, rows the reader has already. Its actions are left out, and counted in `purges`.
+    """
     if to_version <= from_version:
         return LogChanges((), (), False)
     commits = [f"{log_path}/_delta_log/{version:020d}.json" for version in range(from_version + 1, to_version + 1)]
     try:
-        lines = _commit_lines(spark, log_path, commits)
+        per_commit = _commit_actions(spark, log_path, commits)
     except Exception as error:  # Spark's "path does not exist" is an AnalysisException
         if "PATH_NOT_FOUND" in str(error) or "does not exist" in str(error):
             raise LogVersionsUnavailable(
                 f"{log_path}: commits {from_version + 1}..{to_version} are not all readable ({error})"
             ) from error
         raise
-    added, partition_values, removed_data, paths, deletion_vectors, metadata_changed = [], [], False, [], False, False
-    added_bytes = 0
-    for line in lines:
-        action = json.loads(line)
-        if "add" in action and action["add"].get("dataChange", True):
-            paths.append(unquote(action["add"]["path"]))
-            added.append(paths[-1].rsplit("/", 1)[-1])
-            partition_values.append(action["add"].get("partitionValues") or {})
-            deletion_vectors |= bool(action["add"].get("deletionVector"))
-            added_bytes += int(action["add"].get("size") or 0)
-        elif "remove" in action and action["remove"].get("dataChange", True):
-            removed_data = True
-        metadata_changed |= "metaData" in action
+    adds: list[dict] = []
+    removes: list[dict] = []
+    removed_data = deletion_vectors = metadata_changed = False
+    purges = 0
+    for actions in per_commit:
+        added_so_far = [unquote(add["path"]) for add in adds]
+        if hidden_tombstones_version is not None and _purge_of_hidden_rows(
+            actions, hidden_tombstones_version, added_so_far
+        ):
+            purges += 1
+            continue
+        for action in actions:
+            if "add" in action and action["add"].get("dataChange", True):
+                adds.append(action["add"])
+                deletion_vectors |= bool(action["add"].get("deletionVector"))
+            elif "remove" in action and action["remove"].get("dataChange", True):
+                removes.append(action["remove"])
+                removed_data = True
+                deletion_vectors |= bool(action["remove"].get("deletionVector"))
+            metadata_changed |= "metaData" in action
+    # Net of the range: a file added and removed again within it is in neither list.
+    removed_paths = {unquote(remove["path"]) for remove in removes}
+    added_paths = {unquote(add["path"]) for add in adds}
+    adds = [add for add in adds if unquote(add["path"]) not in removed_paths]
+    removes = [remove for remove in removes if unquote(remove["path"]) not in added_paths]
     return LogChanges(
-        tuple(added),
-        tuple(partition_values),
+        tuple(unquote(add["path"]).rsplit("/", 1)[-1] for add in adds),
+        tuple(add.get("partitionValues") or {} for add in adds),
         removed_data,
-        tuple(paths),
+        tuple(unquote(add["path"]) for add in adds),
         deletion_vectors,
         metadata_changed,
-        added_bytes,
+        sum(int(add.get("size") or 0) for add in adds),
+        purges,
+        tuple(unquote(remove["path"]) for remove in removes),
+        tuple(remove.get("partitionValues") for remove in removes),
+        sum(int(remove.get("size") or 0) for remove in removes),
     )
 
 
-def _commit_lines(spark: SparkSession, log_path: str, commits: list[str]) -> list[str]:
-    """The lines of the commit files `commits`: read here on a local disk, by Spark elsewhere."""
+# The userMetadata key of compaction's purge commits (maintenance/compaction.py), beside
+# "tombstones_version": the version of the tombstones whose events it removed.
+PURGE = "purge"
+
+
+def _purge_of_hidden_rows(actions: list[dict], hidden_tombstones_version: int, added_since: list[str]) -> bool:
+    """Whether a commit (its actions) is a purge of the events of tombstones at a version at most
+    `hidden_tombstones_version` that changes no metadata and rewrites only files older than the
+    range read (none of `added_since`): the rows it keeps are then rows the reader has already."""
+    info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+    metadata = _parse_metadata(info.get("userMetadata"))
+    applied = metadata.get("tombstones_version")
+    if PURGE not in metadata or not isinstance(applied, int) or applied > hidden_tombstones_version:
+        return False
+    new = set(added_since)
+    return not any(
+        "metaData" in action or "protocol" in action or unquote(action.get("remove", {}).get("path", "")) in new
+        for action in actions
+    )
+
+
+def _commit_actions(spark: SparkSession, log_path: str, commits: list[str]) -> list[list[dict]]:
+    """The actions of each of the commit files `commits`, in order: read here on a local disk,
+    by Spark elsewhere."""
     if not is_local(log_path):
-        return [row.value for row in spark.read.text(commits).collect()]
-    lines = []
+        rows = spark.read.text(commits).select("value", F.col("_metadata.file_path").alias("file")).collect()
+        by_file: dict[str, list[dict]] = {}
+        for row in rows:
+            if row.value.strip():
+                by_file.setdefault(row.file.rsplit("/", 1)[-1], []).append(json.loads(row.value))
+        return [by_file.get(commit.rsplit("/", 1)[-1], []) for commit in commits]
+    per_commit = []
     for commit in commits:
         local = commit.removeprefix("file://").removeprefix("file:")
         if not os.path.exists(local):
             raise FileNotFoundError(f"[PATH_NOT_FOUND] {commit} does not exist")
         with open(local, encoding="utf-8") as handle:
-            lines.extend(line for line in handle.read().splitlines() if line.strip())
-    return lines
+            per_commit.append([json.loads(line) for line in handle.read().splitlines() if line.strip()])
+    return per_commit
 
 
 def rows_added(log_at_version: DataFrame, changes: LogChanges) -> DataFrame:
@@ -119,10 +182,45 @@ def read_rows_added(spark: SparkSession, log_path: str, log_at_version: DataFram
         or _column_mapping(spark, log_path)
     ):
         return rows_added(log_at_version, changes)
-    partition_columns = sorted({column for values in changes.partition_values for column in values})
-    data_schema = StructType([field for field in log_at_version.schema if field.name not in partition_columns])
+    return _read_files(spark, log_path, log_at_version.schema, changes.added_paths, changes.partition_values)
+
+
+def read_rows_removed(spark: SparkSession, log_path: str, schema: StructType, changes: LogChanges) -> DataFrame | None:
+    """The rows of the files `changes` removed (`removed_paths`), read straight from them while
+    vacuum has not deleted them: what a delete or an erasure took out of the log, with the rows
+    it kept (which are also in files `changes` added). None when they cannot be read exactly:
+    a file gone, a remove action without its partition values, deletion vectors, column mapping,
+    a metadata change."""
+    if (
+        changes.deletion_vectors
+        or changes.metadata_changed
+        or any(values is None for values in changes.removed_partition_values)
+        or _column_mapping(spark, log_path)
+        or not all(_exists(spark, f"{log_path.rstrip('/')}/{path}") for path in changes.removed_paths)
+    ):
+        return None
+    if not changes.removed_paths:
+        return spark.createDataFrame([], schema)
+    return _read_files(spark, log_path, schema, changes.removed_paths, changes.removed_partition_values)
+
+
+def _exists(spark: SparkSession, path: str) -> bool:
+    if is_local(path):
+        return os.path.exists(path.removeprefix("file://").removeprefix("file:"))
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path)
+
+
+def _read_files(
+    spark: SparkSession, log_path: str, schema: StructType, paths: tuple[str, ...], partition_values: tuple
+) -> DataFrame:
+    """The rows of the table's data files `paths` (relative to its root) in the table's `schema`,
+    their partition columns (kept in the Delta log, not in the files) from `partition_values`."""
+    partition_columns = sorted({column for values in partition_values for column in values})
+    data_schema = StructType([field for field in schema if field.name not in partition_columns])
     files_by_partition: dict[tuple, list[str]] = {}
-    for path, values in zip(changes.added_paths, changes.partition_values, strict=True):
+    for path, values in zip(paths, partition_values, strict=True):
         files_by_partition.setdefault(tuple(values.get(column) for column in partition_columns), []).append(
             f"{log_path.rstrip('/')}/{path}"
         )
@@ -130,8 +228,8 @@ def read_rows_added(spark: SparkSession, log_path: str, log_at_version: DataFram
     for values, files in sorted(files_by_partition.items(), key=lambda item: str(item[0])):
         frame = spark.read.schema(data_schema).parquet(*files)
         for column, value in zip(partition_columns, values, strict=True):
-            frame = frame.withColumn(column, F.lit(value).cast(log_at_version.schema[column].dataType))
-        frames.append(frame.select(*log_at_version.columns))
+            frame = frame.withColumn(column, F.lit(value).cast(schema[column].dataType))
+        frames.append(frame.select(*schema.names))
     return reduce(DataFrame.unionByName, frames)
 
 
