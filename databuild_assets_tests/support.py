@@ -5,6 +5,7 @@ modules import this module (and bel_cases, the BuildEventLog specification), nev
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ TEST_SPARK_SETTINGS = SparkSettings(
 )
 
 # The tests' logs are tiny, and by default a refresh rebuilds a small log (`RebuildRule`). The tests
-# of the fold fold as they would into a large log.
-FOLD = RebuildRule(small_log_bytes=0)
+# of the fold, and of the recompute after a removal, fold and recompute as they would in a large log.
+FOLD = RebuildRule(small_log_bytes=0, recompute_share=math.inf)
 
 
 def lakehouse_for(lake: Lake) -> LakehouseResource:

@@ -180,7 +180,8 @@ def test_a_fold_over_rows_another_refresh_changed_commits_nothing_and_the_refres
     # A refresh that read the table before that one committed, and folds the same commit in again.
     log = spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG))
     with pytest.raises(ConcurrentRefresh, match="another refresh"):
-        fold_in(spark, path, PARTITION_STATE, read_at, log.where("event_id = 'p2'"), 1, 2)
+        new = log.where("event_id = 'p2'")
+        fold_in(spark, path, PARTITION_STATE, read_at, lambda stored: PARTITION_STATE.fold(stored, new), 1, 2)
     assert current_version(spark, path) == changed_at
     [row] = stored_rows(spark, lake, PARTITION_STATE)
     assert row["event_count"] == 2  # not 3
@@ -270,15 +271,41 @@ def test_a_fold_rewrites_the_file_holding_a_row_it_replaces_and_adds_no_deletion
     assert stored_rows(spark, lake, PARTITION_STATE) == rebuilt_rows(spark, lake, PARTITION_STATE)
 
 
-def test_log_commits_that_remove_events_force_a_full_rebuild_without_the_removed_keys(spark, lake):
-    append_events(spark, lake, [partition_event_at("p1", ref="data/a"), partition_event_at("p2", 1, ref="data/b")])
-    refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
-    spark.sql(f"DELETE FROM delta.`{lake.table_path(RAW_EVENT_LOG)}` WHERE event_id = 'p2'")
+def test_log_commits_that_remove_events_make_a_refresh_recompute_the_keys_they_touch(spark, lake, workload):
+    # An erasure's delete: no state can take an event out, so the keys the removed and added
+    # events touch are computed again from the log; equal to a rebuild, a key with no event left gone.
+    # A job run of br-x whose later events are in br-y: without its first event, br-y owns it.
+    owner, heir = one_partition_build("br-x", "data/x", 0), one_partition_build("br-y", "data/x", 10)
+    heir[1]["job_event"]["job_run_id"] = heir[2]["partition_event"]["job_run_id"] = "br-x-job"
+    append_events(spark, lake, workload + owner + heir)
+    refresh_all(spark, lake)
+    log_path = lake.table_path(RAW_EVENT_LOG)
+    build_request = workload[700]["build_request_id"]
+    # Every 7th event, one build request whole, the run's first event, and new events in the same range.
+    spark.sql(
+        f"DELETE FROM delta.`{log_path}` "
+        f"WHERE abs(hash(event_id)) % 7 = 0 AND event_id NOT LIKE 'br-%' "
+        f"OR build_request_id = '{build_request}' OR event_id = 'br-x-2'"
+    )
+    append_events(spark, lake, list(generate_events(200, seed=12)))
 
-    result = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    results = refresh_projections(spark, lake, PROJECTIONS.values(), RAW_EVENT_LOG, rule=FOLD)
 
-    assert (result.mode, result.reason) == ("full", "log commits 2..2 removed data")
-    assert [row["partition_ref"] for row in stored_rows(spark, lake, PARTITION_STATE)] == ["data/a"]
+    for projection in PROJECTIONS.values():
+        result = results[projection.name]
+        assert (result.mode, result.reason) == (
+            "incremental",
+            "log commits 2..3 removed data: the keys they touch recomputed",
+        )
+        assert stored_rows(spark, lake, projection) == rebuilt_rows(spark, lake, projection), projection.name
+    requests = {row["build_request_id"]: row for row in stored_rows(spark, lake, PROJECTIONS["build_requests"])}
+    assert build_request not in requests
+    completed = [requests[br]["job_run_counts"]["JOB_COMPLETED"] for br in ("br-x", "br-y")]
+    assert completed == [0, 1]
+    # Under the rule's floor a log is rebuilt, removals or not.
+    spark.sql(f"DELETE FROM delta.`{log_path}` WHERE abs(hash(event_id)) % 5 = 0")
+    small = refresh_projection(spark, lake, PARTITION_STATE, RAW_EVENT_LOG)
+    assert small.mode == "full" and small.reason.startswith("log commits 4..4 removed data; the log holds"), small
 
 
 def test_log_commits_no_longer_on_disk_force_a_full_rebuild(spark, lake):

@@ -224,6 +224,32 @@ def fold(states: DataFrame, events: DataFrame) -> DataFrame:
     )
 
 
+def affected(states: DataFrame, log: DataFrame, changed: DataFrame) -> DataFrame:
+    """The requests whose rows the `changed` events can change: the requests they belong to, and
+    the owners, before and after, of the job runs they touch (removing a run's first event hands
+    the run to the request of its next one)."""
+    runs = job_runs.keys_of(changed)
+    owned = states.select(F.col(KEY).alias("owner"), F.explode(F.col(f"{STATE}.job_runs")).alias("job_run_id", "run"))
+    owners_before = stored_states_of(owned, runs).select(F.col("owner").alias(KEY))
+    candidates_after = stored_states_of(log.select(KEY, job_runs.job_run_id_of_event().alias("job_run_id")), runs)
+    return keys_of(changed).union(owners_before).union(candidates_after.select(KEY)).distinct()
+
+
+def events_of(log: DataFrame, keys: DataFrame) -> DataFrame:
+    """The events a request's row is computed from: its own, and every event of each job run that
+    has one of its own (the run's first event decides which request owns it)."""
+    with_run = log.withColumn("_run", job_runs.job_run_id_of_event())
+    mine = F.broadcast(keys.select(F.col(KEY), F.lit(True).alias("_mine")))
+    runs = with_run.join(mine, KEY, "left_semi").where(F.col("_run").isNotNull()).select("_run").distinct()
+    of_my_runs = F.broadcast(runs.withColumn("_of_my_runs", F.lit(True)))
+    return (
+        with_run.join(mine, KEY, "left")
+        .join(of_my_runs, "_run", "left")
+        .where(F.col("_mine") | F.col("_of_my_runs"))
+        .drop("_run", "_mine", "_of_my_runs")
+    )
+
+
 def finish(state: Column) -> list[Column]:
     """A build_requests row (after its key) from its state."""
     status, cancel = state["status"], state["cancel"]
@@ -261,4 +287,6 @@ BUILD_REQUESTS = Projection(
     fold=fold,
     finish=finish,
     keys_of=keys_of,
+    affected=affected,
+    events_of=events_of,
 )

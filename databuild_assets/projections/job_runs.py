@@ -20,6 +20,7 @@ from databuild_assets.projections.projection import (
     codes,
     column,
     event_with,
+    events_by_key,
     first,
     fold_state,
     later,
@@ -111,6 +112,8 @@ def _state() -> tuple[Column, Merge]:
 
 # The state of each job run in some events, and the fold of new events into stored states.
 aggregate, fold = by_key(KEY, job_run_id_of_event, _state)
+# The keys that changed events touch, and the events a key's row is computed from.
+affected, events_of = events_by_key(job_run_id_of_event, keys_of)
 
 
 def status_of(status: Column, cancel: Column) -> Column:
@@ -149,4 +152,6 @@ JOB_RUNS = Projection(
     fold=fold,
     finish=finish,
     keys_of=keys_of,
+    affected=affected,
+    events_of=events_of,
 )

@@ -19,6 +19,7 @@ from databuild_assets.projections.projection import (
     by_key,
     column,
     event_with,
+    events_by_key,
     fold_state,
     later,
     latest,
@@ -123,6 +124,8 @@ def _state() -> tuple[Column, Merge]:
 
 # The state of each partition_ref in some events, and the fold of new events into stored states.
 aggregate, fold = by_key(KEY, partition_ref_of_event, _state)
+# The keys that changed events touch, and the events a key's row is computed from.
+affected, events_of = events_by_key(partition_ref_of_event, keys_of)
 
 
 def finish(state: Column) -> list[Column]:
@@ -159,4 +162,6 @@ PARTITION_STATE = Projection(
     fold=fold,
     finish=finish,
     keys_of=keys_of,
+    affected=affected,
+    events_of=events_of,
 )

@@ -43,6 +43,11 @@ class Projection:
       from a state.
     - `keys_of(events)`: the distinct, non-null `key` values that `events` touch, as a
       one-column DataFrame whose column is named after `key` (e.g. "partition_ref").
+    - `affected(states, log, changed)`: the keys whose rows can differ once the events `changed`
+      are added to or removed from the log (`log`: the log after the change; `states`: the stored
+      states, as in `fold`), as `keys_of` gives them.
+    - `events_of(log, keys)`: the events of `log` that the rows of `keys` (as `keys_of` gives
+      them) are computed from: `aggregate` of them gives those keys' rows exactly.
 
     So for any split of the log into `old` and `new` events:
 
@@ -51,7 +56,9 @@ class Projection:
 
     which is what an incremental refresh relies on: it reads the new events and the stored
     states of their keys, never the rest of the log. A late event (an older timestamp in a newer
-    commit) needs nothing special: "latest" and "first" compare positions, not arrival.
+    commit) needs nothing special: "latest" and "first" compare positions, not arrival. States
+    cannot take an event out, so when events leave the log (an erasure) a refresh recomputes the
+    `affected` keys from their `events_of` the log instead.
 
     `events` may carry more columns than `EVENT_SCHEMA` (the raw log's event_date, source_*):
     they are ignored.
@@ -64,6 +71,8 @@ class Projection:
     fold: Callable[[DataFrame, DataFrame], DataFrame]
     finish: Callable[[Column], list[Column]]
     keys_of: Callable[[DataFrame], DataFrame]
+    affected: Callable[[DataFrame, DataFrame, DataFrame], DataFrame]
+    events_of: Callable[[DataFrame, DataFrame], DataFrame]
 
     def rows(self, states: DataFrame) -> DataFrame:
         """The read model's rows (the columns of `schema`) of `states` (`key`, `STATE`)."""
@@ -101,6 +110,26 @@ def by_key(
         return new.join(old, key, "left").select(F.col(key), merged.alias(STATE))
 
     return aggregate, fold
+
+
+def events_by_key(
+    key_of_event: Callable[[], Column], keys_of: Callable[[DataFrame], DataFrame]
+) -> tuple[Callable[[DataFrame, DataFrame, DataFrame], DataFrame], Callable[[DataFrame, DataFrame], DataFrame]]:
+    """`affected` and `events_of` of a projection whose rows depend on their own key's events
+    only: the keys of the changed events, and the events whose `key_of_event()` is one of them."""
+
+    def affected(_states: DataFrame, _log: DataFrame, changed: DataFrame) -> DataFrame:
+        return keys_of(changed)
+
+    def events_of(log: DataFrame, keys: DataFrame) -> DataFrame:
+        wanted = keys.select(F.col(keys.columns[0]).alias("_recomputed_key"))
+        return (
+            log.withColumn("_recomputed_key", key_of_event())
+            .join(F.broadcast(wanted), "_recomputed_key", "left_semi")
+            .drop("_recomputed_key")
+        )
+
+    return affected, events_of
 
 
 def stored_states_of(states: DataFrame, keys: DataFrame) -> DataFrame:

@@ -18,19 +18,25 @@ it meanwhile, the MERGE fails before it commits and this refresh rebuilds in ful
 refresh that changes no rows gets no data commit (Delta skips empty ones), so it records the
 version in a metadata-only commit (a table property); otherwise every later refresh would redo it.
 
+Commits that removed events (an erasure's delete) cannot be folded in: a state cannot take an
+event out. Then the refresh reads the files they removed (still on disk until vacuum) and added,
+finds the events taken out or put in, and computes the rows of the keys those touch again from
+all of those keys' events in the log (`Projection.affected`, `Projection.events_of`); a key with
+no event left loses its row. Its cost follows those keys and a scan of the log, not a rebuild's
+aggregate and write of every row.
+
 A full rebuild happens when asked, when the projection is missing or records no version, when
 its table predates the fold state or holds one of another layout (another release's), when the
-commits since then are no longer readable (log cleanup), when they removed data (erasure or a
-rewrite: not appends, and a rebuild is the simple correct answer), when a rebuild is the cheaper
-way to the same rows (`RebuildRule`: a small log, or a backfill), or when a concurrent refresh got
-in the way (above).
+commits since then are no longer readable (log cleanup), when the files removed data was in are
+gone, when a rebuild is the cheaper way to the same rows (`RebuildRule`: a small log, or a
+backfill), or when a concurrent refresh got in the way (above).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -41,7 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StructField, StructType
 
 from databuild_assets.events.schema import EVENT_SCHEMA
-from databuild_assets.projections.projection import STATE, STATE_LOG_VERSION, Projection, column
+from databuild_assets.projections.projection import STATE, STATE_LOG_VERSION, Projection, column, stored_states_of
 from databuild_assets.runtime.commits import (
     LogChanges,
     LogVersionsUnavailable,
@@ -49,6 +55,7 @@ from databuild_assets.runtime.commits import (
     latest_commit_metadata_at,
     log_changes,
     read_rows_added,
+    read_rows_removed,
 )
 from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
@@ -84,12 +91,19 @@ class RebuildRule:
       floor keeps small batches on the fold, which does not write a whole new copy of the table
       for each (docs/decisions/0012-rebuild-rule.md).
 
-    `RebuildRule(small_log_bytes=0)` folds into a log of any size (tests of the fold use it).
+    - Commits that removed data from files holding at least `recompute_share` of the log's
+      bytes (an overwrite, an erasure of most of the log): a recompute of the keys they touch
+      would read most of the log twice and touch most keys. An erasure's delete rewrites the
+      files (dates) holding the erased events, whatever their size, so the bar is high.
+
+    `RebuildRule(small_log_bytes=0, recompute_share=math.inf)` folds into a log of any size and
+    recomputes after any removal (the tests of both use it).
     """
 
     small_log_bytes: int = 1 * MiB
     backfill_share: float = 0.10
     backfill_min_bytes: int = 16 * MiB
+    recompute_share: float = 0.5
 
     def reason_to_rebuild(self, added_bytes: int, log_bytes: int, commits: str) -> str | None:
         """Why new commits (`commits`, e.g. "log commits 4..6") adding `added_bytes` to a log of
@@ -103,6 +117,18 @@ class RebuildRule:
             return (
                 f"{commits} added {added_bytes:,} of the log's {log_bytes:,} bytes, at least "
                 f"{self.backfill_share:.0%}: a rebuild is cheaper than a fold"
+            )
+        return None
+
+    def reason_not_to_recompute(self, removed_bytes: int, log_bytes: int, commits: str) -> str | None:
+        """Why commits (`commits`) that removed data from files of `removed_bytes` are better
+        rebuilt than recomputed key by key; None when a recompute is cheaper."""
+        if log_bytes < self.small_log_bytes:
+            return self.reason_to_rebuild(0, log_bytes, commits)
+        if removed_bytes >= self.recompute_share * log_bytes:
+            return (
+                f"they removed files of {removed_bytes:,} bytes, at least {self.recompute_share:.0%} of the "
+                f"log's {log_bytes:,}: a rebuild is cheaper than a recompute"
             )
         return None
 
@@ -273,14 +299,15 @@ def fold_in(
     path: str,
     projection: Projection,
     table_version: int,
-    new_events: DataFrame,
+    states_of: Callable[[DataFrame], DataFrame],
     processed: int,
     log_version: int,
 ) -> int:
-    """Fold `new_events` (the log's rows added after version `processed`, up to `log_version`)
-    into the projection's rows as of `table_version` (the version that recorded `processed`),
-    MERGE the changed rows in and return how many keys they are. Raises ConcurrentRefresh,
-    having committed nothing, when a row to replace is no longer the one read."""
+    """MERGE the states `states_of(stored)` computes from the projection's stored states as of
+    `table_version` (the version that recorded `processed`) into its rows as log version
+    `log_version`; a key whose new state is null has no event left: its row is deleted. Returns
+    how many keys it changed. Raises ConcurrentRefresh, having committed nothing, when a row to
+    replace is no longer the one read."""
     key = projection.key
     # Not kept: a by-key fold reads it once; build_requests' fold keeps what it reads more than once.
     stored = session.read.format("delta").option("versionAsOf", table_version).load(path)
@@ -288,12 +315,10 @@ def fold_in(
     read = stored.select(F.col(key), F.col(STATE_LOG_VERSION).alias("_read_log_version"))
     # Not kept either: MERGE materializes its source once itself (it is not a plain Delta read),
     # and reports the rows it wrote.
-    rows = table_rows(projection, projection.fold(stored, new_events), log_version).join(read, key, "left")
+    rows = table_rows(projection, states_of(stored), log_version).join(read, key, "left")
     read_version = F.col("fresh._read_log_version")
     unchanged = F.col(f"current.`{STATE_LOG_VERSION}`").eqNullSafe(read_version) & (read_version <= processed)
-    guarded_version = F.when(unchanged, F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
-        F.raise_error(F.lit(ROW_CHANGED))
-    )
+    gone = F.col(f"fresh.`{STATE}`").isNull()
     inserted_version = F.when(read_version.isNull(), F.col(f"fresh.`{STATE_LOG_VERSION}`")).otherwise(
         F.raise_error(F.lit(ROW_CHANGED))  # the row was there when read, and is gone
     )
@@ -306,8 +331,11 @@ def fold_in(
                     DeltaTable.forPath(session, path)
                     .alias("current")
                     .merge(rows.alias("fresh"), f"current.`{key}` = fresh.`{key}`")
-                    .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": guarded_version})
-                    .whenNotMatchedInsert(values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
+                    # The first clause whose condition holds applies: a changed row fails the MERGE.
+                    .whenMatchedUpdate(~unchanged, set={f"`{STATE_LOG_VERSION}`": F.raise_error(F.lit(ROW_CHANGED))})
+                    .whenMatchedDelete(gone)
+                    .whenMatchedUpdate(set={**values, f"`{STATE_LOG_VERSION}`": F.col(f"fresh.`{STATE_LOG_VERSION}`")})
+                    .whenNotMatchedInsert(~gone, values={**values, f"`{STATE_LOG_VERSION}`": inserted_version})
                     .execute()
                     .first()
                 ),
@@ -319,8 +347,30 @@ def fold_in(
                     f"rows of {projection.name} changed after version {table_version} (another refresh)"
                 ) from error
             raise
-    # Every source row is updated or inserted (the clauses have no conditions).
     return int(metrics["num_affected_rows"])
+
+
+def recompute(projection: Projection, stored: DataFrame, log: DataFrame, changed: DataFrame) -> DataFrame:
+    """(key, STATE) of every key whose row the events `changed` (added to or removed from the
+    log, which is now `log`) can change, computed from all of its events in `log`; STATE null
+    for a key that has none left."""
+    keys = projection.affected(stored, log, changed).localCheckpoint()  # read more than once below
+    if "event_date" in log.columns:
+        # Which dates hold those events: a scan of the columns that pick them (Spark reads no
+        # others), so that the events themselves are read from those date partitions only.
+        dates = [row.event_date for row in projection.events_of(log, keys).select("event_date").distinct().collect()]
+        log = log.where(F.col("event_date").isin(dates))
+    states = stored_states_of(projection.aggregate(projection.events_of(log, keys)), keys)
+    return keys.join(states, projection.key, "left")
+
+
+def changed_events(removed: DataFrame, added: DataFrame) -> DataFrame:
+    """The events that `removed` (the rows of files a range of commits removed) and `added` (of
+    the files it added) do not have in common: those it took out of the log and put in. A delete
+    rewrites whole files, so both hold every row it kept."""
+    return removed.join(added.select("event_id"), "event_id", "left_anti").unionByName(
+        added.join(removed.select("event_id"), "event_id", "left_anti")
+    )
 
 
 def refresh_projections(
@@ -405,7 +455,9 @@ def plan_refresh(
         return RefreshPlan("full", str(error))
     commits = f"log commits {processed + 1}..{log_version}"
     if changes.removed_data:
-        return RefreshPlan("full", f"{commits} removed data")
+        if cheaper := rule.reason_not_to_recompute(changes.removed_bytes, table_bytes(session, source_path), commits):
+            return RefreshPlan("full", f"{commits} removed data; {cheaper}")
+        return RefreshPlan("recompute", f"{commits} removed data: the keys they touch recomputed", changes)
     if not changes.added_files:  # e.g. only compaction commits (dataChange=false)
         return RefreshPlan("up-to-date", f"{commits} added no data")
     if cheaper := rule.reason_to_rebuild(changes.added_bytes, table_bytes(session, source_path), commits):
@@ -469,11 +521,40 @@ def refresh_projection(
     if plan.mode == "up-to-date":
         return done("up-to-date", plan.reason, 0)
     reason = plan.reason
+    if plan.mode == "recompute":
+        removed = read_rows_removed(session, source_path, log_at_version.schema, plan.changes)
+        if removed is None:
+            reason = f"{plan.reason.split(':')[0]}, in files no longer readable as they were"
+        else:
+            added = read_rows_added(session, source_path, log_at_version, plan.changes)
+            changed = changed_events(removed, added)
+            try:
+                keys = fold_in(
+                    session,
+                    path,
+                    projection,
+                    table_version,
+                    lambda stored: recompute(projection, stored, log_at_version, changed),
+                    processed,
+                    log_version,
+                )
+            except ConcurrentRefresh as error:
+                reason = str(error)
+            else:
+                return done("incremental", plan.reason, keys)
     if plan.mode == "incremental":
         # Kept: a fold reads the new events more than once (build_requests: three times).
         new_events = read_rows_added(session, source_path, log_at_version, plan.changes).persist()
         try:
-            keys = fold_in(session, path, projection, table_version, new_events, processed, log_version)
+            keys = fold_in(
+                session,
+                path,
+                projection,
+                table_version,
+                lambda stored: projection.fold(stored, new_events),
+                processed,
+                log_version,
+            )
         except ConcurrentRefresh as error:
             reason = str(error)
         else:
