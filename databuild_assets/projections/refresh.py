@@ -521,45 +521,30 @@ def refresh_projection(
     if plan.mode == "up-to-date":
         return done("up-to-date", plan.reason, 0)
     reason = plan.reason
+    states_of: Callable[[DataFrame], DataFrame] | None = None
+    new_events = None
     if plan.mode == "recompute":
         removed = read_rows_removed(session, source_path, log_at_version.schema, plan.changes)
         if removed is None:
-            reason = f"{plan.reason.split(':')[0]}, in files no longer readable as they were"
+            reason = (
+                f"log commits {processed + 1}..{log_version} removed data, in files no longer readable as they were"
+            )
         else:
-            added = read_rows_added(session, source_path, log_at_version, plan.changes)
-            changed = changed_events(removed, added)
-            try:
-                keys = fold_in(
-                    session,
-                    path,
-                    projection,
-                    table_version,
-                    lambda stored: recompute(projection, stored, log_at_version, changed),
-                    processed,
-                    log_version,
-                )
-            except ConcurrentRefresh as error:
-                reason = str(error)
-            else:
-                return done("incremental", plan.reason, keys)
-    if plan.mode == "incremental":
+            changed = changed_events(removed, read_rows_added(session, source_path, log_at_version, plan.changes))
+            states_of = lambda stored: recompute(projection, stored, log_at_version, changed)  # noqa: E731
+    elif plan.mode == "incremental":
         # Kept: a fold reads the new events more than once (build_requests: three times).
         new_events = read_rows_added(session, source_path, log_at_version, plan.changes).persist()
+        states_of = lambda stored: projection.fold(stored, new_events)  # noqa: E731
+    if states_of is not None:
         try:
-            keys = fold_in(
-                session,
-                path,
-                projection,
-                table_version,
-                lambda stored: projection.fold(stored, new_events),
-                processed,
-                log_version,
-            )
+            keys = fold_in(session, path, projection, table_version, states_of, processed, log_version)
         except ConcurrentRefresh as error:
             reason = str(error)
         else:
             return done("incremental", plan.reason, keys)
         finally:
-            new_events.unpersist()
+            if new_events is not None:
+                new_events.unpersist()
     rebuild(session, path, projection, log_at_version, log_version)
     return done("full", reason, session.read.format("delta").load(path).count())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from functools import reduce
 from urllib.parse import unquote
@@ -21,7 +21,7 @@ from pyspark.sql.types import StructType
 
 from databuild_assets.runtime.damage import commit_damage
 from databuild_assets.runtime.delta_log import commit_path
-from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_table_properties
+from databuild_assets.runtime.delta_tables import latest_version_on_disk, missing_files, read_table_properties
 from databuild_assets.runtime.lake import is_local
 
 
@@ -75,43 +75,38 @@ def log_changes(
                 f"{log_path}: commits {from_version + 1}..{to_version} are not all readable ({error})"
             ) from error
         raise
-    adds: list[dict] = []
-    removes: list[dict] = []
+    adds: dict[str, dict] = {}  # by path, relative to the table's root, in commit order
+    removes: dict[str, dict] = {}
     removed_data = deletion_vectors = metadata_changed = False
     purges = 0
     for actions in per_commit:
-        added_so_far = [unquote(add["path"]) for add in adds]
-        if hidden_tombstones_version is not None and _purge_of_hidden_rows(
-            actions, hidden_tombstones_version, added_so_far
-        ):
+        if hidden_tombstones_version is not None and _purge_of_hidden_rows(actions, hidden_tombstones_version, adds):
             purges += 1
             continue
         for action in actions:
             if "add" in action and action["add"].get("dataChange", True):
-                adds.append(action["add"])
+                adds[unquote(action["add"]["path"])] = action["add"]
                 deletion_vectors |= bool(action["add"].get("deletionVector"))
             elif "remove" in action and action["remove"].get("dataChange", True):
-                removes.append(action["remove"])
+                removes[unquote(action["remove"]["path"])] = action["remove"]
                 removed_data = True
                 deletion_vectors |= bool(action["remove"].get("deletionVector"))
             metadata_changed |= "metaData" in action
-    # Net of the range: a file added and removed again within it is in neither list.
-    removed_paths = {unquote(remove["path"]) for remove in removes}
-    added_paths = {unquote(add["path"]) for add in adds}
-    adds = [add for add in adds if unquote(add["path"]) not in removed_paths]
-    removes = [remove for remove in removes if unquote(remove["path"]) not in added_paths]
+    # Net of the range: a file added and removed again within it is in neither.
+    added = {path: add for path, add in adds.items() if path not in removes}
+    removed = {path: remove for path, remove in removes.items() if path not in adds}
     return LogChanges(
-        tuple(unquote(add["path"]).rsplit("/", 1)[-1] for add in adds),
-        tuple(add.get("partitionValues") or {} for add in adds),
+        tuple(path.rsplit("/", 1)[-1] for path in added),
+        tuple(add.get("partitionValues") or {} for add in added.values()),
         removed_data,
-        tuple(unquote(add["path"]) for add in adds),
+        tuple(added),
         deletion_vectors,
         metadata_changed,
-        sum(int(add.get("size") or 0) for add in adds),
+        sum(int(add.get("size") or 0) for add in added.values()),
         purges,
-        tuple(unquote(remove["path"]) for remove in removes),
-        tuple(remove.get("partitionValues") for remove in removes),
-        sum(int(remove.get("size") or 0) for remove in removes),
+        tuple(removed),
+        tuple(remove.get("partitionValues") for remove in removed.values()),
+        sum(int(remove.get("size") or 0) for remove in removed.values()),
     )
 
 
@@ -120,7 +115,7 @@ def log_changes(
 PURGE = "purge"
 
 
-def _purge_of_hidden_rows(actions: list[dict], hidden_tombstones_version: int, added_since: list[str]) -> bool:
+def _purge_of_hidden_rows(actions: list[dict], hidden_tombstones_version: int, added_since: Container[str]) -> bool:
     """Whether a commit (its actions) is a purge of the events of tombstones at a version at most
     `hidden_tombstones_version` that changes no metadata and rewrites only files older than the
     range read (none of `added_since`): the rows it keeps are then rows the reader has already."""
@@ -129,9 +124,8 @@ def _purge_of_hidden_rows(actions: list[dict], hidden_tombstones_version: int, a
     applied = metadata.get("tombstones_version")
     if PURGE not in metadata or not isinstance(applied, int) or applied > hidden_tombstones_version:
         return False
-    new = set(added_since)
     return not any(
-        "metaData" in action or "protocol" in action or unquote(action.get("remove", {}).get("path", "")) in new
+        "metaData" in action or "protocol" in action or unquote(action.get("remove", {}).get("path", "")) in added_since
         for action in actions
     )
 
@@ -196,20 +190,12 @@ def read_rows_removed(spark: SparkSession, log_path: str, schema: StructType, ch
         or changes.metadata_changed
         or any(values is None for values in changes.removed_partition_values)
         or _column_mapping(spark, log_path)
-        or not all(_exists(spark, f"{log_path.rstrip('/')}/{path}") for path in changes.removed_paths)
+        or missing_files(spark, (f"{log_path.rstrip('/')}/{path}" for path in changes.removed_paths))
     ):
         return None
     if not changes.removed_paths:
         return spark.createDataFrame([], schema)
     return _read_files(spark, log_path, schema, changes.removed_paths, changes.removed_partition_values)
-
-
-def _exists(spark: SparkSession, path: str) -> bool:
-    if is_local(path):
-        return os.path.exists(path.removeprefix("file://").removeprefix("file:"))
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path)
 
 
 def _read_files(

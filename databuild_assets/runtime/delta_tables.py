@@ -7,7 +7,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -144,6 +144,19 @@ def _with_spec(builder, spec: TableSpec):
     if spec.description:
         builder = builder.comment(spec.description)
     return builder
+
+
+def missing_files(spark: SparkSession, uris: Iterable[str]) -> list[str]:
+    """Those of the files `uris` that are not there (vacuum deleted them), in the order given:
+    one `exists` of the table's filesystem each."""
+    jvm = spark.sparkContext._jvm
+    configuration = spark.sparkContext._jsc.hadoopConfiguration()
+    gone = []
+    for uri in uris:
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(uri)
+        if not hadoop_path.getFileSystem(configuration).exists(hadoop_path):
+            gone.append(uri)
+    return gone
 
 
 def _refuse_foreign_files(spark: SparkSession, path: str, spec: TableSpec) -> None:

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_COLUMNS, event_from_row
 from databuild_assets.maintenance.tombstones import event_matches, read_tombstones
+from databuild_assets.runtime.delta_tables import missing_files
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
 
@@ -97,14 +98,7 @@ def _vacuumed_files(spark: SparkSession, path: str, version: int) -> list[str]:
     looked up: none for a recent version, one `exists` each otherwise."""
     then = set(spark.read.format("delta").option("versionAsOf", version).load(path).inputFiles())
     now = set(spark.read.format("delta").load(path).inputFiles())
-    jvm = spark.sparkContext._jvm
-    configuration = spark.sparkContext._jsc.hadoopConfiguration()
-    gone = []
-    for file in sorted(then - now):
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(file)
-        if not hadoop_path.getFileSystem(configuration).exists(hadoop_path):
-            gone.append(file)
-    return gone
+    return missing_files(spark, sorted(then - now))
 
 
 def _iso(epoch_ms: int) -> str:
