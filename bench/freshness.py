@@ -21,7 +21,8 @@ is in partition_state, so its run may wait in the queue for the previous run, st
 other projections; `idle` once no run is in flight, so each file lands on an idle pipeline (the
 latency of one file on its own).
 
-`--repo` runs another checkout's code, `dagster.yaml` and `workspace.yaml` (e.g. a `git worktree`
+`--in-place` runs on the lake given instead of a copy (for a lake that is a working copy already,
+as `bench.scale`'s). `--repo` runs another checkout's code, `dagster.yaml` and `workspace.yaml` (e.g. a `git worktree`
 of an older commit, to measure before and after side by side); `--env KEY=VALUE` adds to
 `dagster dev`'s environment (e.g. `DATABUILD_SPARK_CONF=...`). It stops `dagster dev` and every
 process it started (its process group) and removes the work folder unless `--keep`; Ctrl-C or
@@ -31,6 +32,7 @@ process it started (its process group) and removes the work folder unless `--kee
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -49,9 +51,9 @@ import deltalake
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from bench.lakes import copy_serving_index, link_tables
 from bench.measuring import load_average
 from bench.query_path import percentile, service_build
-from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.runtime.delta_tables import latest_version_on_disk
 from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, stop_hosts
 from databuild_assets.workload.encoding import encode_json
@@ -79,13 +81,11 @@ def free_port() -> int:
 
 
 def copy_lake(source: Path, target: Path) -> list[str]:
-    """`source`'s tables and serving index, and the landing files its ingest ledger has not taken (by name: the
-    ledger keys files by their full path, so a copied file would be a new one to ingest); the
-    names of the files left out."""
-    shutil.copytree(source / "tables", target / "tables")
-    if (source / SERVING_INDEX_FOLDER).is_dir():  # a pipeline's lake has one; else the first run builds it
-        ignore = shutil.ignore_patterns("*-shm", "build.lock", ".*")
-        shutil.copytree(source / SERVING_INDEX_FOLDER, target / SERVING_INDEX_FOLDER, ignore=ignore)
+    """`source`'s tables (data files hard-linked, `bench.lakes`) and serving index, and the landing
+    files its ingest ledger has not taken (by name: the ledger keys files by their full path, so a
+    copied file would be a new one to ingest); the names of the files left out."""
+    link_tables(source, target)
+    copy_serving_index(source, target)  # a pipeline's lake has one; else the first run builds it
     (target / "landing").mkdir(parents=True)
     ledger_path = target / "tables" / "ingest_ledger"
     taken = set()
@@ -277,6 +277,9 @@ def _interrupt(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lake", required=True, help="a lake root (tables/, landing/) to copy; never modified")
+    parser.add_argument(
+        "--in-place", action="store_true", help="run on the lake given, not a copy (for a lake that is a copy itself)"
+    )
     parser.add_argument("--files", type=int, default=20, help="landing files measured")
     parser.add_argument("--warmup", type=int, default=1, help="landing files first, printed apart")
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between reads of partition_state")
@@ -302,13 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when run in the background
 
     work = Path(tempfile.mkdtemp(prefix="bench-freshness-", dir=args.workdir))
-    lake, home = work / "lake", work / "dagster_home"
+    lake, home = (Path(args.lake).resolve() if args.in_place else work / "lake"), work / "dagster_home"
     process = None
     try:
-        print(f"work folder {work}; code and Dagster settings of {repo}")
-        left_out = copy_lake(Path(args.lake), lake)
-        if left_out:
-            print(f"  not copied (the ingest ledger took them already): {len(left_out)} landing files")
+        print(f"work folder {work}; code and Dagster settings of {repo}; the lake {lake}")
+        if not args.in_place:
+            left_out = copy_lake(Path(args.lake), lake)
+            if left_out:
+                print(f"  not copied (the ingest ledger took them already): {len(left_out)} landing files")
+        (lake / "landing").mkdir(exist_ok=True)
         home.mkdir()
         shutil.copy(repo / "dagster.yaml", home / "dagster.yaml")
         env = {**os.environ, "DAGSTER_HOME": str(home), "DATABUILD_LAKE_ROOT": str(lake)}
@@ -367,11 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             state, raw = [r.state_s for r in measured], [r.raw_s for r in measured]
             print(f"\nFreshness over {len(measured)} landing files ({BUILDS_PER_FILE * 5} events each)")
             print(f"  {'seconds to':<16}  {'p50':>6}  {'p95':>6}  {'max':>6}")
+            summary = {}
             for label, values in (("raw_event_log", raw), ("partition_state", state)):
-                print(
-                    f"  {label:<16}  {percentile(values, 0.5):>6.1f}  {percentile(values, 0.95):>6.1f}  "
-                    f"{max(values):>6.1f}"
-                )
+                summary[label] = {"p50": percentile(values, 0.5), "p95": percentile(values, 0.95), "max": max(values)}
+                print(f"  {label:<16}  " + "  ".join(f"{value:>6.1f}" for value in summary[label].values()))
+            print(json.dumps(summary))  # for bench.scale
         # The runs the last file started end before dagster dev is stopped, so that none is cut
         # off and counted; after a Ctrl-C, the runs so far are reported and the rest stopped.
         if not interrupted:

@@ -16,17 +16,17 @@ at most 1.2x their time at 1M). `--keep` leaves the copies.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from itertools import islice
+from pathlib import Path
 
 import deltalake
 import pyarrow as pa
 
+from bench.lakes import link_tables
 from bench.measuring import load_average
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -40,14 +40,9 @@ BATCHES = (("warm-up", 1_000), ("+10,000", 10_000), ("+100,000", 100_000), ("+10
 
 
 def copy_lake(source: str, target: str) -> Lake:
-    """The lake's tables under `target`: data files hard-linked (Delta never changes one), each
-    table's `_delta_log` copied (Delta rewrites `_last_checkpoint` in place)."""
+    """The lake's tables under `target`, data files hard-linked (`bench.lakes.link_tables`)."""
     shutil.rmtree(target, ignore_errors=True)
-    os.makedirs(target)
-    subprocess.run(["cp", "-al", f"{source}/tables", f"{target}/tables"], check=True)
-    for log_dir in glob.glob(f"{target}/tables/*/_delta_log"):
-        shutil.rmtree(log_dir)
-        shutil.copytree(log_dir.replace(target, source, 1), log_dir)
+    link_tables(Path(source), Path(target))
     return Lake(target)
 
 
