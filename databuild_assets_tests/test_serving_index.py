@@ -6,6 +6,7 @@ has run. (Racing appenders, ingestion and compaction over one index: test_jvm_fr
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -276,6 +277,36 @@ def test_thousands_of_tombstones_are_honoured_by_a_build_a_catch_up_and_an_appen
     shutil.rmtree(lake.path(SERVING_INDEX_FOLDER))
     with DeltaRsEventLog(lake) as log:  # a build with them
         _answers_match_the_reference(log, [e for e in events if e not in hidden])
+
+
+def test_a_tombstone_of_each_key_hides_on_catch_up_exactly_the_events_the_rule_matches(lake: Lake) -> None:
+    # The catch-up finds a new tombstone's events by the index's columns and lists, and reads only
+    # the fields no column holds: each key's values below reach its events by every kind of field.
+    events = list(generate_events(3000, seed=5))
+    delegation = next(e for e in events if e["event_type"] == "delegation_event")
+    job = next(
+        e for e in events if e["event_type"] == "job_event" and '"inputs":[{' in (e["job_event"]["config"] or "")
+    )
+    request = next(e for e in events if e["event_type"] == "build_request_event")
+    an_input = json.loads(job["job_event"]["config"])["inputs"][0]["partition_ref"]["str"]  # named in JSON text only
+    values = {
+        "event_id": [events[7]["event_id"]],
+        "build_request_id": [delegation["delegation_event"]["delegated_to_build_request_id"]],
+        "job_run_id": [job["job_event"]["job_run_id"]],
+        "partition_ref": [an_input, request["build_request_event"]["requested_partitions"][-1]],
+    }
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    hidden: list[dict] = []
+    for key, erased in values.items():
+        _request_erasure_without_spark(lake, key, erased)
+        newly = [e for e in events if matches(e, {key: set(erased)}) and e not in hidden]
+        assert newly
+        hidden += newly
+        with DeltaRsEventLog(lake) as log:  # a new process: its first read catches up
+            _answers_match_the_reference(log, [e for e in events if e not in hidden])
+    assert delegation in hidden and delegation["build_request_id"] not in values["build_request_id"]
+    assert any(e["event_type"] == "job_event" and an_input not in e["job_event"]["target_partitions"] for e in hidden)
 
 
 def test_events_arriving_after_a_tombstone_are_hidden_by_a_process_that_never_read_it(lake: Lake) -> None:
