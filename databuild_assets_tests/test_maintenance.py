@@ -120,6 +120,26 @@ def test_a_partition_ref_tombstone_hides_at_once_the_partition_build_request_and
     assert len(event_ids(spark, lake.table_path(RAW_EVENT_LOG))) == 9  # soft delete: the raw log keeps them
 
 
+def test_a_refresh_with_a_new_tombstone_and_new_events_rewrites_only_the_files_of_the_dates_they_touch(spark, lake):
+    day = 86_400 * 10**9
+    append_events(spark, lake, one_partition_build("br-a", REF, 0) + one_partition_build("br-b", OTHER, 2 * day))
+    refresh_filtered_log(spark, lake)
+    path = lake.table_path(FILTERED_EVENT_LOG)
+    before = set(spark.read.format("delta").load(path).inputFiles())
+
+    request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 4")
+    append_events(spark, lake, one_partition_build("br-c", OTHER, 4 * day) + one_partition_build("br-d", REF, 5 * day))
+    result = refresh_filtered_log(spark, lake)  # one MERGE: br-a's rows out, br-c's and br-d's in
+
+    assert (result.mode, result.inserted, result.deleted) == ("incremental", 6, 3)
+    assert event_ids(spark, path) == sorted(f"{br}-{i}" for br in ("br-b", "br-c", "br-d") for i in (1, 2, 3))
+    after = set(spark.read.format("delta").load(path).inputFiles())
+    untouched = {f for f in before if "event_date=2025-11-20" in f}  # br-b's date (T0 is 2025-11-18)
+    assert untouched and untouched <= after
+    metrics = DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]
+    assert metrics["numTargetFilesRemoved"] == "1"  # the one file of br-a's date
+
+
 def test_compaction_purges_matching_rows_from_the_live_files_and_marks_only_its_tombstones_applied(spark, two_builds):
     lake = two_builds
     tombstone = request_erasure(spark, lake, "build_request_id", "br-a", actor="alice", reason="ticket 2")
