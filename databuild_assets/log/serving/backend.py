@@ -375,6 +375,7 @@ class DeltaRsEventLog(BuildEventLog):
     ) -> bool:
         """Apply one run of commits, hiding the new events `hidden_by` (every tombstone value by
         key) matches; False when a file is gone and the index must be rebuilt."""
+        held = None  # the event ids of the removed files: the index holds them as they were
         if removed:
             removed_ids = self._log.read(removed, ["event_id"])
             added_ids = (
@@ -382,13 +383,18 @@ class DeltaRsEventLog(BuildEventLog):
             )
             if removed_ids is None or added_ids is None:
                 return False
+            held = removed_ids.column("event_id").combine_chunks()
             # Rows that the commits removed and did not add back (a purge rewrites the rest).
-            kept = pc.is_in(removed_ids.column("event_id"), value_set=added_ids.column("event_id").combine_chunks())
-            index.remove(removed_ids.filter(pc.invert(kept)).column("event_id").to_pylist())
+            kept = pc.is_in(held, value_set=added_ids.column("event_id").combine_chunks())
+            index.remove(held.filter(pc.invert(kept)).to_pylist())
+            if not pc.any(pc.invert(pc.is_in(added_ids.column("event_id"), value_set=held))).as_py():
+                return True  # every added row is a kept one (a purge): nothing to add
         for start in range(0, len(added), _FILES_PER_BATCH):  # memory: a few files at a time
             added_events = self._log.read(added[start : start + _FILES_PER_BATCH], _EVENT_COLUMNS)
             if added_events is None:
                 return False
+            if held is not None:  # a rewritten file's kept rows are in the index already: not again
+                added_events = added_events.filter(pc.invert(pc.is_in(added_events.column("event_id"), value_set=held)))
             if added_events.num_rows:
                 index.add(event_rows(added_events), hidden_by)
         return True
