@@ -6,8 +6,8 @@ Erases, for good, one build request of the lake given (the first build request o
 file, or `--build-request`), in one Spark session with the full JIT tiers, and times the steps
 `erase_job` runs (the tombstone, the filtered log's refresh, the projections' refresh, the serving
 index) and then `compact` (what `compaction_job` runs before its Dagster storage scrub), then the
-next landing file's refreshes (40 new events: the filtered log and the projections after the
-purge). The package's own progress lines are printed with their times, so compact's phases can
+next landing file's refreshes (40 new events: the filtered log, the projections and the serving
+index after the purge). The package's own progress lines are printed with their times, so compact's phases can
 be read off them. Prints per event table the rows purged and the files its purge rewrote of the
 files it had.
 """
@@ -102,6 +102,7 @@ def main() -> None:
     append_events(spark, lake, next_landing(lake), writer="bench")
     timed("next landing: filtered log", lambda: refresh_filtered_log(spark, lake))
     timed("next landing: projections", lambda: refresh_all_projections(spark, lake))
+    timed("next landing: serving index", lambda: refresh_serving_index(lake))  # the purge's commits too
     print(load_average())
     spark.stop()
 

@@ -18,9 +18,9 @@ serves the next run), in one Spark session with the warm driver's settings:
    runs, `compact` (the files its purge rewrote of the files each table had), the next 40-event
    file's run after the purge, and vacuum with retention 0 (it deletes what the purge and
    compaction removed, as vacuum does once the retention has passed).
-4. Freshness with the daemon: `bench.freshness --in-place` on the copy (`dagster dev`, every
-   sensor on, `--freshness-files` landing files of 40 events): p50 and p95 seconds from a
-   landing file to partition_state.
+4. Freshness with the daemon: `bench.freshness --in-place --arrival idle` on the copy (`dagster
+   dev`, every sensor on, `--freshness-files` landing files of 40 events, each landing once no
+   run is in flight): p50 and p95 seconds from a landing file to partition_state.
 
 Then one table, a column per size, the largest size's figures over the smallest's, and 100M on
 paper: each time's least-squares line in the history's events (a + b·N, a falling one read as
@@ -153,7 +153,8 @@ def measure(spark, lake: Lake, size: int, freshness_files: int) -> dict[str, flo
 
 def freshness(lake: Lake, files: int) -> dict[str, float]:
     """p50 and p95 from `bench.freshness --in-place` on the copy (its output shown indented)."""
-    command = [sys.executable, "-m", "bench.freshness", "--lake", lake.root, "--in-place", "--files", str(files)]
+    command = [sys.executable, "-m", "bench.freshness", "--lake", lake.root, "--in-place", "--arrival", "idle"]
+    command += ["--files", str(files)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
     summary = None
     for line in process.stdout:
@@ -277,7 +278,7 @@ def main() -> None:
         "--size", action="append", type=parse_size, metavar="N[=LAKE]", help="a size, its lake if not the default"
     )
     parser.add_argument("--lakes", default="/var/tmp/bench-scale", help="where lakes are kept and built")
-    parser.add_argument("--freshness-files", type=int, default=5, help="files bench.freshness measures (0: none)")
+    parser.add_argument("--freshness-files", type=int, default=10, help="files bench.freshness measures (0: none)")
     parser.add_argument("--keep", action="store_true", help="keep the working copies")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
