@@ -10,8 +10,8 @@ of tombstones this table applies (their commits say which version), and re-added
 files they rewrote, rows this table holds. It rebuilds in full when other raw log commits removed
 data (a repair, a replaced table), when they are no longer on disk, or when asked.
 
-The MERGE keys on event_id and the dates of the rows it changes (the partitions it reads), so
-neither an erased value nor a predicate naming it appears in the Delta log's commit information."""
+The MERGE keys on event_id, so neither an erased value nor a predicate naming it appears in
+the Delta log's commit information."""
 
 from __future__ import annotations
 
@@ -157,29 +157,19 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                     # Delta skipped it, its id saying this raw version was appended already (a refresh
                     # racing this one, or a raw log replaced since): the MERGE checks each event id.
                 current = session.read.format("delta").load(path)
-                # One scan of the columns the tombstones name finds the rows to delete (kept: their
-                # dates are read from it, then the MERGE's source); ids and dates only, no value.
                 deletes = (
-                    current.where(event_matches(new_tombstones)).select("event_id", "event_date").localCheckpoint()
+                    current.where(event_matches(new_tombstones)).select("event_id")
                     if new_tombstones
-                    else current.limit(0).select("event_id", "event_date")
+                    else current.limit(0).select("event_id")
                 ).withColumn("_action", F.lit("delete"))
                 source = inserts.unionByName(deletes, allowMissingColumns=True)
                 columns = FILTERED_EVENT_LOG.schema.fieldNames()
-                # An event's date never changes, so the MERGE reads the dates the change holds, not
-                # every file's event ids (erasing one build request rewrites its dates' files only).
-                dates = {str(values["event_date"]) for values in changes.partition_values}
-                dates.update(str(row.event_date) for row in deletes.select("event_date").distinct().collect())
-                in_dates = ", ".join(f"DATE'{date}'" for date in sorted(dates))
-                condition = "log.event_date = change.event_date AND log.event_id = change.event_id AND " + (
-                    f"log.event_date IN ({in_dates})" if dates else "false"
-                )
                 with session_settings(session, {USER_METADATA: metadata}):
                     metrics = retry_on_conflict(
                         lambda: (
                             DeltaTable.forPath(session, path)
                             .alias("log")
-                            .merge(source.alias("change"), condition)
+                            .merge(source.alias("change"), "log.event_id = change.event_id")
                             .whenMatchedDelete(condition="change._action = 'delete'")
                             .whenNotMatchedInsert(
                                 condition="change._action = 'insert'", values={c: f"change.`{c}`" for c in columns}

@@ -185,51 +185,6 @@ def tombstone_rule_sql(connection: sqlite3.Connection, values_by_key: Mapping[st
     return " OR ".join(conditions) or "0"
 
 
-# The rule's payload fields that `events` also holds in an indexed column (as `_EVENT_ROWS_SQL`
-# fills them); a field not here (delegation_event.delegated_to_build_request_id) is read from
-# the payload of every event of its type.
-_INDEXED_FIELDS = {
-    "build_request_id": "build_request_id",
-    "partition_event.partition_ref": "partition_ref",
-    "delegation_event.partition_ref": "partition_ref",
-    "partition_invalidation_event.partition_ref": "partition_ref",
-    "partition_event.job_run_id": "job_run_id",
-    "job_event.job_run_id": "job_run_id",
-    "task_cancel_event.job_run_id": "job_run_id",
-}
-
-
-def tombstone_candidates_sql(keys: Iterable[str]) -> str:
-    """A query of the event_ids that a tombstone value of `keys` (in temp.tombstone_values, as
-    `tombstone_rule_sql` puts them) may match, found by the indexes of `events` and
-    event_listed_partitions rather than by reading every event: a superset of the matches,
-    which the rule then tells apart. Only the fields no column holds (a delegation's
-    delegated_to_build_request_id, the JSON text fields) are read from every event of their type
-    (through events_by_type)."""
-    parts: list[str] = []
-    scanned_types: set[str] = set()
-
-    def by_value(source: str, column: str, key: str) -> str:
-        return (
-            f"SELECT x.event_id FROM temp.tombstone_values AS t CROSS JOIN {source} AS x "
-            f"ON x.{column} = t.value WHERE t.key = '{key}'"
-        )
-
-    for key in keys:
-        for path in SCALAR_FIELDS[key]:
-            if path == "event_id":
-                parts.append("SELECT t.value AS event_id FROM temp.tombstone_values AS t WHERE t.key = 'event_id'")
-            elif path in _INDEXED_FIELDS:
-                parts.append(by_value("main.events", _INDEXED_FIELDS[path], key))
-            else:
-                scanned_types.add(path.partition(".")[0])
-        if ARRAY_FIELDS.get(key):  # every listed ref, requested or targeted, is a row of this table
-            parts.append(by_value("main.event_listed_partitions", "partition_ref", key))
-        scanned_types.update(path.partition(".")[0] for path in JSON_TEXT_FIELDS.get(key, ()))
-    parts.extend(f"SELECT x.event_id FROM main.events AS x WHERE x.event_type = '{t}'" for t in sorted(scanned_types))
-    return " UNION ".join(dict.fromkeys(parts)) or "SELECT NULL WHERE 0"
-
-
 @dataclass(frozen=True)
 class TableMark:
     """A followed Delta table as the index last saw it: its version (-1: none yet), its Delta
@@ -466,12 +421,9 @@ class ServingIndex(SqliteEventLog):
     def hide(self, values_by_key: Mapping[str, Collection[str]]) -> int:
         """Hide every stored event that the tombstone values match; returns how many."""
         rule = tombstone_rule_sql(self._connection, values_by_key)
-        candidates = tombstone_candidates_sql(key for key, values in values_by_key.items() if values)
         with transaction(self._connection):
-            # CROSS JOIN: the candidates first, then each event by its primary key (not every event).
             self._connection.execute(
-                f"INSERT OR IGNORE INTO temp.leaving SELECT e.event_id FROM ({candidates}) AS c "
-                f"CROSS JOIN main.events AS e ON e.event_id = c.event_id WHERE {rule}"
+                f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}"
             )
             self._connection.execute("INSERT OR IGNORE INTO main.hidden_event_ids SELECT event_id FROM temp.leaving")
             return -self._counted(-self._drop_leaving())
@@ -536,6 +488,5 @@ __all__ = [
     "TableMark",
     "create_index_file",
     "event_rows",
-    "tombstone_candidates_sql",
     "tombstone_rule_sql",
 ]
