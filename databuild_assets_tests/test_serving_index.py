@@ -280,8 +280,8 @@ def test_thousands_of_tombstones_are_honoured_by_a_build_a_catch_up_and_an_appen
 
 
 def test_a_tombstone_of_each_key_hides_on_catch_up_exactly_the_events_the_rule_matches(lake: Lake) -> None:
-    # The catch-up finds a new tombstone's events by the index's columns and lists, and reads only
-    # the fields no column holds: each key's values below reach its events by every kind of field.
+    # A new tombstone hides, at a catch-up, events reached by every kind of field the rule reads:
+    # core and payload fields, listed partitions, and JSON text (a job's config names its inputs).
     events = list(generate_events(3000, seed=5))
     delegation = next(e for e in events if e["event_type"] == "delegation_event")
     job = next(
