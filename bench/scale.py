@@ -64,7 +64,6 @@ SIZES = (1_000_000, 3_000_000, 10_000_000)
 PAPER = 100_000_000
 STEPS = ("ingest", "filtered log", "projections", "serving index")
 BATCHES = ("40 events", "+0.1%", "+1%")
-ERASURE = ("tombstone", "filtered log", "projections", "serving index", "compact")
 
 
 def timed(figures: dict, label: str, action):
@@ -122,7 +121,7 @@ def measure(spark, lake: Lake, size: int, freshness_files: int) -> dict[str, flo
         figures[f"{label}: events"] = n
     timed(figures, "projections: full rebuild", lambda: refresh_all_projections(spark, lake, full=True))
     print(f"  {'full rebuild':<28} projections {figures['projections: full rebuild']:.1f} s", flush=True)
-    if freshness_files:  # before the erasure: its compaction and vacuum make the daemon's first runs
+    if freshness_files:  # before the erasure, whose compaction and vacuum commits would start runs of their own
         figures.update(freshness(lake, freshness_files))
 
     build_request = first_build_request(lake)
