@@ -7,9 +7,9 @@ file, or `--build-request`), in one Spark session with the full JIT tiers, and t
 `erase_job` runs (the tombstone, the filtered log's refresh, the projections' refresh, the serving
 index) and then `compact` (what `compaction_job` runs before its Dagster storage scrub), then the
 next landing file's refreshes (40 new events: the filtered log, the projections and the serving
-index after the purge). The package's own progress lines are printed with their times, so compact's phases can
-be read off them. Prints per event table the rows purged and the files its purge rewrote of the
-files it had.
+index after the purge). The package's own progress lines are printed with their times, so
+compact's phases can be read off them. Prints per event table the rows purged and the files its
+purge rewrote of the files it had.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from itertools import islice
 
 import deltalake
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.measuring import load_average
+from bench.refresh_at_scale import events_after
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.maintenance.compaction import compact
@@ -32,7 +31,6 @@ from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings, build_spark_session
-from databuild_assets.workload import generate_events
 
 
 def first_build_request(lake: Lake) -> str:
@@ -41,13 +39,6 @@ def first_build_request(lake: Lake) -> str:
 
 
 ERASE_JOB_STEPS = ("tombstone", "filtered log refresh", "projections refresh", "serving index")
-
-
-def next_landing(lake: Lake) -> list[dict]:
-    """40 new events, a day after the lake's newest (a build request of the workload's)."""
-    newest = deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG)).get_add_actions(flatten=True)
-    latest = max(pa.table(newest).column("max.timestamp").to_pylist())
-    return list(islice(generate_events(40, seed=int(time.time()), days=1, start_ns=latest + 2 * 86_400 * 10**9), 40))
 
 
 def main() -> None:
@@ -99,7 +90,7 @@ def main() -> None:
     erase_job = sum(seconds for name in ERASE_JOB_STEPS if (seconds := steps.get(name)) is not None)
     print(f"erase_job's steps {erase_job:.1f} s; compact {steps['compact']:.1f} s")
     # The next landing file's run after the purge: 40 new events, as ingestion appends them.
-    append_events(spark, lake, next_landing(lake), writer="bench")
+    append_events(spark, lake, events_after(lake, 40, seed=int(time.time()), days_later=2), writer="bench")
     timed("next landing: filtered log", lambda: refresh_filtered_log(spark, lake))
     timed("next landing: projections", lambda: refresh_all_projections(spark, lake))
     timed("next landing: serving index", lambda: refresh_serving_index(lake))  # the purge's commits too

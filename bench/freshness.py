@@ -22,11 +22,11 @@ other projections; `idle` once no run is in flight, so each file lands on an idl
 latency of one file on its own).
 
 `--in-place` runs on the lake given instead of a copy (for a lake that is a working copy already,
-as `bench.scale`'s). `--repo` runs another checkout's code, `dagster.yaml` and `workspace.yaml` (e.g. a `git worktree`
-of an older commit, to measure before and after side by side); `--env KEY=VALUE` adds to
-`dagster dev`'s environment (e.g. `DATABUILD_SPARK_CONF=...`). It stops `dagster dev` and every
-process it started (its process group) and removes the work folder unless `--keep`; Ctrl-C or
-`kill` (SIGTERM) first prints the figures of the files measured so far.
+as `bench.scale`'s). `--repo` runs another checkout's code, `dagster.yaml` and `workspace.yaml`
+(e.g. a `git worktree` of an older commit, to measure before and after side by side); `--env
+KEY=VALUE` adds to `dagster dev`'s environment (e.g. `DATABUILD_SPARK_CONF=...`). It stops
+`dagster dev` and every process it started (its process group) and removes the work folder unless
+`--keep`; Ctrl-C or `kill` (SIGTERM) first prints the figures of the files measured so far.
 """
 
 from __future__ import annotations

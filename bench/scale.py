@@ -218,14 +218,12 @@ def print_table(columns: dict[int, dict]) -> None:
         if label in texts:
             continue
         values = [table[n].get(label) for n in sizes]
-        if len(sizes) > 1:
-            first, last = values[0], values[-1]
-            values.append(last / first if first and last is not None else None)
-        if paper:
-            values.append(paper.get(label))
         cells = [cell(value, label) for value in values]
-        if len(sizes) > 1:  # the ratio column: a plain factor, whatever the row
-            cells[len(sizes)] = f"{values[len(sizes)]:>14.2f}" if values[len(sizes)] is not None else f"{'-':>14}"
+        if len(sizes) > 1:  # the largest size over the smallest: a plain factor, whatever the row
+            first, last = values[0], values[-1]
+            cells.append(f"{last / first:>14.2f}" if first and last is not None else f"{'-':>14}")
+        if paper:
+            cells.append(cell(paper.get(label), label))
         print(f"{label:<40}" + "".join(cells))
     for label in texts:
         print(f"{label}: " + "; ".join(f"{n / 1e6:g}M {table[n].get(label, '-')}" for n in sizes))
