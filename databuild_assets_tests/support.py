@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from dagster import Definitions, JobDefinition, SensorDefinition, build_sensor_context
 
 from databuild_assets.defs.resources import LakehouseResource
@@ -250,6 +252,28 @@ def one_partition_build(br: str, ref: str, offset_ns: int) -> list[dict[str, Any
             },
         },
     ]
+
+
+# Another local user, for the tests of what one can do to the pipeline's user (docs/security.md):
+# `nobody`, reached with util-linux's setpriv, which only root can use. Its commands are plain
+# programs (mkdir, ln, flock, a system python3 without this package), so they run whatever the
+# folder this checkout lives in lets `nobody` read.
+OTHER_UID = 65534
+OTHER_GID = 65534
+needs_another_user = pytest.mark.skipif(
+    os.geteuid() != 0, reason="acting as another local user (setpriv to nobody) needs root"
+)
+
+
+def as_other_user(*command: str, wait: bool = True, **kwargs: Any) -> subprocess.CompletedProcess | subprocess.Popen:
+    """Run `command` as the other local user (`nobody`): completed, or started with `wait=False`.
+
+    as_other_user("mkdir", "-m", "0777", "/tmp/planted")
+    """
+    argv = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_GID}", "--clear-groups", *command]
+    if not wait:
+        return subprocess.Popen(argv, **kwargs)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True, **kwargs)
 
 
 def write_landing(lake: Lake, name: str, lines: list[str | bytes | dict]) -> Path:
