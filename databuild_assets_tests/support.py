@@ -265,15 +265,18 @@ needs_another_user = pytest.mark.skipif(
 )
 
 
-def as_other_user(*command: str, wait: bool = True, **kwargs: Any) -> subprocess.CompletedProcess | subprocess.Popen:
-    """Run `command` as the other local user (`nobody`): completed, or started with `wait=False`.
+def as_other_user(
+    *command: str, wait: bool = True, check: bool = True, **kwargs: Any
+) -> subprocess.CompletedProcess | subprocess.Popen:
+    """Run `command` as the other local user (`nobody`): completed (raising on a non-zero exit
+    unless `check` is false), or started with `wait=False`.
 
     as_other_user("mkdir", "-m", "0777", "/tmp/planted")
     """
     argv = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_GID}", "--clear-groups", *command]
     if not wait:
         return subprocess.Popen(argv, **kwargs)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True, **kwargs)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=check, **kwargs)
 
 
 def write_landing(lake: Lake, name: str, lines: list[str | bytes | dict]) -> Path:
