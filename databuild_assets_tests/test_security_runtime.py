@@ -4,6 +4,8 @@ setting off a command line (`ps`); reach Spark's ports."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import subprocess
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from databuild_assets.runtime.private_folders import UnsafeFolderError, private_folder
+from databuild_assets.runtime.spark import SparkSettings, spark_config
 from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, HOST_MODULE, stop_hosts
 from databuild_assets_tests.support import REPO_ROOT, as_other_user, needs_another_user
 
@@ -194,3 +197,101 @@ def test_private_folder_makes_or_accepts_only_a_folder_of_this_users_alone(tmp_p
             private_folder(path)
         assert str(path) in str(refused.value) and why in str(refused.value)
         assert len(str(refused.value).splitlines()) == 1
+
+
+# A run's process on the warm driver, its settings from the environment as a deployment's are;
+# it prints its host's and JVM's pids, what Spark made of the secret setting, and the UI's address.
+ATTACH_AND_REPORT = """
+import json, os
+from databuild_assets.runtime.spark import SparkSettings
+from databuild_assets.runtime.warm_driver import detach, running_hosts, warm_session
+spark = warm_session(SparkSettings.from_env())
+context = spark.sparkContext
+[(_, host, _)] = running_hosts()
+print(json.dumps({
+    "host": host.pid,
+    "jvm": context._jvm.java.lang.ProcessHandle.current().pid(),
+    "secret_key": context._jsc.hadoopConfiguration().get("fs.s3a.secret.key"),
+    "ui": context.uiWebUrl,
+}))
+detach()
+"""
+SECRET = "not-on-any-command-line-5f0c"
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} spell them) of the sockets `pid` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(fields[1])
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a /proc/net/tcp{,6} local address (hex words in host byte order, then the port) is on loopback."""
+    words = address.split(":")[0]
+    raw = b"".join(bytes.fromhex(words[i : i + 8])[::-1] for i in range(0, len(words), 8))
+    ip = ipaddress.ip_address(raw)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def test_a_local_warm_driver_keeps_secrets_off_command_lines_and_listens_on_loopback_only(tmp_path):
+    drivers = tmp_path / "drivers"
+    environ = {
+        **os.environ,
+        DRIVERS_DIR_ENV: str(drivers),
+        "PYTHONPATH": str(REPO_ROOT),  # the host imports this checkout's package too
+        "DATABUILD_SPARK_MASTER": "local[1]",
+        "DATABUILD_SPARK_DRIVER_MEMORY": "1g",
+        "DATABUILD_SPARK_CONF": f"spark.hadoop.fs.s3a.secret.key={SECRET},spark.ui.showConsoleProgress=false",
+    }
+    environ.pop("SPARK_LOCAL_IP", None)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", ATTACH_AND_REPORT],
+            cwd=REPO_ROOT,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        reported = json.loads(run.stdout.splitlines()[-1])
+
+        assert reported["secret_key"] == SECRET  # the setting reached Spark
+        assert reported["ui"]  # and Spark's UI runs, as operators expect
+        showing = [
+            pid.name for pid in Path("/proc").iterdir() if pid.name.isdigit() and SECRET.encode() in _cmdline(pid)
+        ]
+        assert showing == [], f"processes whose command line shows the secret: {showing}"
+        addresses = listening_addresses(reported["jvm"])
+        assert addresses, "the JVM listens on nothing: the test sees no sockets"
+        assert [address for address in addresses if not is_loopback(address)] == []
+    finally:
+        stop_hosts(drivers, wait_s=60)
+
+
+def _cmdline(pid: Path) -> bytes:
+    try:
+        return (pid / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_only_a_local_driver_is_put_on_loopback_and_the_operators_setting_wins():
+    local = spark_config(SparkSettings(master="local[2]"))
+    cluster = spark_config(SparkSettings(master="spark://spark-master:7077"))
+    exposed = spark_config(SparkSettings(master="local[2]", extra_config={"spark.driver.bindAddress": "0.0.0.0"}))
+
+    assert (local["spark.driver.bindAddress"], local["spark.driver.host"]) == ("127.0.0.1", "127.0.0.1")
+    assert "spark.driver.bindAddress" not in cluster and "spark.driver.host" not in cluster  # executors reach it
+    assert exposed["spark.driver.bindAddress"] == "0.0.0.0"
