@@ -269,15 +269,23 @@ def repair(uri: str) -> int:
 
 
 def spark_driver(action: str) -> int:
+    from databuild_assets.runtime.private_folders import UnsafeFolderError
     from databuild_assets.runtime.warm_driver import drivers_dir, running_hosts, stop_hosts
 
-    if action == "stop":
-        stopped = stop_hosts()
-        print(f"stopped {len(stopped)} warm Spark driver(s)" + (f": {', '.join(map(str, stopped))}" if stopped else ""))
-        return 0
-    hosts = running_hosts()
+    try:
+        if action == "stop":
+            stopped = stop_hosts()
+            print(
+                f"stopped {len(stopped)} warm Spark driver(s)"
+                + (f": {', '.join(map(str, stopped))}" if stopped else "")
+            )
+            return 0
+        hosts = running_hosts()
+        registry = None if hosts else drivers_dir()
+    except UnsafeFolderError as error:  # a registry someone else made: none of its pids is signalled
+        return _refuse(f"spark-driver {action}", error)
     if not hosts:
-        print(f"no warm Spark driver is running (registry: {drivers_dir()})")
+        print(f"no warm Spark driver is running (registry: {registry})")
     for key, host, attached in hosts:
         age = (time.time() - host.started_at) / 60
         print(

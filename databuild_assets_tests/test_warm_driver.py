@@ -32,7 +32,8 @@ def start_client(lake: Lake, drivers: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "databuild_assets_tests.warm_driver_client", lake.root, *extra],
         cwd=REPO_ROOT,
-        env={**os.environ, DRIVERS_DIR_ENV: str(drivers)},
+        # The host it starts imports this checkout's package too (not an installed one).
+        env={**os.environ, DRIVERS_DIR_ENV: str(drivers), "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -6,13 +6,15 @@ all start Spark the same way; the master URL decides whether that is local or a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +26,10 @@ from pyspark.sql import SparkSession
 from databuild_assets.runtime.delta_jars import delta_jar_paths, s3_jar_paths
 from databuild_assets.runtime.jvm_startup import driver_java_options
 from databuild_assets.runtime.object_store import is_s3, spark_s3_config
+from databuild_assets.runtime.private_folders import private_folder
 
 DEFAULT_MASTER = "local[*]"
+LOOPBACK = "127.0.0.1"
 
 # The master URLs Spark 4 starts with (SparkContext.createTaskScheduler and its cluster managers).
 _MASTER_URL = re.compile(
@@ -136,6 +140,13 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
     if settings.s3:
         config["spark.jars"] += "," + ",".join(s3_jar_paths())
         config.update(spark_s3_config())
+    if settings.master.startswith("local"):
+        # A local driver talks to nobody but this machine: its RPC and block manager ports (by
+        # default on the host's address, open to the network) on loopback. A cluster's executors
+        # must reach the driver, so there Spark's defaults (or the operator's) stand. The UI's
+        # address is SPARK_LOCAL_IP's (`_jvm_environment`).
+        config["spark.driver.bindAddress"] = LOOPBACK
+        config["spark.driver.host"] = LOOPBACK
     config.update(settings.extra_config)
     return config
 
@@ -168,7 +179,11 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     elif settings.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
-        return spark_session_from_config(config)
+        if not starts_own_jvm():  # nothing is launched: the settings go to the running JVM
+            return spark_session_from_config(config)
+        with _jvm_environment(config, settings.master):
+            # Master and name only: every other setting reaches the JVM from a private file.
+            return SparkSession.builder.master(config["spark.master"]).appName(config["spark.app.name"]).getOrCreate()
     except PySparkRuntimeError as error:
         if error.getCondition() != "JAVA_GATEWAY_EXITED":
             raise
@@ -177,6 +192,47 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
             "Spark 4.2 needs Java 17 or 21: install it (Debian: apt-get install openjdk-17-jdk-headless) or "
             "point JAVA_HOME at one, then run `make setup`."
         ) from error
+
+
+@contextlib.contextmanager
+def _jvm_environment(config: Mapping[str, str], master: str) -> Iterator[None]:
+    """What the JVM pyspark is about to launch starts with, other than its command line: pyspark
+    puts every setting it is given on spark-submit's command line (`--conf k=v`, kept in the
+    JVM's), which `ps` shows to every user, and DATABUILD_SPARK_CONF may hold credentials. So the
+    settings go in a properties file (0600, in a folder of this user's alone, removed once the
+    JVM has read it) that PYSPARK_SUBMIT_ARGS names. A local master's UI on loopback too
+    (Spark's web UI binds to SPARK_LOCAL_IP, else to every interface) unless the environment
+    names an address. Environment restored afterwards."""
+    folder = private_folder(Path(tempfile.gettempdir()) / f"databuild-spark-launch-{os.getuid()}")
+    handle, name = tempfile.mkstemp(prefix="spark-", suffix=".properties", dir=folder)  # 0600
+    saved = {key: os.environ.get(key) for key in ("PYSPARK_SUBMIT_ARGS", "SPARK_LOCAL_IP")}
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.writelines(f"{_property(key)}={_property(value)}\n" for key, value in config.items())
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(name)} " + (
+            saved["PYSPARK_SUBMIT_ARGS"] or "pyspark-shell"
+        )
+        if master.startswith("local") and not saved["SPARK_LOCAL_IP"]:
+            os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+        yield
+    finally:
+        os.unlink(name)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _property(text: str) -> str:
+    """`text` escaped for a Java properties file (java.util.Properties.load)."""
+    escaped = "".join(
+        {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!"}.get(
+            char, char
+        )
+        for char in text
+    )
+    return "\\" + escaped if escaped.startswith(" ") else escaped
 
 
 def starts_own_jvm() -> bool:

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -43,10 +44,12 @@ from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
-from databuild_assets.runtime.processes import process_alive
+from databuild_assets.runtime.private_folders import UnsafeFolderError, private_folder
+from databuild_assets.runtime.processes import process_alive, process_of_this_user
 from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session, spark_config
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+HOST_MODULE = "databuild_assets.runtime.warm_driver"  # what a host runs: `python -m HOST_MODULE <folder>`
 DRIVERS_DIR_ENV = "DATABUILD_SPARK_DRIVERS_DIR"
 DEFAULT_IDLE_MINUTES = 30.0
 START_TIMEOUT_S = 180.0
@@ -58,11 +61,17 @@ _session_port = 0  # the gateway port of that host
 
 
 def drivers_dir() -> Path:
-    """Where hosts register: DATABUILD_SPARK_DRIVERS_DIR, else a folder of this user's in the temp dir."""
+    """Where hosts register: DATABUILD_SPARK_DRIVERS_DIR, else a folder of this user's in the temp
+    dir. Either is this user's alone (runtime/private_folders.py): a `host.json` in it names a port
+    and a secret this process hands its work to, so a folder someone else made first is refused
+    (UnsafeFolderError naming it)."""
+    return private_folder(_registry_path())
+
+
+def _registry_path() -> Path:
     configured = os.environ.get(DRIVERS_DIR_ENV)
     path = Path(configured) if configured else Path(tempfile.gettempdir()) / f"databuild-spark-drivers-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    return path.absolute()
 
 
 def driver_key(settings: SparkSettings, source_root: Path = PACKAGE_ROOT) -> str:
@@ -90,12 +99,50 @@ class DriverHost:
 
     @classmethod
     def read(cls, folder: Path) -> DriverHost | None:
-        """The host registered in `folder`, if its process is alive."""
+        """The host registered in `folder` (a private folder), if its process is alive and is a host
+        of this user's for that folder (a pid of a host long gone may be another process's now).
+        Raises UnsafeFolderError when its `host.json` is not a plain file of this user's."""
+        host = cls.registered(folder)
+        return host if host is not None and why_not_host(host.pid, folder) is None else None
+
+    @classmethod
+    def registered(cls, folder: Path) -> DriverHost | None:
+        """What `folder`'s `host.json` says, whether or not that process still runs; raises
+        UnsafeFolderError when it is a link, or a file someone else owns or may write."""
         try:
-            host = cls(**json.loads((folder / "host.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
+            handle = os.open(folder / "host.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
             return None
-        return host if process_alive(host.pid) else None
+        except OSError as error:  # ELOOP: a symbolic link
+            raise UnsafeFolderError(
+                f"{folder / 'host.json'} is not a plain file ({error.strerror}); remove it and retry"
+            ) from None
+        with os.fdopen(handle, "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_mode & 0o022:
+                raise UnsafeFolderError(
+                    f"{folder / 'host.json'} is not a plain file of this user's writable by no one else "
+                    f"(uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):04o}); remove it and retry"
+                )
+            text = file.read()
+        try:
+            return cls(**json.loads(text))
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+            return None  # a host that died writing it; the next start replaces it
+
+
+def why_not_host(pid: int, folder: Path) -> str | None:
+    """None when process `pid` is, running as this user, the host of `folder` (`python -m
+    HOST_MODULE <folder>`, as `_start_host` starts it); else why not. A pid is attached to or
+    signalled only then: the one in a `host.json` may be stale, reused by another process."""
+    if not process_alive(pid):
+        return f"process {pid} is not running"
+    command = process_of_this_user(pid)
+    if command is None:
+        return f"process {pid} does not run as this user"
+    if command[1:4] != ["-m", HOST_MODULE, str(folder.absolute())]:
+        return f"process {pid} is not the warm Spark driver of {folder} (it runs {' '.join(command)[:200]!r})"
+    return None
 
 
 def warm_session(settings: SparkSettings, idle_minutes: float = DEFAULT_IDLE_MINUTES) -> SparkSession:
@@ -105,8 +152,7 @@ def warm_session(settings: SparkSettings, idle_minutes: float = DEFAULT_IDLE_MIN
         spark = warm_session(SparkSettings(master="local[*]"))
     """
     global _attached, _session
-    folder = drivers_dir() / driver_key(settings)
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = private_folder(drivers_dir() / driver_key(settings))
     if _session is None and SparkContext._gateway is not None:
         raise SparkStartError("this process already runs a JVM of its own; it cannot also attach to a warm driver")
     with _start_lock(folder):  # the host cannot idle out between the look-up and the registration
@@ -170,13 +216,17 @@ def _start_host(folder: Path, settings: SparkSettings, idle_minutes: float) -> D
     log = folder / "host.log"
     with open(log, "ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, json.dumps(asdict(settings)), str(folder), str(idle_minutes)],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", HOST_MODULE, str(folder.absolute())],
+            stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # outlives this process and its process group (Dagster's run)
             cwd=folder,
         )
+    # The settings on its stdin, not its command line: `ps` shows a command line to every user,
+    # and DATABUILD_SPARK_CONF may hold credentials.
+    with process.stdin:
+        process.stdin.write(json.dumps({"settings": asdict(settings), "idle_minutes": idle_minutes}).encode())
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         host = DriverHost.read(folder)
@@ -214,8 +264,10 @@ def serve(settings: SparkSettings, folder: Path, idle_minutes: float) -> int:
         log=str(folder / "host.log"),
     )
     staged = folder / "host.json.tmp"
-    staged.touch(mode=0o600)
-    staged.write_text(json.dumps(asdict(host)))
+    staged.unlink(missing_ok=True)
+    # 0600 whatever the umask: it holds the secret of the JVM's gateway.
+    with os.fdopen(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as file:
+        file.write(json.dumps(asdict(host)))
     staged.replace(folder / "host.json")
     print(f"warm Spark driver {host.pid} ready on port {host.port} (idle timeout {idle_minutes} min)", flush=True)
 
@@ -265,17 +317,19 @@ def _warm_up(spark: SparkSession, folder: Path) -> None:
 
 
 def stop_hosts(root: Path | None = None, wait_s: float = 0) -> list[int]:
-    """Stop every running host (SIGTERM: each stops Spark and exits); their pids. With `wait_s`,
-    wait up to that long for them to be gone (before removing their folder, say)."""
-    root = root or drivers_dir()
-    if not root.is_dir():
-        return []
+    """Stop every running host of this user's (SIGTERM: each stops Spark and exits); their pids.
+    A pid that is not such a host (a stale `host.json`, a folder not this user's alone) is left
+    alone, with the reason on stderr. With `wait_s`, wait up to that long for them to be gone
+    (before removing their folder, say). Raises UnsafeFolderError when `root` is not this user's."""
     stopped = []
-    for folder in sorted(root.iterdir()):
-        host = DriverHost.read(folder) if folder.is_dir() else None
-        if host is not None:
-            os.kill(host.pid, signal.SIGTERM)
+    for folder, host in _registered_hosts(root):
+        if host.pid in stopped:
+            continue
+        reason = _signal_host(host.pid, folder, signal.SIGTERM)
+        if reason is None:
             stopped.append(host.pid)
+        elif process_alive(host.pid):  # a host gone since is no news
+            print(f"not stopping process {host.pid} named by {folder / 'host.json'}: {reason}", file=sys.stderr)
     deadline = time.monotonic() + wait_s
     while any(process_alive(pid) for pid in stopped) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -283,17 +337,54 @@ def stop_hosts(root: Path | None = None, wait_s: float = 0) -> list[int]:
 
 
 def running_hosts(root: Path | None = None) -> list[tuple[str, DriverHost, list[int]]]:
-    """(key, host, attached pids) of every running host."""
+    """(key, host, attached pids) of every running host of this user's."""
     found = []
-    for folder in sorted((root or drivers_dir()).iterdir()):
-        host = DriverHost.read(folder) if folder.is_dir() else None
-        if host is not None:
+    for folder, host in _registered_hosts(root):
+        if why_not_host(host.pid, folder) is None:
             clients = folder / "clients"
             pids = sorted(int(p.name) for p in clients.iterdir() if p.name.isdigit()) if clients.is_dir() else []
             found.append((folder.name, host, pids))
     return found
 
 
+def _registered_hosts(root: Path | None) -> Iterator[tuple[Path, DriverHost]]:
+    """(folder, host.json's host) of each key folder of `root` (the registry by default), every
+    one checked to be this user's alone; one that is not is skipped with the reason on stderr."""
+    root = Path(root).absolute() if root is not None else _registry_path()
+    if not os.path.lexists(root):
+        return
+    root = private_folder(root, create=False)
+    for folder in sorted(root.iterdir()):
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            host = DriverHost.registered(private_folder(folder, create=False))
+        except UnsafeFolderError as error:
+            print(f"skipping warm Spark driver folder: {error}", file=sys.stderr)
+            continue
+        if host is not None:
+            yield folder, host
+
+
+def _signal_host(pid: int, folder: Path, signum: int) -> str | None:
+    """Send `signum` to `pid` if it is the host of `folder` (why_not_host); else why not. Through a
+    pidfd opened before the check, so the pid cannot be another process's by the time it is signalled."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return f"process {pid} is not running"
+    try:
+        if reason := why_not_host(pid, folder):
+            return reason
+        signal.pidfd_send_signal(pidfd, signum)
+        return None
+    except ProcessLookupError:  # it exited after the check
+        return f"process {pid} is not running"
+    finally:
+        os.close(pidfd)
+
+
 if __name__ == "__main__":
-    settings_json, folder_arg, idle_arg = sys.argv[1:4]
-    sys.exit(serve(SparkSettings(**json.loads(settings_json)), Path(folder_arg), float(idle_arg)))
+    # The settings come on stdin (`_start_host`), never on the command line.
+    request = json.loads(sys.stdin.read())
+    sys.exit(serve(SparkSettings(**request["settings"]), Path(sys.argv[1]), float(request["idle_minutes"])))
