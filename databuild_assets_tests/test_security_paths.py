@@ -1,7 +1,8 @@
 """Paths a table's log names and symlinks inside a table (issue 42, findings 4 and 10): nothing
 outside the lake is read, moved or deleted through them. A commit naming a path that leaves its
 table is damage `check` names by its version; `repair` moves no file from outside the lake and
-a symlink only as the link itself; the readers refuse such a commit in one line.
+a symlink only as the link itself; the readers refuse such a commit in one line; vacuum refuses
+while a table holds a symlink, because Delta's VACUUM deletes old files in a linked folder.
 
 One lake is built by Spark per module (one ingestion batch, the derived tables refreshed); each
 test changes a copy of it.
@@ -23,6 +24,7 @@ from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.check import check_lake
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.repair import repair_lake
+from databuild_assets.maintenance.vacuum import SymlinkInTableError, vacuum_lake
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commits import log_changes
 from databuild_assets.runtime.damage import DamagedTableError
@@ -168,6 +170,29 @@ def test_readers_refuse_a_commit_naming_a_file_outside_the_table_in_one_line_nam
         DeltaFollower(str(table)).load(["event_id"])  # a snapshot as delta-rs lists it
     with pytest.raises(DamagedTableError, match=named):
         log_changes(spark, str(table), version - 1, version)  # the incremental refreshes
+
+
+def test_vacuum_refuses_while_a_table_holds_a_symlinked_folder_and_the_old_files_it_leads_to_survive(
+    spark, copy, tmp_path
+) -> None:
+    outside = tmp_path / "outside-dir"
+    old = _outside_file(outside / "part-00000-0ld.c000.snappy.parquet")
+    link = Path(copy.table_path(RAW_EVENT_LOG)) / "event_date=2099-01-01"
+    link.symlink_to(outside)
+
+    with pytest.raises(SymlinkInTableError, match=rf"^vacuum refused: {re.escape(str(link))} is a symlink inside"):
+        vacuum_lake(spark, copy, retention_hours=0, allow_short_retention=True)
+    assert old.read_bytes() == MARKER
+
+    lines = [problem.line() for problem in check_lake(copy).problems]
+    named = "raw_event_log: tables/raw_event_log/event_date=2099-01-01: a symlink"
+    assert any(line.startswith(named) for line in lines), lines
+    result = repair_lake(spark, copy)
+    assert not os.path.lexists(link) and os.path.islink(Path(result.aside_folder) / link.relative_to(copy.root))
+    assert result.after is not None and result.after.ok
+
+    vacuum_lake(spark, copy, retention_hours=0, allow_short_retention=True)
+    assert old.read_bytes() == MARKER
 
 
 def test_a_partition_folder_swapped_for_a_symlink_out_of_the_lake_is_moved_aside_as_a_link(
