@@ -4,6 +4,9 @@ For each Delta table under `tables/`, with no JVM (runtime/delta_log.py reads th
 - every commit file and checkpoint parses, and no version is missing;
 - every data file the current version references exists, has the size the log recorded, and
   reads: every row group decoded, and as many rows as the log's statistics say;
+- no path the log names leaves the table (absolute, a URI, `..`: the commit is damage), and no
+  symlink is inside a table (none of ours makes one; VACUUM would follow a linked folder): a
+  file is never opened through one;
 - the versions the derived tables recorded exist in what they were derived from: the filtered
   log's raw_event_log and tombstones versions, each projection's filtered_event_log version,
   the serving index's stamp (and the index file passes SQLite's quick_check);
@@ -32,7 +35,15 @@ import pyarrow.parquet as pq
 
 from databuild_assets.ingest.landing import EVENTS_APP_ID
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
-from databuild_assets.runtime.delta_log import LiveFile, LogState, is_table, read_log
+from databuild_assets.runtime.delta_log import (
+    LiveFile,
+    LogState,
+    OutsideTableError,
+    is_table,
+    read_log,
+    resolve_in_table,
+    symlinks_in,
+)
 from databuild_assets.runtime.lake import (
     EVENT_QUARANTINE,
     FILTERED_EVENT_LOG,
@@ -158,6 +169,17 @@ def _check_table(
             )
         )
     root = os.path.join(lake.path("tables"), name)
+    for link in symlinks_in(root):
+        table.problems.append(
+            Problem(
+                name,
+                os.path.relpath(link, lake.root),
+                f"a symlink (-> {os.readlink(link)}) inside the table: a table holds only its own files, and "
+                "vacuum refuses to run while it is there (Delta's VACUUM deletes old files in a linked folder)",
+                "nothing yet: the files it leads to are read as the table's",
+                f"{repair} (moves the link itself aside; what it points to is not touched)",
+            )
+        )
     files = sorted(state.files.values(), key=lambda f: f.path)
     checked, last_report = 0, time.monotonic()
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2) as pool:
@@ -175,8 +197,12 @@ def _check_table(
 
 
 def data_file_problem(root: str, live: LiveFile, read_data: bool) -> str | None:
-    """What is wrong with one data file, or None."""
-    path = os.path.join(root, live.path)
+    """What is wrong with one data file, or None. A file a symlink leads out of the table to is
+    not opened."""
+    try:
+        path = resolve_in_table(root, live.path)
+    except OutsideTableError as error:
+        return f"data file is outside the table: {error}"
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
@@ -280,7 +306,7 @@ def committed_batches(lake: Lake, ledger: LogState) -> dict[int, tuple[int, int]
     root = os.path.join(lake.path("tables"), INGEST_LEDGER.name)
     batches: dict[int, tuple[int, int]] = {}
     for live in ledger.files.values():
-        parquet = pq.ParquetFile(os.path.join(root, live.path))
+        parquet = pq.ParquetFile(resolve_in_table(root, live.path))
         present = [c for c in ("batch_id", "stage", "log_version", "accepted") if c in parquet.schema_arrow.names]
         for row in parquet.read(columns=present).to_pylist():  # a plan's rows may leave the counts out
             if row["stage"] == "committed" and row.get("log_version") is not None:

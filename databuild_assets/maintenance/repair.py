@@ -5,7 +5,9 @@
   damaged commit or checkpoint, are moved aside and `_last_checkpoint` names a checkpoint that
   reads. Its data files that are missing, cut short or unreadable are moved aside, and a commit
   removes them from the table (delta-rs's file system check). Nothing is deleted: what is
-  moved aside goes to `<root>/repair/<time>/`, under the table's path.
+  moved aside goes to `<root>/repair/<time>/`, under the table's path. A symlink inside a table
+  is moved aside itself (what it points to is not touched), and a commit naming a path outside
+  the table is a damaged commit: nothing outside the lake is ever moved.
 - The events that lost: the landing files every committed batch read (from `landing/`, or
   `landing_archive/` once retention moved them) are ingested again in one new batch; its MERGE
   keeps only the event ids the raw log no longer holds. What no landing file holds (events
@@ -53,7 +55,16 @@ from databuild_assets.maintenance.check import (
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_log import LAST_CHECKPOINT, LogState, log_folder, parse_commit, read_log
+from databuild_assets.runtime.delta_log import (
+    LAST_CHECKPOINT,
+    LogState,
+    OutsideTableError,
+    log_folder,
+    parse_commit,
+    read_log,
+    resolve_in_table,
+    symlinks_in,
+)
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
@@ -98,6 +109,7 @@ def repair_lake(spark: SparkSession, lake: Lake, progress: Callable[[str], None]
     aside = lake.path("repair", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     result.aside_folder = aside
     damaged = {problem.table for problem in result.before.problems}
+    _move_links_aside(lake, aside, result, say)
     raw_changed = RAW_EVENT_LOG.name in damaged
     filtered_reads = not _has_damaged_files(result.before, FILTERED_EVENT_LOG.name)
     witnesses = _witness_ids(lake, filtered_reads, say) if raw_changed else None
@@ -137,6 +149,22 @@ def repair_lake(spark: SparkSession, lake: Lake, progress: Callable[[str], None]
     return result
 
 
+def _move_links_aside(lake: Lake, aside: str, result: RepairResult, say: Callable[[str], None]) -> None:
+    """Move every symlink inside a table aside, the link itself, before anything reads the
+    tables: the files it led to then read as missing and leave the table like any missing file."""
+    tables = lake.path("tables")
+    for name in sorted(os.listdir(tables)) if os.path.isdir(tables) else []:
+        path = os.path.join(tables, name)
+        links = symlinks_in(path) if os.path.isdir(path) and not os.path.islink(path) else []
+        if not links:
+            continue
+        with commit_lock(path):
+            for link in links:
+                _move(lake, link, aside, result)
+        result.actions.append(f"{name}: {len(links)} symlink(s) moved aside (what they point to is not touched)")
+        say(result.actions[-1])
+
+
 def _has_damaged_files(report: LakeCheck, name: str) -> bool:
     """Whether a table's own files (log or data) are damaged, beyond disagreeing with another's."""
     table = report.table(name)
@@ -147,7 +175,7 @@ def _event_ids(table_path: str) -> pa.Array:
     """The event ids of a Delta table's live files (at its newest readable version)."""
     state = read_log(table_path)
     parts = [
-        pq.read_table(os.path.join(table_path, live.path), columns=["event_id"]).column("event_id")
+        pq.read_table(resolve_in_table(table_path, live.path), columns=["event_id"]).column("event_id")
         for live in state.files.values()
     ]
     return pa.chunked_array(parts, pa.string()).combine_chunks() if parts else pa.array([], pa.string())
@@ -196,8 +224,12 @@ def _relative(lake: Lake, path: str) -> str:
 
 def _move(lake: Lake, path: str, aside: str, result: RepairResult) -> None:
     """Move a file (or folder) aside, with the checksum file Hadoop's local filesystem keeps
-    beside a file (`.<name>.crc`): one left behind fails the next file written at that name."""
+    beside a file (`.<name>.crc`): one left behind fails the next file written at that name.
+    A symlink is moved itself; a path whose folder resolves outside the lake is refused."""
     folder, name = os.path.split(path)
+    real_root, real_folder = os.path.realpath(lake.root), os.path.realpath(folder)
+    if not real_folder.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise OutsideTableError(f"repair refuses to move {path}: its folder {real_folder} is outside the lake")
     for source in (path, os.path.join(folder, f".{name}.crc")):
         if source != path and not os.path.exists(source):
             continue

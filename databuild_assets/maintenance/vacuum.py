@@ -5,19 +5,26 @@ time travel until vacuum removes them; only then is an erased value gone from th
 A retention below the configured minimum is refused unless explicitly overridden: readers and
 writers that started before the window may still need those files (Delta's own check is 168 h).
 
+A table that holds a symlink is not vacuumed, nor any other: Delta's VACUUM lists a linked
+folder as the table's own and deletes the old files it finds there, wherever they are (found
+with Delta 3 on a local disk). None of our writers makes a link; `check` names it and `repair`
+moves the link itself aside.
+
     vacuum_lake(spark, Lake("/data/lake"), retention_hours=168)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.lake import Lake
+from databuild_assets.runtime.delta_log import symlinks_in
+from databuild_assets.runtime.lake import Lake, is_local
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +34,10 @@ DELTA_SAFE_RETENTION_HOURS = 168  # below this Delta itself refuses (retentionDu
 
 class RetentionTooShortError(ValueError):
     """The requested retention is below the minimum and no override was given; nothing deleted."""
+
+
+class SymlinkInTableError(RuntimeError):
+    """A table of the lake holds a symlink, which VACUUM would follow; nothing deleted."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,17 @@ def vacuum_lake(
             DELTA_SAFE_RETENTION_HOURS,
         )
         session.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    tables = lake_tables(session, lake)
+    links = [link for _, path in tables if is_local(path) for link in symlinks_in(path)]
+    if links:
+        raise SymlinkInTableError(
+            f"vacuum refused: {links[0]} is a symlink inside a table (-> {os.readlink(links[0])})"
+            + (f", and {len(links) - 1} more" if len(links) > 1 else "")
+            + "; Delta's VACUUM would delete old files wherever it leads. Nothing was deleted. Remove the link, "
+            f"or run databuild-assets repair delta://{lake.root}, which moves it aside"
+        )
     results = []
-    for name, path in lake_tables(session, lake):
+    for name, path in tables:
         dry_run = session.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS DRY RUN").collect()
         files = [row["path"] for row in dry_run]
         size = sum(_size(session, file) for file in files)

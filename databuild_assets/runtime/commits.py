@@ -12,15 +12,14 @@ import os
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 from functools import reduce
-from urllib.parse import unquote
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from databuild_assets.runtime.damage import commit_damage
-from databuild_assets.runtime.delta_log import commit_path
+from databuild_assets.runtime.damage import commit_damage, outside_table_damage
+from databuild_assets.runtime.delta_log import OutsideTableError, commit_path, resolve_in_table, table_relative
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, missing_files, read_table_properties
 from databuild_assets.runtime.lake import is_local
 
@@ -63,6 +62,8 @@ def log_changes(
     userMetadata records `PURGE` and the tombstones version it applied, at most that one) is no
     change to it: it removed only rows the reader hides, and its adds are the rest of the files it
     rewrote, rows the reader has already. Its actions are left out, and counted in `purges`.
+    A commit naming a path outside the table (`delta_log.table_relative`) is refused: as
+    DamagedTableError naming it on a local disk, OutsideTableError elsewhere.
     """
     if to_version <= from_version:
         return LogChanges((), (), False)
@@ -75,6 +76,8 @@ def log_changes(
                 f"{log_path}: commits {from_version + 1}..{to_version} are not all readable ({error})"
             ) from error
         raise
+    for version, actions in enumerate(per_commit, start=from_version + 1):
+        _check_paths(log_path, version, actions)
     adds: dict[str, dict] = {}  # by path, relative to the table's root, in commit order
     removes: dict[str, dict] = {}
     removed_data = deletion_vectors = metadata_changed = False
@@ -85,10 +88,10 @@ def log_changes(
             continue
         for action in actions:
             if "add" in action and action["add"].get("dataChange", True):
-                adds[unquote(action["add"]["path"])] = action["add"]
+                adds[table_relative(action["add"]["path"])] = action["add"]
                 deletion_vectors |= bool(action["add"].get("deletionVector"))
             elif "remove" in action and action["remove"].get("dataChange", True):
-                removes[unquote(action["remove"]["path"])] = action["remove"]
+                removes[table_relative(action["remove"]["path"])] = action["remove"]
                 removed_data = True
                 deletion_vectors |= bool(action["remove"].get("deletionVector"))
             metadata_changed |= "metaData" in action
@@ -110,6 +113,19 @@ def log_changes(
     )
 
 
+def _check_paths(log_path: str, version: int, actions: list[dict]) -> None:
+    """Refuse commit `version` when an add or remove action names a path outside the table."""
+    for action in actions:
+        for kind in ("add", "remove"):
+            if kind in action:
+                try:
+                    table_relative(action[kind]["path"])
+                except OutsideTableError as error:
+                    if is_local(log_path):
+                        raise commit_damage(log_path, version, error) from None
+                    raise OutsideTableError(f"{log_path}: commit {version}: {error}") from None
+
+
 # The userMetadata key of compaction's purge commits (maintenance/compaction.py), beside
 # "tombstones_version": the version of the tombstones whose events it removed.
 PURGE = "purge"
@@ -125,7 +141,9 @@ def _purge_of_hidden_rows(actions: list[dict], hidden_tombstones_version: int, a
     if PURGE not in metadata or not isinstance(applied, int) or applied > hidden_tombstones_version:
         return False
     return not any(
-        "metaData" in action or "protocol" in action or unquote(action.get("remove", {}).get("path", "")) in added_since
+        "metaData" in action
+        or "protocol" in action
+        or ("remove" in action and table_relative(action["remove"]["path"]) in added_since)
         for action in actions
     )
 
@@ -207,6 +225,11 @@ def _read_files(
     data_schema = StructType([field for field in schema if field.name not in partition_columns])
     files_by_partition: dict[tuple, list[str]] = {}
     for path, values in zip(paths, partition_values, strict=True):
+        if is_local(log_path):  # a symlink inside the table must not lead Spark's read out of it
+            try:
+                resolve_in_table(log_path, path)
+            except OutsideTableError as error:
+                raise outside_table_damage(log_path, error) from None
         files_by_partition.setdefault(tuple(values.get(column) for column in partition_columns), []).append(
             f"{log_path.rstrip('/')}/{path}"
         )

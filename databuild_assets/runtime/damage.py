@@ -27,7 +27,15 @@ from pathlib import Path
 from py4j.protocol import Py4JJavaError
 from pyspark.errors.exceptions.captured import CapturedException
 
-from databuild_assets.runtime.delta_log import LogDamage, LogState, commit_path, is_table, parse_commit, read_log
+from databuild_assets.runtime.delta_log import (
+    LogDamage,
+    LogState,
+    OutsideTableError,
+    commit_path,
+    is_table,
+    parse_commit,
+    read_log,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +126,25 @@ def data_file_damage(table_path: str, file: str, error: BaseException) -> Damage
 
 def commit_damage(table_path: str, version: int, error: BaseException) -> DamagedTableError:
     """A commit file that exists but does not parse (commit files appear whole, by a rename, so
-    this is never a write in progress)."""
+    this is never a write in progress), or names a path outside the table (OutsideTableError)."""
     path, name, root = _table_and_root(table_path)
     file = _in_lake(path, root, f"_delta_log/{version:020d}.json")
+    if isinstance(error, OutsideTableError):
+        return DamagedTableError(name, file, f"commit {version} refused: {_error_text(error)}", root)
     return DamagedTableError(name, file, f"commit file does not parse ({_error_text(error)})", root)
+
+
+def outside_table_damage(table_path: str, error: OutsideTableError) -> DamagedTableError:
+    """A reader's refusal of a path that leaves a local table, as damage: the symlink that leads
+    out, or the commit (found by reading the log) that names the path."""
+    path, name, root = _table_and_root(table_path)
+    if error.link is not None:
+        return DamagedTableError(name, _in_lake(path, root, os.path.relpath(error.link, path)), str(error), root)
+    named = str(error).split(" (", 1)[0]  # "the log names '<path>'"
+    found = next((d for d in read_log(table_path).damage if named in d.what), None)
+    if found is not None:
+        return DamagedTableError(name, _in_lake(path, root, found.file), found.what, root)
+    return DamagedTableError(name, _in_lake(path, root, "_delta_log"), _error_text(error), root)
 
 
 def new_commits_damage(table_path: str, after: int, newest: int, limit: int = 20) -> DamagedTableError | None:
@@ -258,5 +281,6 @@ __all__ = [
     "data_file_damage",
     "log_damage",
     "new_commits_damage",
+    "outside_table_damage",
     "spark_damage",
 ]

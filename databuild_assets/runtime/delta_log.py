@@ -11,6 +11,10 @@ remove actions (path, size, record count) and the idempotent-write transactions.
     state.version            # the newest version readable whole (None: no readable version)
     state.damage             # [LogDamage(file, version, what), ...]
     state.files["event_date=2024-01-01/part-0000.parquet"].records
+
+Every path an add or remove action names goes through `table_relative` (and, before a file of
+a local table is opened, `resolve_in_table`): a path that leaves the table is refused, whoever
+wrote the commit, so that nothing outside the table is read, moved or deleted by its path.
 """
 
 from __future__ import annotations
@@ -28,6 +32,73 @@ COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name; group 1: 
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 LAST_CHECKPOINT = "_last_checkpoint"
 LOG = "_delta_log"  # a table's log folder, relative to the table
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # file:, s3a:, C: (a relative path of ours has none)
+
+
+class OutsideTableError(ValueError):
+    """A path from a table's log that names no file inside the table: absolute, with a scheme,
+    with a `..` segment, or through a symlink in the table that leads out of it. Delta allows
+    absolute paths in add actions (shallow clones); this project's writers never write them, so
+    one in our tables is damage or a plant, never a file to open, move or delete. `link`: the
+    symlink inside the table the path goes through, when that is why."""
+
+    def __init__(self, message: str, link: str | None = None) -> None:
+        super().__init__(message)
+        self.link = link
+
+
+def table_relative(path: str) -> str:
+    """An add or remove action's `path` (URL-encoded, as Delta writes it) unquoted: a path
+    relative to the table. OutsideTableError when it would leave the table: absolute, a URI
+    (any scheme), or holding a `..` segment once unquoted (`%2E%2E%2F` is `../`)."""
+    name = unquote(path)
+    if not name or "\x00" in name:
+        why = "it is empty or holds a NUL"
+    elif _SCHEME.match(path) or _SCHEME.match(name):
+        why = "it is a URI"
+    elif name.startswith("/"):
+        why = "it is absolute"
+    elif ".." in name.split("/"):
+        why = "it holds a '..' segment"
+    else:
+        return name
+    raise OutsideTableError(
+        f"the log names {path!r}, outside the table ({why}); this project's tables hold only relative paths inside them"
+    )
+
+
+def resolve_in_table(table_path: str, relative: str) -> str:
+    """The local file `relative` (from `table_relative`) of the table at `table_path`, refused
+    with OutsideTableError naming the symlink when a symlink inside the table leads it out."""
+    root = table_path.removeprefix("file://").removeprefix("file:")
+    full = os.path.join(root, relative)
+    real_root, real = os.path.realpath(root), os.path.realpath(full)
+    if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return full
+    link = full
+    parts = relative.split("/")
+    for count in range(1, len(parts) + 1):
+        candidate = os.path.join(root, *parts[:count])
+        if os.path.islink(candidate):
+            link = candidate
+            break
+    target = os.readlink(link) if os.path.islink(link) else real
+    raise OutsideTableError(
+        f"{full} leads outside the table through the symlink {link} (-> {target}); a table holds only its own "
+        "files: remove the link (databuild-assets repair moves it aside)",
+        link,
+    )
+
+
+def symlinks_in(table_path: str) -> list[str]:
+    """Every symlink inside a local table's folder (files and folders, not followed), sorted:
+    none of our writers makes one, and Delta's VACUUM follows a linked folder and deletes
+    the old files it finds there, wherever that is."""
+    root = table_path.removeprefix("file://").removeprefix("file:")
+    found = []
+    for folder, folders, files in os.walk(root):  # followlinks=False: a linked folder is listed, not entered
+        found += [path for name in (*folders, *files) if os.path.islink(path := os.path.join(folder, name))]
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -123,11 +194,11 @@ def parse_commit(path: Path) -> _Commit:
         if not isinstance(action, dict):
             raise ValueError(f"line {number} is not a Delta action")
         if (add := action.get("add")) is not None:
-            name = unquote(add["path"])
+            name = _named(add, number)
             commit.adds[name] = LiveFile(name, int(add["size"]), _records(add.get("stats")))
             commit.removes.discard(name)
         elif (remove := action.get("remove")) is not None:
-            name = unquote(remove["path"])
+            name = _named(remove, number)
             commit.removes.add(name)
             commit.adds.pop(name, None)
         elif (txn := action.get("txn")) is not None:
@@ -135,6 +206,13 @@ def parse_commit(path: Path) -> _Commit:
         elif (info := action.get("commitInfo")) is not None:
             commit.user_metadata = info.get("userMetadata")
     return commit
+
+
+def _named(action: dict, line: int) -> str:
+    try:
+        return table_relative(action["path"])
+    except OutsideTableError as error:
+        raise OutsideTableError(f"line {line}: {error}") from None
 
 
 def _read_checkpoint(parts: list[Path]) -> tuple[dict[str, LiveFile], dict[str, int]]:
@@ -147,7 +225,7 @@ def _read_checkpoint(parts: list[Path]) -> tuple[dict[str, LiveFile], dict[str, 
         if "add" in table.column_names:
             for add in table.column("add").to_pylist():
                 if add is not None:
-                    name = unquote(add["path"])
+                    name = table_relative(add["path"])
                     files[name] = LiveFile(name, int(add["size"]), _records(add.get("stats")))
         if "txn" in table.column_names:
             for txn in table.column("txn").to_pylist():
@@ -175,6 +253,8 @@ def read_log(table_path: str) -> LogState:
     for version, path in commits.items():
         try:
             parsed[version] = parse_commit(path)
+        except OutsideTableError as error:
+            state.damage.append(LogDamage(f"{LOG}/{path.name}", version, f"commit {version} refused: {error}"))
         except (OSError, ValueError, KeyError, TypeError) as error:
             state.damage.append(LogDamage(f"{LOG}/{path.name}", version, f"commit file does not parse: {error}"))
     state.commits_read = len(parsed)

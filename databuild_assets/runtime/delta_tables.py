@@ -30,8 +30,14 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.damage import data_file_damage
-from databuild_assets.runtime.delta_log import COMMIT_FILE, log_folder
+from databuild_assets.runtime.damage import data_file_damage, outside_table_damage
+from databuild_assets.runtime.delta_log import (
+    COMMIT_FILE,
+    OutsideTableError,
+    log_folder,
+    resolve_in_table,
+    table_relative,
+)
 from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec, is_local
 from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
 
@@ -375,16 +381,25 @@ def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: i
     """`columns` of one data file (a delta-rs add action), whole or `rows_per_part` rows at a
     time, with its partition values as columns. A file that does not read while the log still
     references it raises DamagedTableError naming it; one gone because a newer version removed
-    it (a vacuum) raises FileNotFoundError, for the caller to read the newer snapshot."""
+    it (a vacuum) raises FileNotFoundError, for the caller to read the newer snapshot. A path
+    that leaves the table (`delta_log.table_relative`, `resolve_in_table`) is never opened: a
+    local table raises DamagedTableError naming the commit or the symlink, one on S3
+    OutsideTableError."""
     partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
     root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
-    relative = unquote(file["path"])
     try:
+        relative = table_relative(file["path"])
+        local = None if is_s3(root) else resolve_in_table(root, relative)
+    except OutsideTableError as error:
         if is_s3(root):
+            raise OutsideTableError(f"{root}: {error}") from None
+        raise outside_table_damage(root, error) from None
+    try:
+        if local is None:
             filesystem, prefix = arrow_filesystem(root)
             parquet = pq.ParquetFile(filesystem.open_input_file(f"{prefix}/{relative}"))
         else:
-            parquet = pq.ParquetFile(os.path.join(root, relative))
+            parquet = pq.ParquetFile(local)
         present = [c for c in columns if c in set(parquet.schema_arrow.names)]
         if rows_per_part is None:
             datas: Iterator[pa.Table] = iter([parquet.read(columns=present)])

@@ -19,7 +19,6 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote
 
 import deltalake
 import deltalake.exceptions
@@ -27,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage
-from databuild_assets.runtime.delta_log import COMMIT_FILE
+from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage, outside_table_damage
+from databuild_assets.runtime.delta_log import COMMIT_FILE, OutsideTableError, resolve_in_table, table_relative
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_local_table, schema_version_of
 from databuild_assets.runtime.object_store import arrow_filesystem, delta_rs_options, delta_rs_uri, is_s3
 
@@ -141,9 +140,9 @@ class DeltaFollower:
                         continue
                     action = json.loads(line)
                     if "add" in action and action["add"].get("dataChange", True):
-                        changes.added.append(unquote(action["add"]["path"]))
+                        changes.added.append(table_relative(action["add"]["path"]))
                     elif "remove" in action and action["remove"].get("dataChange", True):
-                        changes.removed.append(unquote(action["remove"]["path"]))
+                        changes.removed.append(table_relative(action["remove"]["path"]))
                     elif "metaData" in action or "protocol" in action:
                         return None  # a schema or protocol change: reload and check it
             except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -169,11 +168,15 @@ class DeltaFollower:
         """`columns` of the data files `files` (relative paths) as one table; None when a file
         is gone or unreadable and the latest version no longer has it (vacuumed after a long
         pause): the caller loads the snapshot again. DamagedTableError when the log still
-        references it."""
+        references it, or a symlink inside the table leads the file out of it."""
         tables = []
         for relative in files:
             try:
-                tables.append(pq.read_table(os.path.join(self.path, relative), columns=list(columns)))
+                local = resolve_in_table(self.path, relative)
+            except OutsideTableError as error:
+                raise outside_table_damage(self.path, error) from None
+            try:
+                tables.append(pq.read_table(local, columns=list(columns)))
             except (OSError, pa.ArrowException) as error:
                 if (damage := data_file_damage(self.path, relative, error)) is not None:
                     raise damage from None
