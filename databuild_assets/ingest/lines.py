@@ -18,6 +18,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 from databuild_assets.events.fast_check import STRUCTS, decode, event_type_of
 from databuild_assets.events.schema import CORE_FIELDS, EVENT_SCHEMA, EVENT_TYPES
 from databuild_assets.events.validation import parse_line
+from databuild_assets.ingest.landing_names import literal_glob
 
 # What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it:
 # where the line is, and either the event it parsed to (typed, EVENT_SCHEMA's columns) or, for a
@@ -197,6 +198,8 @@ def read_landing_lines(
     whole file. A line is numbered by its place in its range plus the lines before the range,
     which one count per range gives; files too small to be split need no count.
     """
+    if not paths:
+        return spark.createDataFrame([], _LINES_SCHEMA)
     hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path
     sources = {hadoop_path(path).toUri().toString(): path for path in paths}  # how _metadata names a file
     lines = read_raw_lines(spark, paths)
@@ -216,10 +219,11 @@ def read_raw_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     """The lines of `paths` as Spark's text source splits them, unnumbered and unchecked: the file
     (`path`, as Spark names it), the start of the byte range read (`range_start`) and the line's
     exact bytes (`raw`, valid UTF-8 or not). Lines end at a newline only, as JSON Lines says: a
-    carriage return stays in its line."""
+    carriage return stays in its line. Each path is read literally: its glob characters are
+    escaped (`literal_glob`)."""
     return (
         spark.read.option("lineSep", "\n")
-        .text(paths)
+        .text([literal_glob(path) for path in paths])
         .select(
             F.col("_metadata.file_path").alias("path"),
             F.col("_metadata.file_block_start").alias("range_start"),

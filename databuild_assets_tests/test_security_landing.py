@@ -1,0 +1,149 @@
+"""A writer of the landing folder cannot stop ingestion or make it read outside the lake
+(docs/security.md): names with glob or control characters, links, FIFOs, other users' files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dagster import materialize
+
+from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.ingest.landing import LandingFile, _Ledger, ensure_ingest_tables, ingest_landing_files
+from databuild_assets.maintenance.landing_files import retain_landing_files
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
+from databuild_assets.workload import write_landing_files
+from databuild_assets_tests.support import (
+    OTHER_GID,
+    OTHER_UID,
+    lakehouse_for,
+    needs_another_user,
+    partition_event_at,
+    write_landing,
+)
+
+
+def event_ids(spark, lake) -> list[str]:
+    return sorted(row.event_id for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect())
+
+
+def quarantine_rows(spark, lake) -> list:
+    return spark.read.format("delta").load(lake.table_path(EVENT_QUARANTINE)).collect()
+
+
+def events(prefix: str, count: int = 2) -> list[dict]:
+    return [partition_event_at(f"{prefix}-{n}", n) for n in range(count)]
+
+
+def ingest_as_the_job_does(lake) -> dict:
+    """The ingestion asset ingest_job materializes, in process: its raw_event_log metadata."""
+    result = materialize([landing_files, ingested_event_log], resources={"lakehouse": lakehouse_for(lake)})
+    assert result.success
+    [raw] = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == RAW_EVENT_LOG.name]
+    return {key: value.value for key, value in raw.materialization.metadata.items()}
+
+
+GLOB_NAMES = {"a[.jsonl": "bracket", "x*.jsonl": "star", "xy.jsonl": "xy", "b{c,d}.jsonl": "brace", "q?.jsonl": "q"}
+GLOB_NAMES["back\\slash.jsonl"] = "backslash"
+UNREADABLE_NAMES = {b"new\nline.jsonl": "newline", b"tab\t.jsonl": "tab", b"c:d.jsonl": "colon", b"u\xff.jsonl": "utf8"}
+
+
+def test_landing_files_named_with_glob_or_control_characters_never_wedge_ingestion(spark, lake):
+    landed = write_landing_files(lake.landing, 300, seed=11, events_per_file=150)  # the demo's files
+    for name, prefix in GLOB_NAMES.items():
+        write_landing(lake, name, events(prefix))
+    for name, prefix in UNREADABLE_NAMES.items():
+        path = os.path.join(os.fsencode(lake.landing), name)
+        Path(os.fsdecode(path)).write_bytes(json.dumps(partition_event_at(f"{prefix}-0")).encode() + b"\n")
+
+    first = ingest_as_the_job_does(lake)
+
+    glob_ids = [f"{prefix}-{n}" for prefix in GLOB_NAMES.values() for n in range(2)]
+    assert len(event_ids(spark, lake)) == len(set(event_ids(spark, lake))) == landed.events_written + len(glob_ids)
+    assert set(glob_ids) <= set(event_ids(spark, lake))  # each read once, literally: x*.jsonl not also xy.jsonl
+    named = {bytes(row.raw_line): row for row in quarantine_rows(spark, lake) if row.line_number == 0}
+    assert set(named) == set(UNREADABLE_NAMES)
+    assert named[b"c:d.jsonl"].reason == (
+        "landing file name c:d.jsonl holds a ':', which Hadoop's paths cannot name: the file was not read. "
+        "Rename it (printable UTF-8, no ':'); the next ingestion reads it"
+    )
+    assert "holds a control character (0x0a)" in named[b"new\nline.jsonl"].reason
+    assert "is not valid UTF-8 (byte 0xff at offset 1)" in named[b"u\xff.jsonl"].reason
+    assert (first["files_not_read"], first["files_ingested"]) == (4, len(landed.files) + len(GLOB_NAMES))
+    assert "quarantined file:" in first["files_not_read_why"]
+
+    write_landing(lake, "later.jsonl", events("later"))
+    second = ingest_as_the_job_does(lake)
+
+    assert {"later-0", "later-1"} <= set(event_ids(spark, lake))
+    assert (second["files_ingested"], second["accepted"], second["files_not_read"]) == (1, 2, 4)
+    assert len([row for row in quarantine_rows(spark, lake) if row.line_number == 0]) == 4  # quarantined once
+    assert all(os.path.exists(os.path.join(os.fsencode(lake.landing), name)) for name in UNREADABLE_NAMES)
+
+
+def test_a_batch_an_earlier_release_planned_with_such_names_is_replayed_without_wedging(spark, lake):
+    # The earlier release listed these through Hadoop and planned them; its run then failed.
+    for name in ("a[.jsonl", "x*.jsonl", "xy.jsonl", "c:d.jsonl"):
+        write_landing(lake, name, events(name[0] + name[1]))
+    ensure_ingest_tables(spark, lake)
+    ledger = _Ledger(spark, lake)
+    planned = [
+        LandingFile(f"file:{lake.landing}/{path.name}", path.stat().st_size) for path in Path(lake.landing).iterdir()
+    ]
+    ledger.plan(planned, ledger.rows())
+
+    replay = ingest_landing_files(spark, lake)
+
+    assert [(b.batch_id, b.replayed, b.accepted, b.quarantined) for b in replay.batches] == [(1, True, 6, 1)]
+    assert event_ids(spark, lake) == ["a[-0", "a[-1", "x*-0", "x*-1", "xy-0", "xy-1"]
+    [row] = quarantine_rows(spark, lake)
+    assert (row.source_file, row.line_number, row.ingest_batch) == (f"file:{lake.landing}/c:d.jsonl", 0, 1)
+    write_landing(lake, "later.jsonl", events("later"))
+    assert ingest_landing_files(spark, lake).accepted == 2  # and nothing is replayed again
+
+
+SECRET = b"TOP-SECRET-CONTENT"
+
+
+@needs_another_user
+def test_links_fifos_and_other_users_files_in_the_landing_folder_are_skipped_unread(spark, lake, tmp_path):
+    secret = tmp_path / "private.jsonl"  # outside the lake, readable by this user only
+    secret.write_bytes(json.dumps(partition_event_at("secret-event")).encode() + b"\n" + SECRET + b"\n")
+    secret.chmod(0o600)
+    write_landing(lake, "good.jsonl", events("good"))
+    (Path(lake.landing) / "link.jsonl").symlink_to(secret)
+    others = write_landing(lake, "others.jsonl", [partition_event_at("others-event"), SECRET.decode()])
+    os.chown(others, OTHER_UID, OTHER_GID)
+    os.mkfifo(Path(lake.landing) / "pipe.jsonl")  # opening it would block the read
+
+    metadata = ingest_as_the_job_does(lake)
+
+    assert event_ids(spark, lake) == ["good-0", "good-1"]
+    assert quarantine_rows(spark, lake) == []
+    landing = f"file:{lake.landing}"
+    assert metadata["files_not_read_why"].splitlines() == [
+        f"- `skipped {landing}/link.jsonl: a symbolic link (its target is not followed), not a regular file: not "
+        "read; landing files must be regular files`",
+        f"- `skipped {landing}/others.jsonl: owned by uid {OTHER_UID}, not by this pipeline's user (uid "
+        f"{os.geteuid()}): not read. Have the writer run as this user, or list its uid in "
+        "DATABUILD_LANDING_WRITER_UIDS`",
+        f"- `skipped {landing}/pipe.jsonl: a FIFO, not a regular file: not read; landing files must be regular files`",
+    ]
+    # Retention and erasure act on ingested files only: nothing of the link's target reaches the archive.
+    retain_landing_files(spark, lake, retention_days=0, mode="archive")
+    assert os.listdir(lake.landing_archive) == ["good.jsonl"]
+    assert sorted(os.listdir(lake.landing)) == ["link.jsonl", "others.jsonl", "pipe.jsonl"]  # left in place
+    archived = (Path(lake.landing_archive) / "good.jsonl").read_bytes()
+    assert SECRET not in archived and b"secret-event" not in archived
+
+
+@needs_another_user
+def test_a_writer_running_as_another_user_is_read_when_its_uid_is_allowed(spark, lake, monkeypatch):
+    others = write_landing(lake, "others.jsonl", events("others"))
+    os.chown(others, OTHER_UID, OTHER_GID)
+    monkeypatch.setenv("DATABUILD_LANDING_WRITER_UIDS", str(OTHER_UID))
+
+    result = ingest_landing_files(spark, lake)
+
+    assert (result.accepted, result.refused) == (2, ())
