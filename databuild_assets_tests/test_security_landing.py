@@ -1,5 +1,6 @@
-"""A writer of the landing folder cannot stop ingestion or make it read outside the lake
-(docs/security.md): names with glob or control characters, links, FIFOs, other users' files."""
+"""A writer of the landing folder cannot stop ingestion, make it read outside the lake, or blow up
+the quarantine (docs/security.md): names with glob or control characters, links, FIFOs, other
+users' files, lines over the limit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from dagster import materialize
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
+from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_BYTES
 from databuild_assets.ingest.landing import LandingFile, _Ledger, ensure_ingest_tables, ingest_landing_files
 from databuild_assets.maintenance.landing_files import retain_landing_files
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
@@ -147,3 +149,22 @@ def test_a_writer_running_as_another_user_is_read_when_its_uid_is_allowed(spark,
     result = ingest_landing_files(spark, lake)
 
     assert (result.accepted, result.refused) == (2, ())
+
+
+def test_a_line_over_the_limit_is_quarantined_with_its_first_bytes_and_its_size_only(spark, lake):
+    huge = b'{"event_id": "huge", "pad": "' + b"x" * (3 * MAX_LINE_BYTES) + b'"}'
+    write_landing(lake, "big.jsonl", [partition_event_at("before"), huge, partition_event_at("after", 1)])
+    session = spark.newSession()  # the file in several byte ranges: the long line spans them
+    session.conf.set("spark.sql.files.maxPartitionBytes", str(MAX_LINE_BYTES))
+
+    result = ingest_landing_files(session, lake)
+
+    [row] = quarantine_rows(spark, lake)
+    assert (row.line_number, bytes(row.raw_line), row.line) == (2, huge[:1024], huge[:1024].decode())
+    assert row.reason == (
+        f"line is {len(huge):,} bytes, over the 1,048,576-byte limit for one event (only its first 1,024 bytes are "
+        "kept)"
+    )
+    assert OVER_LIMIT_KEPT_BYTES == 1024
+    assert event_ids(spark, lake) == ["after", "before"]
+    assert (result.lines_read, result.accepted, result.quarantined) == (3, 2, 1)
