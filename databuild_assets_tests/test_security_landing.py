@@ -4,15 +4,18 @@ users' files, lines over the limit."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 
+import pytest
 from dagster import materialize
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_BYTES
 from databuild_assets.ingest.landing import LandingFile, _Ledger, ensure_ingest_tables, ingest_landing_files
+from databuild_assets.maintenance import landing_files as landing_maintenance
 from databuild_assets.maintenance.landing_files import retain_landing_files
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
 from databuild_assets.workload import write_landing_files
@@ -168,3 +171,19 @@ def test_a_line_over_the_limit_is_quarantined_with_its_first_bytes_and_its_size_
     assert OVER_LIMIT_KEPT_BYTES == 1024
     assert event_ids(spark, lake) == ["after", "before"]
     assert (result.lines_read, result.accepted, result.quarantined) == (3, 2, 1)
+
+
+@pytest.mark.parametrize("chunk", [5, 64])
+def test_the_erasure_scan_finds_and_numbers_lines_much_longer_than_its_chunk(chunk, monkeypatch):
+    monkeypatch.setattr(landing_maintenance, "_SCAN_CHUNK", chunk)
+    long_line = b"y" * 1000 + b"needle" + b"y" * 1000
+    data = b"a\n" + long_line + b"\n" + b"z" * 333 + b"\nneedle\n" + b"w" * 500  # no final newline
+
+    assert landing_maintenance._lines_holding(io.BytesIO(data), [b"needle"]) == (5, {2: long_line, 4: b"needle"})
+    assert list(landing_maintenance._lines_of(io.BytesIO(data))) == [
+        b"a\n",
+        long_line + b"\n",
+        b"z" * 333 + b"\n",
+        b"needle\n",
+        b"w" * 500,
+    ]
