@@ -7,17 +7,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from dagster import materialize
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_BYTES
 from databuild_assets.ingest.landing import LandingFile, _Ledger, ensure_ingest_tables, ingest_landing_files
 from databuild_assets.maintenance import landing_files as landing_maintenance
 from databuild_assets.maintenance.landing_files import retain_landing_files
-from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
 from databuild_assets_tests.support import (
     OTHER_GID,
@@ -187,3 +191,88 @@ def test_the_erasure_scan_finds_and_numbers_lines_much_longer_than_its_chunk(chu
         b"needle\n",
         b"w" * 500,
     ]
+
+
+_NAME_PIECES = ["a", "[", "]", "*", "?", "{", "}", ",", "\\", " ", "%41", "é", ":", "\n", "\t", "\r", "\x7f", "-"]
+_NAMES = st.tuples(
+    st.lists(st.sampled_from(_NAME_PIECES), max_size=8).map("".join),
+    st.sampled_from(["", "L" * 200]),  # a long name
+    st.sampled_from([b"", b"\xff"]),  # bytes that are not UTF-8
+    st.sampled_from([".jsonl", ".json", ".ndjson"]),
+).map(lambda parts: b"f" + parts[0].encode() + parts[1].encode() + parts[2] + parts[3].encode())
+_BAD_LINES = st.one_of(
+    st.binary(max_size=60).map(lambda raw: raw.replace(b"\n", b" ")),
+    st.just(b""),
+    st.just(b'{"event_id": "cut-short", "times'),
+)
+
+
+def _name_is_readable(name: bytes) -> bool:
+    try:
+        text = name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return ":" not in text and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_SPARK_EXAMPLES", 3)),
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(_NAMES, min_size=1, max_size=4, unique=True),
+    st.data(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_any_landing_names_lines_and_links_ingest_each_good_line_once_and_never_wedge_a_later_run(
+    spark, names, data, with_link, with_huge_line
+):
+    root = Path(tempfile.mkdtemp(prefix="fuzz-landing-"))
+    try:
+        lake = Lake(str(root / "lake"))
+        landing = os.fsencode(lake.landing)
+        os.makedirs(landing)
+        good, bad, unreadable = set(), {}, set()
+        for index, name in enumerate(names):
+            lines = []
+            for number in range(data.draw(st.integers(min_value=0, max_value=5))):
+                if data.draw(st.booleans()):
+                    lines.append(json.dumps(partition_event_at(f"{index}-{number}", number)).encode())
+                else:
+                    lines.append(data.draw(_BAD_LINES))
+            if with_huge_line and index == 0:
+                lines.append(b'{"event_id": "' + b"h" * MAX_LINE_BYTES + b'"}')
+            with open(os.path.join(landing, name), "wb") as out:
+                out.write(b"".join(line + b"\n" for line in lines))
+            if not _name_is_readable(name):
+                unreadable.add(name)
+                continue
+            for number, line in enumerate(lines, 1):
+                if line.startswith(b'{"event_id": "') and b"partition_event" in line:
+                    good.add(json.loads(line)["event_id"])
+                else:
+                    bad[number, name] = line[:OVER_LIMIT_KEPT_BYTES]
+        if with_link:
+            outside = root / "outside.jsonl"
+            outside.write_bytes(json.dumps(partition_event_at("outside")).encode() + b"\n")
+            os.symlink(outside, os.path.join(landing, b"link.jsonl"))
+
+        first = ingest_landing_files(spark, lake)
+
+        assert event_ids(spark, lake) == sorted(good)
+        rows = quarantine_rows(spark, lake)
+        assert {bytes(row.raw_line) for row in rows if row.line_number == 0} == unreadable
+        line_rows = {(row.line_number, os.fsencode(row.source_file.rsplit("/", 1)[-1])): row for row in rows}
+        assert {key: bytes(row.raw_line) for key, row in line_rows.items() if key[0] > 0} == bad
+        assert len(first.refused) == len(unreadable) + with_link
+
+        write_landing(lake, "later.jsonl", [partition_event_at("later")])
+        second = ingest_landing_files(spark, lake)
+
+        assert (second.accepted, second.quarantined, [b.replayed for b in second.batches]) == (1, 0, [False])
+        assert len(quarantine_rows(spark, lake)) == len(rows)  # nothing quarantined twice
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
