@@ -94,7 +94,8 @@ def test_each_kind_of_bad_line_is_quarantined_with_its_own_reason_and_good_lines
         "the code is authoritative",
         8: "partition_event.status_code 9 is not a PartitionStatus (0..6)",
         9: "empty line: expected one event as a JSON object",
-        10: f"line is {len(bad_lines[10]):,} bytes, over the 1,048,576-byte limit for one event",
+        10: f"line is {len(bad_lines[10]):,} bytes, over the 1,048,576-byte limit for one event (only its first "
+        "1,024 bytes are kept)",
         11: "not valid UTF-8: byte 0xff at offset 14",
     }
     assert [e["event_id"] for e in raw_log_events(spark, lake)] == ["good-1", "good-2"]

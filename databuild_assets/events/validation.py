@@ -23,6 +23,18 @@ from databuild_assets.events.schema import CORE_FIELDS, EVENT_COLUMNS, EVENT_TYP
 # A line longer than this is quarantined unparsed: no DataBuild event comes near it, and an
 # unbounded line would let one bad writer exhaust an executor's memory.
 MAX_LINE_BYTES = 1024 * 1024
+# Of a line over MAX_LINE_BYTES, only this many first bytes reach the Python workers and the
+# quarantine (ingest/lines.py cuts it in Spark's read): enough for a person to see what it was.
+OVER_LIMIT_KEPT_BYTES = 1024
+
+
+def over_limit_reason(size: int) -> str:
+    """The quarantine's reason for a line of `size` bytes, over MAX_LINE_BYTES."""
+    return (
+        f"line is {size:,} bytes, over the {MAX_LINE_BYTES:,}-byte limit for one event "
+        f"(only its first {OVER_LIMIT_KEPT_BYTES:,} bytes are kept)"
+    )
+
 
 REQUIRED_PAYLOAD_FIELDS: dict[str, frozenset[str]] = {
     "build_request_event": frozenset({"status_code"}),
@@ -144,7 +156,7 @@ def parse_line(raw: bytes | str) -> tuple[dict | None, str | None]:
     """Parse and validate one JSON Lines line: (event, None) when good, (None, reason) when bad."""
     size = len(raw.encode("utf-8") if isinstance(raw, str) else raw)
     if size > MAX_LINE_BYTES:
-        return None, f"line is {size:,} bytes, over the {MAX_LINE_BYTES:,}-byte limit for one event"
+        return None, over_limit_reason(size)
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -36,6 +37,13 @@ from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_COLUMNS, EVENT_SCHEMA
 from databuild_assets.ingest.dedup import first_of_each_event_id, insert_new_events
+from databuild_assets.ingest.landing_names import (
+    is_landing_name,
+    refused_entry,
+    shown_name,
+    unreadable_name,
+    writer_uids,
+)
 from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.commits import find_commit
@@ -48,7 +56,7 @@ from databuild_assets.runtime.delta_tables import (
     retry_on_conflict,
     session_settings,
 )
-from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG, Lake, is_local, plain_path
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +72,6 @@ class _Skipped:
 
 
 SKIPPED = _Skipped()
-LANDING_SUFFIXES = (".jsonl", ".json", ".ndjson")
 # A file that is empty or whose last line has no newline yet is taken for one still being
 # written, and waits; once unchanged this long it is taken as complete (its writer is gone).
 DEFAULT_SETTLE_SECONDS = 600.0
@@ -78,6 +85,30 @@ class LandingFile:
     path: str
     size: int
     modified_ms: int = 0  # the filesystem's modification time, ms since the epoch
+
+
+@dataclass(frozen=True)
+class RefusedFile:
+    """An entry of a landing folder that is not read (ingest/landing_names.py): skipped (a link, a
+    FIFO, a device, another user's file), or quarantined by name (a name Spark cannot read)."""
+
+    folder: str  # Hadoop's spelling of its folder (file:/..., s3a://...)
+    name: bytes  # the name's exact bytes
+    reason: str
+    quarantined: bool  # True: a quarantine row names it; False: skipped, listed at every run
+
+    @property
+    def path(self) -> str:
+        """The folder and the name as one printable line (`shown_name`): how it is shown and quarantined."""
+        return f"{self.folder}/{shown_name(self.name)}"
+
+    @property
+    def literal_path(self) -> str:
+        """The folder and the name as a plan of an earlier release may have recorded it."""
+        return f"{self.folder}/{os.fsdecode(self.name)}"
+
+    def __str__(self) -> str:
+        return f"{'quarantined' if self.quarantined else 'skipped'} {self.path}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,9 @@ class IngestResult:
     # Files not ingested yet because they may still be being written (empty, or no newline at
     # the end, and changed less than settle_seconds ago); a later run ingests them.
     incomplete: tuple[str, ...] = ()
+    # Landing folder entries not read, each "skipped <path>: <reason>" or "quarantined <path>:
+    # <reason>"; they stay where they are, and are listed again at every run.
+    refused: tuple[str, ...] = ()
 
     def _total(self, name: str) -> int:
         return sum(getattr(batch, name) for batch in self.batches)
@@ -127,23 +161,105 @@ class IngestResult:
 
 
 def list_landing_files(spark: SparkSession, directory: str) -> list[LandingFile]:
-    """JSON Lines files in `directory` (any Hadoop filesystem), by name.
+    """The landing files of `directory` that ingestion reads (`scan_landing_folder`), by name."""
+    return scan_landing_folder(spark, directory)[0]
 
-    Names starting with "." or "_" are skipped: writers write under such a name and rename
-    when the file is complete, so a file still being written is never read half.
+
+def scan_landing_folder(spark: SparkSession, directory: str) -> tuple[list[LandingFile], list[RefusedFile]]:
+    """(files to read, entries refused) of `directory` (any Hadoop filesystem), each by name.
+
+    Only JSON Lines names not starting with "." or "_" are looked at: writers write under such a
+    name and rename when the file is complete, so a file still being written is never read half.
+    A local folder is listed here, each entry by `os.lstat` (never following a link): links,
+    FIFOs, devices, sockets and other users' files are refused unread, as are names Spark cannot
+    read by (ingest/landing_names.py). Each file's path is Hadoop's spelling (file:/..., s3a://...).
     """
     jvm = spark.sparkContext._jvm
     directory_path = jvm.org.apache.hadoop.fs.Path(directory)
     filesystem = directory_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not filesystem.exists(directory_path):
         log.info("landing folder %s does not exist yet: nothing to ingest", directory)
-        return []
-    files = []
-    for status in filesystem.listStatus(directory_path):
-        name = status.getPath().getName()
-        if status.isFile() and not name.startswith((".", "_")) and name.endswith(LANDING_SUFFIXES):
-            files.append(LandingFile(status.getPath().toString(), status.getLen(), status.getModificationTime()))
-    return sorted(files, key=lambda landing_file: landing_file.path)
+        return [], []
+    files, refused = [], []
+    if is_local(directory):
+        folder = filesystem.makeQualified(directory_path).toString().rstrip("/")
+        uids = writer_uids()
+        for entry in os.scandir(os.fsencode(plain_path(directory))):
+            if not is_landing_name(entry.name):
+                continue
+            try:
+                status = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # archived or renamed since it was listed
+                continue
+            why = refused_entry(status, uids)
+            if why == "":  # a folder
+                continue
+            why_name = None if why else unreadable_name(entry.name)
+            if why or why_name:
+                refused.append(RefusedFile(folder, entry.name, why or why_name, not why))
+                continue
+            path = f"{folder}/{os.fsdecode(entry.name)}"
+            files.append(LandingFile(path, status.st_size, status.st_mtime_ns // 1_000_000))
+    else:
+        for status in filesystem.listStatus(directory_path):
+            name = status.getPath().getName()
+            if not status.isFile() or not is_landing_name(name):
+                continue
+            path = status.getPath().toString()
+            if why := unreadable_name(name):
+                refused.append(RefusedFile(path[: len(path) - len(name) - 1], name.encode(), why, True))
+                continue
+            files.append(LandingFile(path, status.getLen(), status.getModificationTime()))
+    for refusal in refused:
+        log.warning("%s", refusal)
+    return sorted(files, key=lambda landing_file: landing_file.path), sorted(refused, key=lambda r: r.name)
+
+
+def planned_file_refusal(path: str) -> RefusedFile | None:
+    """Why a file a batch planned must not be read now (None: it may): a name Spark cannot read
+    by, or, on a local disk, no longer a regular file of an allowed owner. A plan an earlier
+    release recorded may name such a file; its batch quarantines it by name instead of failing."""
+    name = path.rsplit("/", 1)[-1]
+    why = unreadable_name(name)
+    if why is None and is_local(path):
+        try:
+            why = refused_entry(os.lstat(plain_path(path)), writer_uids())
+        except FileNotFoundError:
+            return None  # the read names it: a planned file must not be removed before its batch commits
+        why = "a folder, not a regular file: not read" if why == "" else why
+    if not why:
+        return None
+    return RefusedFile(path[: len(path) - len(name) - 1], os.fsencode(name), why, True)
+
+
+def _quarantine_rows(spark: SparkSession, refused: list[RefusedFile], batch_id: int) -> DataFrame:
+    """Quarantine rows for files refused as a whole: line 0 (no line was read), the name's
+    bytes as `raw_line` (nothing of the file's content), the reason."""
+    return spark.createDataFrame(
+        [(r.path, 0, r.reason, r.name.decode("utf-8", errors="replace"), r.name, batch_id) for r in refused],
+        "source_file string, line_number long, reason string, line string, raw_line binary, ingest_batch long",
+    ).withColumn("quarantined_at", F.current_timestamp())
+
+
+def quarantine_unreadable_names(spark: SparkSession, lake: Lake, refused: list[RefusedFile]) -> int:
+    """Quarantine, once each, the landing files whose name Spark cannot read by (in no batch:
+    `ingest_batch` 0); the files stay in place. The number of rows added."""
+    named = [r for r in refused if r.quarantined]
+    if not named:
+        return 0
+    path = lake.table_path(EVENT_QUARANTINE)
+    known = {
+        (row.source_file, bytes(row.raw_line))
+        for row in spark.read.format("delta")
+        .load(path)
+        .where("line_number = 0 AND ingest_batch = 0")
+        .select("source_file", "raw_line")
+        .collect()
+    }
+    new = [r for r in named if (r.path, r.name) not in known]
+    if new:
+        _quarantine_rows(spark, new, 0).write.format("delta").mode("append").save(path)
+    return len(new)
 
 
 def ends_with_newline(spark: SparkSession, path: str, size: int) -> bool:
@@ -363,13 +479,24 @@ def write_batch(
     # and a replay reads exactly what the interrupted run read.
     if sizes is None:
         sizes = _Ledger(spark, lake).planned_sizes(batch_id)
-    lines = read_landing_lines(session, files, sizes).persist(StorageLevel.MEMORY_AND_DISK)
+    # A file the plan named that cannot be read now (a plan of an earlier release may name a file
+    # Spark cannot open, or the file became a link since) is quarantined by name, not read.
+    refusals = {path: planned_file_refusal(path) for path in files}
+    refused = [refusal for refusal in refusals.values() if refusal is not None]
+    for refusal in refused:
+        log.warning("batch %d: %s", batch_id, refusal)
+    readable = [path for path, refusal in refusals.items() if refusal is None]
+    lines = read_landing_lines(session, readable, sizes).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        counts = {
-            row["bad"]: row["count"]
-            for row in lines.groupBy(F.col("reason").isNotNull().alias("bad")).count().collect()
-        }
-        good_lines, quarantined = counts.get(False, 0), counts.get(True, 0)
+        counts = (
+            {
+                row["bad"]: row["count"]
+                for row in lines.groupBy(F.col("reason").isNotNull().alias("bad")).count().collect()
+            }
+            if readable
+            else {}
+        )
+        good_lines, quarantined = counts.get(False, 0), counts.get(True, 0) + len(refused)
         log.info("batch %d: %d files, %d lines, %d bad", batch_id, len(files), good_lines + quarantined, quarantined)
 
         bad = lines.where("reason IS NOT NULL").select(
@@ -381,6 +508,8 @@ def write_batch(
             F.lit(batch_id).cast("long").alias("ingest_batch"),
             F.current_timestamp().alias("quarantined_at"),
         )
+        if refused:
+            bad = bad.unionByName(_quarantine_rows(session, refused, batch_id))
         if quarantined and quarantine:  # no commit for no rows: a replay reads the same bytes, so finds none again
             (
                 bad.write.format("delta")
@@ -481,7 +610,10 @@ def ingest_landing_files(
     if results:
         ledger_rows = ledger.rows()
     taken = {row.file_path for row in ledger_rows if row.stage == "planned"}
-    new_files = [f for f in list_landing_files(spark, landing or lake.landing) if f.path not in taken]
+    listed, refused = scan_landing_folder(spark, landing or lake.landing)
+    # A name a batch planned (an earlier release's plan) was quarantined by that batch, not again here.
+    quarantine_unreadable_names(spark, lake, [r for r in refused if r.literal_path not in taken])
+    new_files = [f for f in listed if f.path not in taken]
     complete, incomplete = split_incomplete(spark, new_files, settle_seconds)
     for landing_file in incomplete:
         log.warning(
@@ -500,7 +632,10 @@ def ingest_landing_files(
         results.append(write_batch(spark, lake, batch_id, files, sizes=sizes))
         ledger.record_committed(results[-1])
     return IngestResult(
-        tuple(results), current_version(spark, lake.table_path(RAW_EVENT_LOG)), tuple(f.path for f in incomplete)
+        tuple(results),
+        current_version(spark, lake.table_path(RAW_EVENT_LOG)),
+        tuple(f.path for f in incomplete),
+        tuple(map(str, refused)),
     )
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from databuild_assets.ingest.landing import DEFAULT_SETTLE_SECONDS, LANDING_SUFFIXES, still_being_written
+from databuild_assets.ingest.landing import DEFAULT_SETTLE_SECONDS, still_being_written
+from databuild_assets.ingest.landing_names import LANDING_SUFFIXES
 from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
 
 
@@ -46,9 +47,9 @@ def _local_entries(landing: str) -> Iterator[tuple[str, int, int, Callable[[], b
     for entry in os.scandir(folder):
         if entry.name.startswith((".", "_")) or not entry.name.endswith(LANDING_SUFFIXES):
             continue  # a writer's temp file may be renamed away at any moment: never stat it
-        if entry.is_file():
+        if entry.is_file(follow_symlinks=False):  # a link, FIFO or device is never read (landing_names.py)
             try:
-                stat = entry.stat()
+                stat = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed (archived) since it was listed
             ends_with_newline = partial(_ends_with_newline_on_disk, entry.path, stat.st_size)

@@ -17,7 +17,8 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 
 from databuild_assets.events.fast_check import STRUCTS, decode, event_type_of
 from databuild_assets.events.schema import CORE_FIELDS, EVENT_SCHEMA, EVENT_TYPES
-from databuild_assets.events.validation import parse_line
+from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_BYTES, over_limit_reason, parse_line
+from databuild_assets.ingest.landing_names import literal_glob
 
 # What the Python workers hand back for each line of a landing file (Arrow), and as Spark sees it:
 # where the line is, and either the event it parsed to (typed, EVENT_SCHEMA's columns) or, for a
@@ -53,11 +54,12 @@ def _number_and_validate(
     the name the caller gave."""
     at: dict[tuple[str, int], list[int]] = {}  # range -> [lines, bytes] read so far
     for batch in batches:
-        files, numbers, raws = [], [], []
-        for path, range_start, raw in zip(
+        files, numbers, raws, line_sizes = [], [], [], []
+        for path, range_start, raw, size in zip(
             batch.column("path").to_pylist(),
             batch.column("range_start").to_pylist(),
             batch.column("raw").to_pylist(),
+            batch.column("size").to_pylist(),
             strict=True,
         ):
             position = at.get((path, range_start))
@@ -71,31 +73,45 @@ def _number_and_validate(
                     )
                 position = at[(path, range_start)] = list(start)
             line_index, offset = position
-            position[0], position[1] = line_index + 1, offset + len(raw) + 1  # + the newline
+            position[0], position[1] = line_index + 1, offset + size + 1  # + the newline
             source = sources[path]
             planned_size = sizes.get(source)
             if planned_size is not None:
                 if offset >= planned_size:
                     continue
-                raw = raw[: planned_size - offset]
+                raw, size = raw[: planned_size - offset], min(size, planned_size - offset)
             files.append(source)
             numbers.append(line_index + 1)
-            raws.append(raw)
-        yield _validated(files, numbers, raws, validate, first_pass)
+            raws.append(raw[:OVER_LIMIT_KEPT_BYTES] if size > MAX_LINE_BYTES else raw)
+            line_sizes.append(size)
+        yield _validated(files, numbers, raws, validate, first_pass, line_sizes)
 
 
-def _validated(files, numbers, raws, validate, first_pass) -> pa.RecordBatch:
+def _validated(files, numbers, raws, validate, first_pass, line_sizes=None) -> pa.RecordBatch:
     """One Arrow batch of `_LINES_ARROW` for these lines, in their order: a good line with its
     event, a bad one with its text, its exact bytes and the reason.
 
     The lines `first_pass` decodes (msgspec, in C: `events/fast_check.py`) go to Arrow column by
-    column; `validate` decides the others one by one and words the reason."""
-    decoded = [first_pass(raw) for raw in raws] if first_pass else [None] * len(raws)
+    column; `validate` decides the others one by one and words the reason. A line whose size
+    (`line_sizes`, each line's length when not given) is over MAX_LINE_BYTES is bad unread: its
+    raw bytes are then only its first bytes, as `read_raw_lines` cut it."""
+    line_sizes = [len(raw) for raw in raws] if line_sizes is None else line_sizes
+    decoded = (
+        [None if size > MAX_LINE_BYTES else first_pass(raw) for raw, size in zip(raws, line_sizes, strict=True)]
+        if first_pass
+        else [None] * len(raws)
+    )
     passed = [index for index, event in enumerate(decoded) if event is not None]
     if len(passed) == len(raws):
         return _decoded_batch(files, numbers, decoded)
     rest = [index for index, event in enumerate(decoded) if event is None]
-    checked = _checked_batch([files[i] for i in rest], [numbers[i] for i in rest], [raws[i] for i in rest], validate)
+    checked = _checked_batch(
+        [files[i] for i in rest],
+        [numbers[i] for i in rest],
+        [raws[i] for i in rest],
+        validate,
+        [line_sizes[i] for i in rest],
+    )
     if not passed:
         return checked
     good = _decoded_batch([files[i] for i in passed], [numbers[i] for i in passed], [decoded[i] for i in passed])
@@ -103,9 +119,13 @@ def _validated(files, numbers, raws, validate, first_pass) -> pa.RecordBatch:
     return pa.Table.from_batches([good, checked]).take(in_order).combine_chunks().to_batches()[0]
 
 
-def _checked_batch(files, numbers, raws, validate) -> pa.RecordBatch:
-    """Lines `validate` decides one by one: a bad one keeps its text and exact bytes."""
-    checked = [validate(raw) for raw in raws]
+def _checked_batch(files, numbers, raws, validate, line_sizes) -> pa.RecordBatch:
+    """Lines `validate` decides one by one (one over the limit is bad unread): a bad one keeps its
+    text and exact bytes (an over-limit one, its first bytes)."""
+    checked = [
+        (None, over_limit_reason(size)) if size > MAX_LINE_BYTES else validate(raw)
+        for raw, size in zip(raws, line_sizes, strict=True)
+    ]
     bad = [reason is not None for _, reason in checked]
     return _lines_batch(
         files,
@@ -197,6 +217,8 @@ def read_landing_lines(
     whole file. A line is numbered by its place in its range plus the lines before the range,
     which one count per range gives; files too small to be split need no count.
     """
+    if not paths:
+        return spark.createDataFrame([], _LINES_SCHEMA)
     hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path
     sources = {hadoop_path(path).toUri().toString(): path for path in paths}  # how _metadata names a file
     lines = read_raw_lines(spark, paths)
@@ -214,16 +236,32 @@ def read_landing_lines(
 
 def read_raw_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     """The lines of `paths` as Spark's text source splits them, unnumbered and unchecked: the file
-    (`path`, as Spark names it), the start of the byte range read (`range_start`) and the line's
-    exact bytes (`raw`, valid UTF-8 or not). Lines end at a newline only, as JSON Lines says: a
-    carriage return stays in its line."""
+    (`path`, as Spark names it), the start of the byte range read (`range_start`), the line's
+    exact bytes (`raw`, valid UTF-8 or not) and their number (`size`). Lines end at a newline
+    only, as JSON Lines says: a carriage return stays in its line.
+
+    A line over MAX_LINE_BYTES is cut here to its first OVER_LIMIT_KEPT_BYTES bytes (`size` stays
+    whole): no Python worker, quarantine row or shuffle holds it whole. Spark's text reader still
+    reads the whole line into the JVM's memory (it has no length limit), so an executor needs a
+    few times the longest line's size, which the file's size bounds.
+
+    Each path is read literally: its glob characters are escaped (`literal_glob`)."""
+    value = F.col("value").cast("binary")
     return (
         spark.read.option("lineSep", "\n")
-        .text(paths)
+        .text([literal_glob(path) for path in paths])
         .select(
             F.col("_metadata.file_path").alias("path"),
             F.col("_metadata.file_block_start").alias("range_start"),
-            F.col("value").cast("binary").alias("raw"),
+            value.alias("raw"),
+        )
+        .select(
+            "path",
+            "range_start",
+            F.when(F.length("raw") > MAX_LINE_BYTES, F.substring("raw", 1, OVER_LIMIT_KEPT_BYTES))
+            .otherwise(F.col("raw"))
+            .alias("raw"),
+            F.length("raw").alias("size"),
         )
     )
 
@@ -258,7 +296,7 @@ def _range_starts(lines: DataFrame) -> dict[tuple[str, int], tuple[int, int]]:
     """(file, range start) -> (lines, bytes) before that range, from a count of each range's lines."""
     counts = (
         lines.groupBy("path", "range_start")
-        .agg(F.count(F.lit(1)).alias("lines"), F.sum(F.length("raw") + 1).alias("bytes"))
+        .agg(F.count(F.lit(1)).alias("lines"), F.sum(F.col("size") + 1).alias("bytes"))
         .collect()
     )
     starts, before = {}, {}

@@ -15,6 +15,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -35,7 +36,7 @@ from databuild_assets.maintenance.tombstones import (
     text_forms,
     text_mentions,
 )
-from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for, lines_of
+from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for
 from databuild_assets.runtime.lake import Lake, is_local
 from databuild_assets.runtime.object_store import is_s3
 
@@ -344,13 +345,24 @@ def _matching_lines_without_spark(
 def _lines_holding(stream, needles: list[bytes]) -> tuple[int, dict[int, bytes]]:
     """How many lines the stream has (split after b"\\n" only, as ingestion splits them), and the
     lines holding any of `needles` by their number (without their b"\\n"). The bytes are searched
-    a chunk at a time; only the lines around a hit are cut out."""
-    lines, found, rest = 0, {}, b""
+    a chunk of whole lines at a time; only the lines around a hit are cut out.
+
+    Linear in the stream's size, however long a line: the pieces of a line that spans chunks
+    are kept apart and joined once, when its newline (or the end) comes, never copied again per
+    chunk read."""
+    lines, found = 0, {}
+    pending: list[bytes] = []  # the pieces of the line not ended yet (none holds a b"\\n")
     while True:
         chunk = stream.read(_SCAN_CHUNK)
-        buffer = rest + chunk
-        end = len(buffer) if not chunk else buffer.rfind(b"\n") + 1  # whole lines (all at the end)
-        whole, rest = buffer[:end], buffer[end:]
+        if chunk:
+            end = chunk.rfind(b"\n") + 1
+            if end == 0:  # still inside one line
+                pending.append(chunk)
+                continue
+            whole = b"".join([*pending, chunk[:end]]) if pending else chunk[:end]
+            pending = [chunk[end:]] if end < len(chunk) else []
+        else:
+            whole, pending = b"".join(pending), []
         starts = set()  # of the lines holding a needle
         for needle in needles:
             at = whole.find(needle)
@@ -369,6 +381,21 @@ def _lines_holding(stream, needles: list[bytes]) -> tuple[int, dict[int, bytes]]
             return lines, found
 
 
+def _lines_of(stream) -> Iterator[bytes]:
+    """`runtime.files.lines_of` (each line with its b"\\n", the last one may lack it), linear in the
+    stream's size however long a line: a line spanning chunks is joined once, at its end."""
+    pending: list[bytes] = []
+    while chunk := stream.read(_SCAN_CHUNK):
+        start = 0
+        while (end := chunk.find(b"\n", start) + 1) > 0:
+            yield b"".join([*pending, chunk[start:end]]) if pending else chunk[start:end]
+            pending, start = [], end
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
+
+
 def _rewrite(
     files: LocalFiles | ObjectFiles, source: str, target: str, drop: set[int], expected_lines: int
 ) -> LandingRewrite:
@@ -379,7 +406,7 @@ def _rewrite(
     read = kept = 0
     try:
         with files.open_read(source) as lines, files.open_new(temp) as out:
-            for number, raw in enumerate(lines_of(lines), 1):
+            for number, raw in enumerate(_lines_of(lines), 1):
                 read = number
                 if number not in drop:
                     out.write(raw)

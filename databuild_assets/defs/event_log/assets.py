@@ -52,10 +52,13 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
             f"{len(batch.files)} files, {batch.lines_read} lines -> {batch.accepted} accepted, "
             f"{batch.duplicates} duplicates skipped, {batch.quarantined} quarantined"
         )
+    for refusal in result.refused:  # "skipped <path>: <reason>" or "quarantined <path>: <reason>"
+        context.log.warning(refusal)
     if not result.batches:
         context.log.info(f"no new landing files in {lake.landing}")
     counts = {
         "files_ingested": MetadataValue.int(len(result.files)),
+        "files_not_read": MetadataValue.int(len(result.refused)),
         "lines_read": MetadataValue.int(result.lines_read),
         "accepted": MetadataValue.int(result.accepted),
         "duplicates_skipped": MetadataValue.int(result.duplicates),
@@ -66,6 +69,12 @@ def ingested_event_log(context: AssetExecutionContext, lakehouse: LakehouseResou
         asset_key=RAW_EVENT_LOG.name,
         metadata={
             **counts,
+            # Landing folder entries left unread (links, FIFOs, other users' files, unreadable names).
+            **(
+                {"files_not_read_why": MetadataValue.md("\n".join(f"- `{r}`" for r in result.refused))}
+                if result.refused
+                else {}
+            ),
             **delta_table_metadata(spark, log_path),
             # Where the newest events came from, and what they are; not their ids (`preview`).
             "preview": preview(
