@@ -19,6 +19,7 @@ import pytest
 from databuild_assets.ingest.landing import ingest_landing_files
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.runtime.commit_lock import commit_lock, lock_path
+from databuild_assets.runtime.files import LocalFiles
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets_tests.support import (
     ONE_EVENT_OF_EACH_TYPE,
@@ -179,3 +180,14 @@ def test_nothing_the_pipeline_writes_is_open_to_other_users_whatever_the_umask(s
     assert any(root.joinpath("tables", "raw_event_log").rglob("*.parquet"))
     # The landing file is its producer's, with the producer's mode: not the pipeline's to set.
     assert _modes_open_to_others(root, skip={landing, landing.parent}) == {}
+
+
+def test_a_landing_file_rewrite_is_made_for_its_owner_alone_whatever_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        with LocalFiles().open_new(str(tmp_path / "landing_archive" / "events-00000.jsonl")) as out:
+            out.write(b'{"kept": "line"}\n')
+    finally:
+        os.umask(previous)
+    for path in (tmp_path / "landing_archive", tmp_path / "landing_archive" / "events-00000.jsonl"):
+        assert stat.S_IMODE(os.lstat(path).st_mode) & 0o077 == 0, path
