@@ -11,6 +11,10 @@ the OS if the holder dies. The raw log's MERGE (ingestion, writer API) takes it,
 the paths shared by every table (create, purge, OPTIMIZE, VACUUM, schema upgrade): a system
 call each.
 
+The lock file is made 0600 and must be this user's, and a wait is bounded (runtime/lock_files.py):
+a lock others could open would let them stall every commit. A process that commits narrows its
+umask (runtime/file_modes.py), so what delta-rs writes under the lock is not readable by others.
+
     with commit_lock(lake.table_path(RAW_EVENT_LOG)):
         merge_new_events(...)
 
@@ -21,17 +25,15 @@ Object stores (s3a://, abfss://) are not locked here: they need a log store made
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from databuild_assets.runtime.file_modes import make_folders, restrict_umask
 from databuild_assets.runtime.lake import is_local
-
-log = logging.getLogger(__name__)
+from databuild_assets.runtime.lock_files import acquire, open_lock_file
 
 # flock conflicts between two descriptors of one process too, so a thread that already holds a
 # table's lock (a compaction that appends) must not take it again: it would wait for itself.
@@ -48,8 +50,10 @@ def lock_path(table_path: str) -> Path:
 @contextmanager
 def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[None]:
     """Hold the commit lock of the table at `table_path` for the block (re-entrant within a
-    thread). Waits for another holder; with `timeout_s`, raises TimeoutError naming the lock
-    file after that long. A table on an object store takes no lock.
+    thread). Waits for another holder at most `timeout_s` (default: DATABUILD_LOCK_TIMEOUT_S,
+    30 minutes), then raises LockTimeoutError naming the lock file and its holder; a lock file
+    that is a symbolic link or another user's raises UnsafeLockFileError. A table on an object
+    store takes no lock.
     """
     held: set[str] = _held.__dict__.setdefault("paths", set())
     if not is_local(table_path):
@@ -60,10 +64,11 @@ def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[Non
     if key in held:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    restrict_umask()
+    make_folders(str(path.parent))
+    descriptor = open_lock_file(path)
     try:
-        _acquire(descriptor, path, timeout_s)
+        acquire(descriptor, path, "the commit lock", timeout_s)
         held.add(key)
         try:
             yield
@@ -72,29 +77,6 @@ def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[Non
             fcntl.flock(descriptor, fcntl.LOCK_UN)
     finally:
         os.close(descriptor)
-
-
-def _acquire(descriptor: int, path: Path, timeout_s: float | None) -> None:
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        log.info("waiting for the commit lock %s", path)
-    if timeout_s is None:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"another process has held the commit lock {path} for over {timeout_s:g} s "
-                    "(an ingest_job or compaction_job committing?); retry later"
-                ) from None
-            time.sleep(0.01)
 
 
 __all__ = ["commit_lock", "lock_path"]

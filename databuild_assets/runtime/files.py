@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from databuild_assets.runtime.durable import fsync_folder
+from databuild_assets.runtime.file_modes import file_mode, make_folders
 from databuild_assets.runtime.lake import is_local, plain_path
 from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
 
@@ -53,9 +54,14 @@ class LocalFiles:
         return open(self.path(uri), "rb")
 
     def open_new(self, uri: str) -> BinaryIO:
-        """A new file at `uri` (refused if one is there), in a folder made as needed."""
-        os.makedirs(os.path.dirname(self.path(uri)), exist_ok=True)
-        return open(self.path(uri), "xb")
+        """A new file at `uri` (refused if one is there, or a link), in a folder made as needed,
+        with the project's modes whatever the umask (runtime/file_modes.py): an erasure's rewrite
+        of a landing file holds the values it kept."""
+        make_folders(os.path.dirname(self.path(uri)))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        descriptor = os.open(self.path(uri), flags, file_mode())
+        os.fchmod(descriptor, file_mode())
+        return os.fdopen(descriptor, "wb")
 
     @staticmethod
     def finish(stream: BinaryIO) -> None:

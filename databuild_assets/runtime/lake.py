@@ -21,6 +21,7 @@ from pyspark.sql.types import (
 )
 
 from databuild_assets.events.schema import EVENT_SCHEMA, SCHEMA_VERSION
+from databuild_assets.runtime.file_modes import folder_mode, restrict_umask
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LAKE_ROOT = str(REPO_ROOT / ".lake")
@@ -190,7 +191,9 @@ class Lake:
         return self
 
     def ensure_root(self) -> Lake:
-        """This lake, its local root checked (and created when only its last folder is missing).
+        """This lake, its local root checked (and created when only its last folder is missing,
+        mode 0700, or 0750 with DATABUILD_LAKE_GROUP_READ=1), this process's umask narrowed for
+        writing it (runtime/file_modes.py).
 
         A root whose parent folder is missing is refused rather than created with every parent:
         that is a typo or an unmounted volume, and a fresh empty lake there would make every run
@@ -200,13 +203,18 @@ class Lake:
 
             lake = Lake("/data/lake").ensure_root()
         """
+        # This process writes a lake from here on: what it creates is its owner's (and, with
+        # DATABUILD_LAKE_GROUP_READ=1, its group's) alone, whatever umask it was started with.
+        restrict_umask()
         if not is_local(self.root):
             return self
         self.check_root()
         root = Path(self.root)
         if not root.exists():
             try:
-                root.mkdir(parents=self.root == DEFAULT_LAKE_ROOT, exist_ok=True)
+                if self.root == DEFAULT_LAKE_ROOT:
+                    root.parent.mkdir(parents=True, exist_ok=True)
+                root.mkdir(mode=folder_mode(), exist_ok=True)
             except OSError as error:
                 raise LakeRootError(
                     f"lake root {root} cannot be created ({error.strerror}); {_FIX_ROOT}, or create it "

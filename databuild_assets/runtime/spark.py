@@ -24,6 +24,7 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from databuild_assets.runtime.delta_jars import delta_jar_paths, s3_jar_paths
+from databuild_assets.runtime.file_modes import lake_umask
 from databuild_assets.runtime.jvm_startup import driver_java_options
 from databuild_assets.runtime.object_store import is_s3, spark_s3_config
 from databuild_assets.runtime.private_folders import private_folder
@@ -132,6 +133,10 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # folder the process started in. A folder of this user's in the temp dir instead: no
         # leftovers in the caller's folder, and the same for every process (the warm driver's key).
         "spark.sql.warehouse.dir": warehouse_dir(),
+        # Hadoop's filesystem gives what Spark writes (Parquet, Delta commits, checkpoints, their
+        # folders) this umask, not the JVM's: 077, or 027 with DATABUILD_LAKE_GROUP_READ=1
+        # (runtime/file_modes.py). An operator's spark.hadoop.fs.permissions.umask-mode wins.
+        "spark.hadoop.fs.permissions.umask-mode": f"{lake_umask():03o}",
     }
     # The class archive set-up made, and the JIT tier for the driver's lifetime (runtime/jvm_startup.py).
     # DATABUILD_SPARK_CONF's spark.driver.extraJavaOptions replaces these: repeat them there to keep them.

@@ -10,6 +10,10 @@ A lake on S3 keeps its serving index on each reading machine's disk instead (SQL
 local file): `$DATABUILD_SERVING_INDEX_DIR/<bucket>/<prefix>/`, by default under
 `$XDG_CACHE_HOME/databuild` (`~/.cache/databuild`); see `index_folder_of`.
 
+Its folders are made 0700, its files 0600 (0750 and 0640 with DATABUILD_LAKE_GROUP_READ=1:
+runtime/file_modes.py): the index holds copies of the log's values. The build lock is a lock file
+as runtime/lock_files.py makes them (this user's, 0600, a bounded wait naming its holder).
+
 A process that cannot write the lake (a read-only mount) keeps a private copy in a temporary
 folder named after its process id (`PrivateFolder`), removed when it closes or exits, or by
 the next such process once its owner is dead.
@@ -33,6 +37,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -41,7 +46,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
+from databuild_assets.runtime.file_modes import file_mode, make_folders, restrict_umask
 from databuild_assets.runtime.lake import is_local
+from databuild_assets.runtime.lock_files import acquire, open_lock_file
 from databuild_assets.runtime.processes import process_alive
 
 SERVING_INDEX_FOLDER = "serving_index"
@@ -109,21 +116,29 @@ class IndexFolder:
         return os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)
 
     @contextmanager
-    def build_lock(self) -> Iterator[None]:
+    def build_lock(self, timeout_s: float | None = None) -> Iterator[None]:
         """Hold the folder's build lock (an OS lock the OS releases if the holder dies), and
-        remove what a builder that died left behind."""
-        os.makedirs(self.path, exist_ok=True)
-        with open(os.path.join(self.path, "build.lock"), "a+") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        remove what a builder that died left behind. Waits at most `timeout_s` (default:
+        DATABUILD_LOCK_TIMEOUT_S), then raises LockTimeoutError naming the holder."""
+        make_folders(self.path)  # narrows the umask too: SQLite's files are made under it
+        path = os.path.join(self.path, "build.lock")
+        descriptor = open_lock_file(path)
+        try:
+            acquire(descriptor, path, "the serving index's build lock", timeout_s)
             try:
                 self._remove_leftovers()
                 yield
             finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(descriptor)
 
     def new_building_path(self) -> str:
-        """Where the next generation is built (under `build_lock`)."""
-        return os.path.join(self.path, f".index-{self._last_generation() + 1}.sqlite.building")
+        """Where the next generation is built (under `build_lock`): an empty file made with
+        `file_mode()`, which SQLite opens as a new database and gives its -wal and -shm files."""
+        path = os.path.join(self.path, f".index-{self._last_generation() + 1}.sqlite.building")
+        _create_private_file(path)
+        return path
 
     def publish(self, building: str) -> str:
         """Make the index built at `building` the one in use, and remove the generations before
@@ -133,7 +148,7 @@ class IndexFolder:
         fsync_file(building)
         os.replace(building, final)
         pointer = os.path.join(self.path, f".{_CURRENT}.tmp")
-        with open(pointer, "w", encoding="utf-8") as file:
+        with os.fdopen(_create_private_file(pointer, keep_open=True), "w", encoding="utf-8") as file:
             file.write(name + "\n")
             file.flush()
             os.fsync(file.fileno())
@@ -176,6 +191,21 @@ class IndexFolder:
                 remove_index_files(os.path.join(self.path, base))
 
 
+def _create_private_file(path: str, keep_open: bool = False) -> int | None:
+    """A new, empty file at `path` with `file_mode()` whatever the umask (one left there before
+    is replaced); its descriptor, open for writing, with `keep_open`."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+    os.fchmod(descriptor, file_mode())
+    if keep_open:
+        return descriptor
+    os.close(descriptor)
+    return None
+
+
 def remove_index_files(path: str) -> None:
     """Remove a SQLite database's files, the main file first (see INDEX_FILE_SUFFIXES)."""
     for suffix in INDEX_FILE_SUFFIXES:
@@ -192,6 +222,7 @@ class PrivateFolder:
 
     def __init__(self, owner: object) -> None:
         _remove_dead_private_folders()
+        restrict_umask()  # mkdtemp makes it 0700; SQLite's files in it follow the umask
         self.path = tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-")
         self._finalizer = weakref.finalize(owner, shutil.rmtree, self.path, True)
 
@@ -205,6 +236,7 @@ class PrivateFolder:
             before = os.stat(path)
             target = self.new_index_path()
             shutil.copyfile(path, target)
+            os.chmod(target, 0o600)  # the copy of another user's index is this process's alone
             after = os.stat(path)
             if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns):
                 return target
@@ -221,7 +253,14 @@ def _remove_dead_private_folders() -> None:
     for name in os.listdir(root):
         match = re.match(rf"^{_PRIVATE_PREFIX}(\d+)-", name)
         if match and not process_alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            path = os.path.join(root, name)
+            try:
+                status = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            # Only this user's own folders: another user's, under the same name, is not ours to remove.
+            if stat.S_ISDIR(status.st_mode) and status.st_uid == os.geteuid():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 __all__ = [
