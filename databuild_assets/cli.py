@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
+from databuild_assets.runtime.file_modes import restrict_umask
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake, LakeRootError, is_local
 from databuild_assets.runtime.object_store import is_s3
 
@@ -296,6 +297,7 @@ def spark_driver(action: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    restrict_umask()  # what a command writes is its owner's alone (runtime/file_modes.py)
     parser = argparse.ArgumentParser(prog="databuild-assets", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run_demo = commands.add_parser("demo", help="generate a workload (if landing is empty) and materialize every asset")

@@ -22,8 +22,12 @@ from databuild_assets.defs.projections.jobs import refresh_projections_job
 from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.serving.assets import serving_index
+from databuild_assets.runtime.file_modes import restrict_umask
 from databuild_assets.runtime.lake import Lake
 
+# The code server and every run process load this module first: what they write (Dagster's compute
+# logs, the lake, the serving index) is its owner's alone whatever umask they were started with.
+restrict_umask()
 lakehouse = LakehouseResource.from_env()
 catalog = CatalogSettings.from_env()
 # Lake(...), not lakehouse.lake: that one checks (and may create) the root, which loading must not do.

@@ -44,6 +44,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
+from databuild_assets.runtime.file_modes import restrict_umask
 from databuild_assets.runtime.private_folders import UnsafeFolderError, private_folder
 from databuild_assets.runtime.processes import process_alive, process_of_this_user
 from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session, spark_config
@@ -385,6 +386,7 @@ def _signal_host(pid: int, folder: Path, signum: int) -> str | None:
 
 
 if __name__ == "__main__":
+    restrict_umask()  # the host's log and warm-up table are its owner's alone (runtime/file_modes.py)
     # The settings come on stdin (`_start_host`), never on the command line.
     request = json.loads(sys.stdin.read())
     sys.exit(serve(SparkSettings(**request["settings"]), Path(sys.argv[1]), float(request["idle_minutes"])))
