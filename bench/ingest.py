@@ -44,13 +44,12 @@ from bench.measuring import (
 from databuild_assets.events.validation import event_error, parse_line
 from databuild_assets.ingest.landing import (
     BatchResult,
-    LandingFile,
     _batch_commit,
     _Ledger,
     ensure_ingest_tables,
     ingest_landing_files,
-    list_landing_files,
 )
+from databuild_assets.ingest.landing_folder import LandingFile, list_landing_files
 from databuild_assets.log.sqlite.backend import load_events
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings, build_spark_session

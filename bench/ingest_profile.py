@@ -24,7 +24,8 @@ from bench.measuring import (
     print_rows,
 )
 from databuild_assets.ingest.dedup import first_of_each_event_id, merge_new_events
-from databuild_assets.ingest.landing import LandingFile, events_from_lines, events_from_read_lines
+from databuild_assets.ingest.landing import events_from_lines, events_from_read_lines
+from databuild_assets.ingest.landing_folder import LandingFile
 from databuild_assets.ingest.lines import read_landing_lines, read_raw_lines
 from databuild_assets.runtime.delta_tables import ensure_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG

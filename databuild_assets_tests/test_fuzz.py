@@ -21,12 +21,8 @@ from hypothesis import strategies as st
 from databuild_assets.events.fast_check import decode
 from databuild_assets.events.schema import event_from_row, normalize_event
 from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_BYTES, event_error, parse_line
-from databuild_assets.ingest.landing import (
-    _Ledger,
-    ensure_ingest_tables,
-    ingest_landing_files,
-    list_landing_files,
-)
+from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files
+from databuild_assets.ingest.landing_folder import list_landing_files
 from databuild_assets.ingest.lines import _LINES_ARROW, _number_and_validate, _validated, read_landing_lines
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events

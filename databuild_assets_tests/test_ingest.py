@@ -11,13 +11,8 @@ import pytest
 
 from databuild_assets.events.schema import event_from_row, normalize_event
 from databuild_assets.events.validation import MAX_LINE_BYTES, InvalidEventError
-from databuild_assets.ingest.landing import (
-    _Ledger,
-    ensure_ingest_tables,
-    ingest_landing_files,
-    list_landing_files,
-    write_batch,
-)
+from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files, write_batch
+from databuild_assets.ingest.landing_folder import list_landing_files
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.runtime.delta_tables import check_schema_version
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG

@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from databuild_assets.ingest.landing import (
-    _Ledger,
-    ensure_ingest_tables,
-    ingest_landing_files,
-    list_landing_files,
-    write_batch,
-)
+from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files, write_batch
+from databuild_assets.ingest.landing_folder import list_landing_files
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder

@@ -15,11 +15,8 @@ from databuild_assets.defs.maintenance.jobs import (
     compaction_job,
     vacuum_job,
 )
-from databuild_assets.ingest.landing import (
-    _Ledger,
-    ingest_landing_files,
-    list_landing_files,
-)
+from databuild_assets.ingest.landing import _Ledger, ingest_landing_files
+from databuild_assets.ingest.landing_folder import list_landing_files
 from databuild_assets.maintenance import landing_files
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.erasure_report import erasure_report

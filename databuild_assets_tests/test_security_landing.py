@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from databuild_assets.defs.event_log.assets import ingested_event_log, landing_files
 from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_BYTES
-from databuild_assets.ingest.landing import LandingFile, _Ledger, ensure_ingest_tables, ingest_landing_files
+from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files
+from databuild_assets.ingest.landing_folder import LandingFile
 from databuild_assets.maintenance import landing_files as landing_maintenance
 from databuild_assets.maintenance.landing_files import retain_landing_files
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake

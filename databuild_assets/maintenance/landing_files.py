@@ -23,12 +23,8 @@ from pyspark.sql import functions as F
 
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.events.validation import parse_line
-from databuild_assets.ingest.landing import (
-    IngestedFile,
-    LandingFile,
-    ingested_files,
-    list_landing_files,
-)
+from databuild_assets.ingest.landing import IngestedFile, ingested_files
+from databuild_assets.ingest.landing_folder import LandingFile, list_landing_files
 from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.maintenance.tombstones import (
     Tombstone,

@@ -41,7 +41,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from databuild_assets.ingest.dedup import merge_new_events
-from databuild_assets.ingest.landing import EVENTS_APP_ID, LandingFile, ingest_again, ingested_files
+from databuild_assets.ingest.landing import EVENTS_APP_ID, ingest_again, ingested_files
+from databuild_assets.ingest.landing_folder import LandingFile
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder, remove_index_files
 from databuild_assets.maintenance.check import (
