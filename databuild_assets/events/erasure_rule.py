@@ -13,7 +13,8 @@ for readers that hold events in memory (the JVM-free query path).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+import re
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 # For each key: the event fields ("payload.field" or a core column) that hold a value of it.
@@ -86,12 +87,44 @@ def names_in_json_text(text: str | None, forms: tuple[frozenset[str], tuple[str,
     return not unquoted.isdisjoint(text.split('"')[1:-1]) or any(f'"{piece}"' in text for piece in quoted)
 
 
+# What ends a token in text: whitespace, quotes, brackets, separators, and the backslash of a
+# JSON escape (`\"value\"` in a JSON text inside a JSON string). Letters, digits and
+# `_ - . / = : @ + %` continue one: `ingest_job` holds no token `e`, `data/users/id=42` no token
+# `data/users/id=4`, `date=2025-11-18` no token `2025-11-18`.
+_DELIMITERS = r"""\s"'`()\[\]{}<>,;|\\"""
+_TOKEN_START = f"(?<![^{_DELIMITERS}])"
+# A token ends at a delimiter or the end, or at sentence punctuation followed by one ("built x.").
+_TOKEN_END = f"(?:(?![^{_DELIMITERS}])|(?=[.:!?](?![^{_DELIMITERS}])))"
+
+
+def token_pattern(forms: Iterable[str]) -> str:
+    """A regular expression, the same text for Python's `re` and Java's (Spark's `rlike`), for
+    any of `forms` written as a whole token of text: a whole JSON string value, a word of a log
+    message, never a part of a longer name. What text is matched by where a value was accepted
+    only with allow_ambiguous (`maintenance.erasure_values`), and what Dagster's storage is
+    scrubbed by. Longer forms first, so a form inside another does not cut it."""
+    alternatives = "|".join(re.escape(form) for form in sorted(set(forms), key=lambda form: (-len(form), form)))
+    return f"{_TOKEN_START}(?:{alternatives}){_TOKEN_END}"
+
+
+_STARTS, _ENDS = re.compile(_TOKEN_START), re.compile(_TOKEN_END)
+_STARTS_BYTES, _ENDS_BYTES = re.compile(_TOKEN_START.encode()), re.compile(_TOKEN_END.encode())
+
+
+def is_token(text: str | bytes, start: int, end: int) -> bool:
+    """Whether `text[start:end]` (an occurrence of a value) is a whole token of `text`."""
+    starts, ends = (_STARTS_BYTES, _ENDS_BYTES) if isinstance(text, bytes) else (_STARTS, _ENDS)
+    return bool(starts.match(text, start) and ends.match(text, end))
+
+
 __all__ = [
     "ARRAY_FIELDS",
     "JSON_TEXT_FIELDS",
     "SCALAR_FIELDS",
     "TOMBSTONE_KEYS",
+    "is_token",
     "json_forms",
     "matches",
     "names_in_json_text",
+    "token_pattern",
 ]

@@ -7,6 +7,13 @@ whose config names the value), which keeps it as the tombstones table does. Reco
 rewritten, not deleted, so runs, their events and the assets' history stay readable.
 `scan_dagster_home` reads every byte of every file under DAGSTER_HOME for what is left: the
 erasure report's DAGSTER_HOME row. An ephemeral instance (no DAGSTER_HOME) stores nothing.
+
+A value erase_job accepted after its checks (maintenance/erasure_values.py: long enough, no
+other field's value, inside no stored value) is erased wherever its text occurs. A value it
+accepted only with allow_ambiguous is erased where it is a whole token (`erasure_rule.
+token_pattern`): a whole JSON string value, a tag's value, a word of a log line; never inside a
+longer name (`e` leaves `ingest_job` as it is). For those, the scan counts whole tokens as what
+is left, and reports the occurrences inside longer words apart (`embedded`), which stay.
 Why this design: docs/decisions/0035-erasure-reaches-dagster-storage.md.
 
     scrub_dagster_home(context.instance, read_tombstones(spark, lake)).remaining.total  # 0
@@ -14,6 +21,7 @@ Why this design: docs/decisions/0035-erasure-reaches-dagster-storage.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,6 +38,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, serialize_val
 from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
 from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
 
+from databuild_assets.events.erasure_rule import is_token, token_pattern
 from databuild_assets.maintenance.dagster_sqlite import rebuild, rewrite_stored_text, sqlite_databases
 from databuild_assets.maintenance.tombstones import Tombstone
 from databuild_assets.runtime.lake import TOMBSTONES
@@ -57,27 +66,66 @@ def value_forms(value: str) -> tuple[str, ...]:
     return tuple(sorted(forms, key=lambda form: (-len(form), form)))
 
 
-def erase_text(text: str, forms: Iterable[str]) -> str:
-    """`text` with every occurrence of each of `forms` (longest first) replaced by ERASED."""
-    for form in forms:
+@dataclass(frozen=True)
+class Erasure:
+    """The forms to erase from text: `anywhere` (longest first), of values that passed erase_job's
+    checks, and `tokens`, of values accepted with allow_ambiguous, as whole tokens only."""
+
+    anywhere: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, tombstones: Iterable[Tombstone]) -> Erasure:
+        anywhere = {form for t in tombstones if not t.allow_ambiguous for form in value_forms(t.value)}
+        tokens = {form for t in tombstones if t.allow_ambiguous for form in value_forms(t.value)}
+        return cls(_longest_first(anywhere), _longest_first(tokens))
+
+    def without(self, kept: Iterable[str]) -> Erasure:
+        """These forms but those that are part of one of `kept` (an erase request's own value)."""
+        kept = tuple(kept)
+        keep = lambda forms: tuple(f for f in forms if not any(f in k for k in kept))  # noqa: E731
+        return Erasure(keep(self.anywhere), keep(self.tokens))
+
+    @property
+    def every_form(self) -> tuple[str, ...]:
+        return _longest_first((*self.anywhere, *self.tokens))
+
+    def __bool__(self) -> bool:
+        return bool(self.anywhere or self.tokens)
+
+
+def _token_regex(tokens: tuple[str, ...]) -> re.Pattern[str] | None:
+    return _compiled(tokens) if tokens else None
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(tokens: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(token_pattern(tokens))
+
+
+def erase_text(text: str, erasure: Erasure) -> str:
+    """`text` with every occurrence of each of `erasure.anywhere` (longest first), and each whole
+    token of `erasure.tokens`, replaced by ERASED."""
+    for form in erasure.anywhere:
         text = text.replace(form, ERASED)
-    return text
+    tokens = _token_regex(erasure.tokens)
+    return tokens.sub(ERASED, text) if tokens else text
 
 
-def erase_record(text: str, forms: tuple[str, ...]) -> str:
-    """A stored record with `forms` erased: in a JSON record, in its string values only (keys
+def erase_record(text: str, erasure: Erasure) -> str:
+    """A stored record with `erasure` applied: in a JSON record, in its string values only (keys
     and serdes' type names stay, so the record still deserializes); other text, everywhere."""
     try:
         record = json.loads(text)
     except ValueError:
-        return erase_text(text, forms)
+        return erase_text(text, erasure)
     if not isinstance(record, dict | list):
-        return erase_text(text, forms)
-    erased = _erase_values(record, forms)
+        return erase_text(text, erasure)
+    erased = _erase_values(record, erasure)
     return text if erased == record else json.dumps(erased)
 
 
-def _erase_values(node: Any, forms: tuple[str, ...], key: str | None = None) -> Any:
+def _erase_values(node: Any, forms: Erasure, key: str | None = None) -> Any:
     if isinstance(node, str):
         return node if key in _TYPE_MARKERS else erase_text(node, forms)
     if isinstance(node, dict):
@@ -112,26 +160,36 @@ class _Search:
         self.pattern = re.compile(b"|".join(re.escape(needle) for needle in needles))
         self.longest = len(needles[0]) if needles else 0
         self.kept = {t.tombstone_id: kept_records.get(t.value, []) for t in tombstones}
+        self.as_tokens = {t.tombstone_id for t in tombstones if t.allow_ambiguous}
 
     def count(self, path: Path) -> dict[str, int]:
-        """Occurrences in the file at `path`, per tombstone, but those inside a kept record."""
+        """Occurrences in the file at `path`, per tombstone, but those inside a kept record (and,
+        of a value accepted with allow_ambiguous, those inside a longer word)."""
+        return self.counts(path)[0]
+
+    def counts(self, path: Path) -> tuple[dict[str, int], dict[str, int]]:
+        """Occurrences in the file at `path` per tombstone, but those inside a kept record; and
+        apart, of values accepted with allow_ambiguous, those inside a longer word (embedded)."""
         counts: dict[str, int] = {}
-        for needle, before, after in self._occurrences(path):
+        embedded: dict[str, int] = {}
+        for needle, before, after, token in self._occurrences(path):
             for tombstone_id in self.tombstone_ids[needle]:
                 if not any(
                     (before is not None and before in record) or (after is not None and after in record)
                     for record in self.kept[tombstone_id]
                 ):
-                    counts[tombstone_id] = counts.get(tombstone_id, 0) + 1
-        return counts
+                    found = counts if token or tombstone_id not in self.as_tokens else embedded
+                    found[tombstone_id] = found.get(tombstone_id, 0) + 1
+        return counts, embedded
 
     def found_in(self, *paths: Path) -> bool:
         return any(self.count(path) for path in paths)
 
-    def _occurrences(self, path: Path) -> Iterator[tuple[bytes, bytes | None, bytes | None]]:
+    def _occurrences(self, path: Path) -> Iterator[tuple[bytes, bytes | None, bytes | None, bool]]:
         """Each occurrence in the file: the form found, with _CONTEXT bytes before it and after it
-        (None at the file's start or end). Read in chunks, not mapped: another process may
-        truncate a write-ahead log meanwhile. Nothing if the file is gone."""
+        (None at the file's start or end), and whether it is a whole token. Read in chunks, not
+        mapped: another process may truncate a write-ahead log meanwhile. Nothing if the file is
+        gone."""
         keep = self.longest + 2 * _CONTEXT  # what a match starting before the end needs after it
         data, position, at_end = b"", 0, False
         try:
@@ -148,7 +206,7 @@ class _Search:
                             break
                         before = data[start - _CONTEXT : end] if start >= _CONTEXT else None
                         after = data[start : end + _CONTEXT] if end + _CONTEXT <= len(data) else None
-                        yield match.group(), before, after
+                        yield match.group(), before, after, is_token(data, start, end)
                         position = end
                     position = max(position, limit)
                     cut = max(0, position - _CONTEXT)
@@ -177,6 +235,8 @@ class DagsterHomeScan:
     files_scanned: int
     occurrences: dict[str, int] = field(default_factory=dict)
     files_holding: tuple[str, ...] = ()
+    # Of values accepted with allow_ambiguous: occurrences inside longer words, which stay.
+    embedded: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -207,14 +267,17 @@ def scan_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) ->
         return DagsterHomeScan(instance.root_directory, len(files))
     search, _ = _search(instance, tombstones)
     occurrences: dict[str, int] = {t.tombstone_id: 0 for t in tombstones}
+    embedded: dict[str, int] = {t.tombstone_id: 0 for t in tombstones}
     holding = []
     for path in files:
-        counts = search.count(path)
+        counts, inside_words = search.counts(path)
         for tombstone_id, count in counts.items():
             occurrences[tombstone_id] += count
+        for tombstone_id, count in inside_words.items():
+            embedded[tombstone_id] += count
         if counts:
             holding.append(str(path))
-    return DagsterHomeScan(instance.root_directory, len(files), occurrences, tuple(holding))
+    return DagsterHomeScan(instance.root_directory, len(files), occurrences, tuple(holding), embedded)
 
 
 @dataclass(frozen=True)
@@ -238,21 +301,16 @@ def scrub_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -
     if not tombstones:
         return DagsterHomeScrub(remaining=scan_dagster_home(instance, tombstones))
     search, requests = _search(instance, tombstones)
-    forms = {value: value_forms(value) for value in {t.value for t in tombstones}}
-    every_form = _longest_first(form for value_forms_ in forms.values() for form in value_forms_)
+    erasure = Erasure.of(tombstones)
+    every_form = erasure.every_form
 
     def rewrite(table: str, run_id: str | None, text: str) -> str:
         kept = requests.get(run_id, frozenset()) if table == "runs" else frozenset()
         if not kept:
-            return erase_record(text, every_form)
+            return erase_record(text, erasure)
         # An erase request's run keeps its value, even where another value is part of it.
-        kept_forms = [form for value in kept for form in forms[value]]
-        others = _longest_first(
-            form
-            for value, value_forms_ in forms.items()
-            if value not in kept
-            for form in value_forms_
-            if not any(form in kept_form for kept_form in kept_forms)
+        others = Erasure.of(t for t in tombstones if t.value not in kept).without(
+            form for value in kept for form in value_forms(value)
         )
         return erase_record(text, others) if others else text
 
@@ -266,7 +324,7 @@ def scrub_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -
             rebuild(database)
             rebuilt.append(str(database))
     logs, in_progress, other_logs = _compute_logs(instance)
-    rewritten_logs = [str(path) for path in logs if search.found_in(path) and _rewrite_file(path, every_form)]
+    rewritten_logs = [str(path) for path in logs if search.found_in(path) and _rewrite_file(path, erasure)]
     not_scrubbed = tuple(other_storages + other_logs)
     if not_scrubbed:
         log.warning(
@@ -307,11 +365,11 @@ def _compute_logs(instance: DagsterInstance) -> tuple[list[Path], int, list[str]
     return sorted(files), len(in_progress), []
 
 
-def _rewrite_file(path: Path, forms: tuple[str, ...]) -> bool:
-    """Rewrite a text file with `forms` erased, through a hidden file in the same folder, synced,
+def _rewrite_file(path: Path, erasure: Erasure) -> bool:
+    """Rewrite a text file with `erasure` applied, through a hidden file in the same folder, synced,
     then renamed over it. Bytes that are not UTF-8 are kept as they are."""
     text = path.read_bytes().decode("utf-8", errors="surrogateescape")
-    erased = erase_text(text, forms)
+    erased = erase_text(text, erasure)
     if erased == text:
         return False
     temp = path.with_name(f".{path.name}.erasing")

@@ -21,6 +21,7 @@ from dagster import DagsterInstance
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from databuild_assets.events.erasure_rule import token_pattern
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.maintenance.dagster_home import scan_dagster_home
 from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones, text_forms
@@ -84,6 +85,9 @@ class ErasureFinding:
     data_files_scanned: int
     rows_in_data_files: int  # rows, or for files outside the tables, lines
     delta_log_mentions: int
+    # DAGSTER_HOME, a value accepted with allow_ambiguous: occurrences inside longer words (which
+    # the scrub leaves, by design), apart from the whole tokens counted in rows.
+    inside_longer_words: int = 0
 
 
 def _files(spark: SparkSession, root: str, suffixes: tuple[str, ...], in_log: bool) -> list[str]:
@@ -129,8 +133,14 @@ def erasure_report(
                 if rows is not None
                 else 0
             )
-            # Checkpoints are Parquet: their text is searched raw, for the value itself.
-            in_log = log_text.where(F.col("text").contains(tombstone.value)).count() if log_text is not None else 0
+            # Checkpoints are Parquet: their text is searched raw, for the value itself (a value
+            # accepted with allow_ambiguous, as a whole token: `e` is in every commit's text).
+            mentions = (
+                F.col("text").rlike(token_pattern([tombstone.value]))
+                if tombstone.allow_ambiguous
+                else F.col("text").contains(tombstone.value)
+            )
+            in_log = log_text.where(mentions).count() if log_text is not None else 0
             findings.append(
                 ErasureFinding(tombstone.tombstone_id, tombstone.key, table, len(data_files), in_rows, in_log)
             )
@@ -147,9 +157,12 @@ def dagster_home_findings(instance: DagsterInstance, tombstones: list[Tombstone]
     scan = scan_dagster_home(instance, tombstones)
     if scan is None:
         return []
-    files, found = scan.files_scanned, scan.occurrences
+    files, found, embedded = scan.files_scanned, scan.occurrences, scan.embedded
     return [
-        ErasureFinding(t.tombstone_id, t.key, DAGSTER_HOME_FINDING, files, found[t.tombstone_id], 0) for t in tombstones
+        ErasureFinding(
+            t.tombstone_id, t.key, DAGSTER_HOME_FINDING, files, found[t.tombstone_id], 0, embedded[t.tombstone_id]
+        )
+        for t in tombstones
     ]
 
 
@@ -250,6 +263,7 @@ def format_report(findings: list[ErasureFinding]) -> str:
         lines.append(
             f"{f.tombstone_id:38} {f.key:16} {f.table:20} {f.data_files_scanned:6}"
             f" {f.rows_in_data_files:6} {f.delta_log_mentions:5}"
+            + (f"  (+{f.inside_longer_words} inside longer words, kept)" if f.inside_longer_words else "")
         )
     lines.append("")
     lines.append("Where a value can remain outside data files, and what keeps it out:")

@@ -29,7 +29,7 @@ from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
     event_matches,
-    text_forms,
+    line_matcher,
     text_mentions,
 )
 from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for
@@ -318,7 +318,7 @@ def _matching_lines_without_spark(
     values_by_key: dict[str, set[str]] = {}
     for tombstone in tombstones:
         values_by_key.setdefault(tombstone.key, set()).add(tombstone.value)
-    forms = {form for tombstone in tombstones for form in text_forms(tombstone.value)}
+    mentions = line_matcher(tombstones)  # a bad line's text, by the quarantine's rule
     found, parsed = {}, 0
     for path in paths:
         with files.open_read(files.path(path)) as stream:
@@ -329,7 +329,7 @@ def _matching_lines_without_spark(
             if reason is None:
                 hit = matches(event, values_by_key)
             else:  # a bad line: its text, as the quarantine holds it
-                hit = any(form in raw.decode("utf-8", errors="replace") for form in forms)
+                hit = mentions(raw.decode("utf-8", errors="replace"))
             if hit:
                 matched.add(number)
         parsed += bool(candidates)

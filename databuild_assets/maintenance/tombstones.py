@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import reduce
@@ -24,11 +26,23 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from databuild_assets.events.erasure_rule import ARRAY_FIELDS, JSON_TEXT_FIELDS, SCALAR_FIELDS, TOMBSTONE_KEYS
+from databuild_assets.events.erasure_rule import (
+    ARRAY_FIELDS,
+    JSON_TEXT_FIELDS,
+    SCALAR_FIELDS,
+    TOMBSTONE_KEYS,
+    token_pattern,
+)
 from databuild_assets.runtime.delta_tables import ensure_table
 from databuild_assets.runtime.lake import TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
+
+
+# How a tombstone's reason records that its value was accepted with allow_ambiguous (the value
+# would have been refused: maintenance/erasure_values.py): `<reason> [allow_ambiguous: <why>]`.
+# The tombstones table has no column for it, and its reason is the audit record's free text.
+ALLOW_AMBIGUOUS = "[allow_ambiguous"
 
 
 class TombstoneError(ValueError):
@@ -49,6 +63,12 @@ class Tombstone:
     @property
     def pending(self) -> bool:
         return self.applied_at is None
+
+    @property
+    def allow_ambiguous(self) -> bool:
+        """Accepted with allow_ambiguous: text (a bad line, a quarantined line) matches its value
+        only as a whole token, never inside a longer word."""
+        return ALLOW_AMBIGUOUS in self.reason
 
 
 def validate_request(key: str, value: str, actor: str, reason: str) -> None:
@@ -71,11 +91,20 @@ def request_erasure(spark: SparkSession, lake: Lake, key: str, value: str, actor
 
 
 def request_erasures(
-    spark: SparkSession, lake: Lake, key: str, values: list[str], actor: str, reason: str
+    spark: SparkSession,
+    lake: Lake,
+    key: str,
+    values: list[str],
+    actor: str,
+    reason: str,
+    overridden: str | None = None,
 ) -> list[Tombstone]:
     """Record a tombstone for each of `values` (of one key, for one actor and reason) in one
     commit: a request that names many values costs one commit and one refresh, not one each.
     Every value is checked before anything is written; a value given twice is recorded once.
+    `overridden`: what allow_ambiguous overrode (erasure_values), recorded in the reason.
+    Whether a value matches only what it names is the request's entry point's check
+    (`erasure_values.refuse_ambiguous_values`, in erase_job): this records what it is given.
 
         request_erasures(spark, lake, "partition_ref", ["data/users/id=1", "data/users/id=2"],
                          actor="alice@example.com", reason="GDPR request #1234")
@@ -84,6 +113,8 @@ def request_erasures(
         raise TombstoneError("erasure request refused, nothing written: no value given")
     for value in values:
         validate_request(key, value, actor, reason)
+    if overridden:
+        reason = f"{reason} {ALLOW_AMBIGUOUS}: {overridden}]"
     path = lake.table_path(TOMBSTONES)
     ensure_table(spark, path, TOMBSTONES)
     now = datetime.now(UTC)
@@ -197,13 +228,35 @@ def _sql_string(value: str) -> str:
 def text_mentions(column: str, tombstones: list[Tombstone]) -> Column:
     """True for a line of text (a bad landing line, a quarantined line) in `column` that contains
     any of `tombstones`' values; never null. A bad line has no fields to match, so the text
-    decides. One SQL text with the forms in one flat list: an OR per form is thousands deep for
-    Spark's analyzer, and nested ORs make its parser run out of memory."""
-    forms = sorted({form for tombstone in tombstones for form in text_forms(tombstone.value)})
-    if not forms:
+    decides: a value that passed erase_job's checks (erasure_values), anywhere in it; a value
+    accepted with allow_ambiguous, only as a whole token (`erasure_rule.token_pattern`), so
+    `e` does not take every line holding `ingest_job`. One SQL text with the forms in one flat
+    list: an OR per form is thousands deep for Spark's analyzer, and nested ORs make its parser
+    run out of memory."""
+    contained, tokens = _text_forms_by_rule(tombstones)
+    conditions = []
+    if contained:
+        listed = ", ".join(_sql_string(form) for form in contained)
+        conditions.append(F.expr(f"exists(array({listed}), form -> contains({column}, form))"))
+    if tokens:
+        conditions.append(F.col(column).rlike(token_pattern(tokens)))
+    if not conditions:
         return F.lit(False)
-    listed = ", ".join(_sql_string(form) for form in forms)
-    return F.coalesce(F.expr(f"exists(array({listed}), form -> contains({column}, form))"), F.lit(False))
+    return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
+
+
+def line_matcher(tombstones: list[Tombstone]) -> Callable[[str], bool]:
+    """`text_mentions` on one line of text here: whether it mentions any of `tombstones`."""
+    contained, tokens = _text_forms_by_rule(tombstones)
+    token = re.compile(token_pattern(tokens)) if tokens else None
+    return lambda line: any(form in line for form in contained) or bool(token and token.search(line))
+
+
+def _text_forms_by_rule(tombstones: list[Tombstone]) -> tuple[list[str], list[str]]:
+    """The text forms searched anywhere in a line, and those searched as whole tokens only."""
+    contained = {form for t in tombstones if not t.allow_ambiguous for form in text_forms(t.value)}
+    tokens = {form for t in tombstones if t.allow_ambiguous for form in text_forms(t.value)}
+    return sorted(contained), sorted(tokens)
 
 
 def text_forms(value: str) -> tuple[str, ...]:

@@ -181,6 +181,12 @@ def scrub_dagster_home_after_compaction(context: OpExecutionContext, lakehouse: 
         f"(their compute logs are read next time); {remaining.files_scanned} files scanned after, "
         f"{remaining.total} occurrences left"
     )
+    embedded = sum(remaining.embedded.values())
+    if embedded:
+        context.log.warning(
+            f"{embedded} occurrences of values accepted with allow_ambiguous are inside longer words under "
+            f"DAGSTER_HOME and stay as they are: only whole tokens of those values are erased"
+        )
     yield Output(
         None,
         metadata={
@@ -192,6 +198,7 @@ def scrub_dagster_home_after_compaction(context: OpExecutionContext, lakehouse: 
             "storage_not_scrubbed": MetadataValue.text(", ".join(result.not_scrubbed) or "(none)"),
             "files_scanned": MetadataValue.int(remaining.files_scanned),
             "occurrences_left": MetadataValue.int(remaining.total),
+            "occurrences_inside_longer_words": MetadataValue.int(embedded),
         },
     )
     if remaining.total:
