@@ -22,6 +22,7 @@ from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, inges
 from databuild_assets.ingest.landing_folder import LandingFile
 from databuild_assets.maintenance import landing_files as landing_maintenance
 from databuild_assets.maintenance.landing_files import retain_landing_files
+from databuild_assets.runtime import files
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
 from databuild_assets_tests.support import (
@@ -181,11 +182,12 @@ def test_a_line_over_the_limit_is_quarantined_with_its_first_bytes_and_its_size_
 @pytest.mark.parametrize("chunk", [5, 64])
 def test_the_erasure_scan_finds_and_numbers_lines_much_longer_than_its_chunk(chunk, monkeypatch):
     monkeypatch.setattr(landing_maintenance, "_SCAN_CHUNK", chunk)
+    monkeypatch.setattr(files, "_CHUNK", chunk)
     long_line = b"y" * 1000 + b"needle" + b"y" * 1000
     data = b"a\n" + long_line + b"\n" + b"z" * 333 + b"\nneedle\n" + b"w" * 500  # no final newline
 
     assert landing_maintenance._lines_holding(io.BytesIO(data), [b"needle"]) == (5, {2: long_line, 4: b"needle"})
-    assert list(landing_maintenance._lines_of(io.BytesIO(data))) == [
+    assert list(files.lines_of(io.BytesIO(data))) == [
         b"a\n",
         long_line + b"\n",
         b"z" * 333 + b"\n",

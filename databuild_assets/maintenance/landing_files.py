@@ -15,7 +15,6 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -32,7 +31,7 @@ from databuild_assets.maintenance.tombstones import (
     line_matcher,
     text_mentions,
 )
-from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for
+from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for, lines_of
 from databuild_assets.runtime.lake import Lake, is_local
 from databuild_assets.runtime.object_store import is_s3
 
@@ -377,21 +376,6 @@ def _lines_holding(stream, needles: list[bytes]) -> tuple[int, dict[int, bytes]]
             return lines, found
 
 
-def _lines_of(stream) -> Iterator[bytes]:
-    """`runtime.files.lines_of` (each line with its b"\\n", the last one may lack it), linear in the
-    stream's size however long a line: a line spanning chunks is joined once, at its end."""
-    pending: list[bytes] = []
-    while chunk := stream.read(_SCAN_CHUNK):
-        start = 0
-        while (end := chunk.find(b"\n", start) + 1) > 0:
-            yield b"".join([*pending, chunk[start:end]]) if pending else chunk[start:end]
-            pending, start = [], end
-        if start < len(chunk):
-            pending.append(chunk[start:])
-    if pending:
-        yield b"".join(pending)
-
-
 def _rewrite(
     files: LocalFiles | ObjectFiles, source: str, target: str, drop: set[int], expected_lines: int
 ) -> LandingRewrite:
@@ -402,7 +386,7 @@ def _rewrite(
     read = kept = 0
     try:
         with files.open_read(source) as lines, files.open_new(temp) as out:
-            for number, raw in enumerate(_lines_of(lines), 1):
+            for number, raw in enumerate(lines_of(lines), 1):
                 read = number
                 if number not in drop:
                     out.write(raw)

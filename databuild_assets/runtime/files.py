@@ -28,15 +28,19 @@ _CHUNK = 8 << 20
 
 def lines_of(stream: BinaryIO) -> Iterator[bytes]:
     """The lines of a binary stream, each with its b"\\n" (the last one may lack it), as ingestion
-    splits them: after b"\\n" only."""
-    rest = b""
+    splits them: after b"\\n" only. Linear in the stream's size however long a line: a line that
+    spans chunks is joined once, at its end (a line longer than a landing file's limit is still
+    only as large as the file)."""
+    pending: list[bytes] = []
     while chunk := stream.read(_CHUNK):
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        for part in parts:
-            yield part + b"\n"
-    if rest:
-        yield rest
+        start = 0
+        while (end := chunk.find(b"\n", start) + 1) > 0:
+            yield b"".join([*pending, chunk[start:end]]) if pending else chunk[start:end]
+            pending, start = [], end
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
 
 
 class LocalFiles:
