@@ -10,10 +10,16 @@ erasure report's DAGSTER_HOME row. An ephemeral instance (no DAGSTER_HOME) store
 
 A value erase_job accepted after its checks (maintenance/erasure_values.py: long enough, no
 other field's value, inside no stored value) is erased wherever its text occurs. A value it
-accepted only with allow_ambiguous is erased where it is a whole token (`erasure_rule.
-token_pattern`): a whole JSON string value, a tag's value, a word of a log line; never inside a
-longer name (`e` leaves `ingest_job` as it is). For those, the scan counts whole tokens as what
-is left, and reports the occurrences inside longer words apart (`embedded`), which stay.
+accepted only with allow_ambiguous (never under 4 characters: erasure_values.MIN_OVERRIDE_LENGTH)
+is erased where it is a whole token (`erasure_rule.token_pattern`): a whole JSON string value, a
+tag's value, a word of a log line; never inside a longer name (`ingest` leaves `ingest_job` as it
+is). For those, bytes cannot tell a whole value from a part of a word (a SQLite cell's bytes sit
+beside its neighbours': `subjectingest`), so the scan reads Dagster's databases as values: every
+cell of every table through SQL, JSON records by their string values, zlib snapshots
+decompressed; whole tokens there are what is left, occurrences inside longer words are reported
+apart (`embedded`) and stay. The bytes no query reads (free pages, freed blocks, pages and frames
+the write-ahead log replaced: `dagster_sqlite.unread_bytes`) count every occurrence, and the
+scrub rebuilds a database holding one there. Other files (compute logs) are read as text.
 Why this design: docs/decisions/0035-erasure-reaches-dagster-storage.md.
 
     scrub_dagster_home(context.instance, read_tombstones(spark, lake)).remaining.total  # 0
@@ -27,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +46,13 @@ from dagster._core.storage.local_compute_log_manager import LocalComputeLogManag
 from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
 
 from databuild_assets.events.erasure_rule import is_token, token_pattern
-from databuild_assets.maintenance.dagster_sqlite import rebuild, rewrite_stored_text, sqlite_databases
+from databuild_assets.maintenance.dagster_sqlite import (
+    rebuild,
+    rewrite_stored_text,
+    sqlite_databases,
+    stored_values,
+    unread_bytes,
+)
 from databuild_assets.maintenance.tombstones import Tombstone
 from databuild_assets.runtime.lake import TOMBSTONES
 
@@ -149,9 +162,16 @@ def erase_requests(instance: DagsterInstance, values: Iterable[str]) -> dict[str
 
 class _Search:
     """The byte forms of the tombstones' values, searched in files, and the kept records (the
-    stored erase requests) an occurrence may belong to."""
+    stored erase requests) an occurrence may belong to. In Dagster's SQLite databases, values
+    accepted with allow_ambiguous are searched as values (`_database_counts`), not as bytes."""
 
-    def __init__(self, tombstones: list[Tombstone], kept_records: dict[str, list[bytes]]):
+    def __init__(
+        self,
+        tombstones: list[Tombstone],
+        kept_records: dict[str, list[bytes]],
+        requests: dict[str, frozenset[str]] | None = None,
+        databases: Iterable[Path] = (),
+    ):
         self.tombstone_ids: dict[bytes, list[str]] = {}
         for tombstone in tombstones:
             for form in value_forms(tombstone.value):
@@ -161,6 +181,10 @@ class _Search:
         self.longest = len(needles[0]) if needles else 0
         self.kept = {t.tombstone_id: kept_records.get(t.value, []) for t in tombstones}
         self.as_tokens = {t.tombstone_id for t in tombstones if t.allow_ambiguous}
+        self.token_values = [_TokenValue.of(t) for t in tombstones if t.allow_ambiguous]
+        self.requests = requests or {}
+        self.databases = frozenset(databases)
+        self.logs = frozenset(_wal(database) for database in self.databases)
 
     def count(self, path: Path) -> dict[str, int]:
         """Occurrences in the file at `path`, per tombstone, but those inside a kept record (and,
@@ -169,21 +193,54 @@ class _Search:
 
     def counts(self, path: Path) -> tuple[dict[str, int], dict[str, int]]:
         """Occurrences in the file at `path` per tombstone, but those inside a kept record; and
-        apart, of values accepted with allow_ambiguous, those inside a longer word (embedded)."""
+        apart, of values accepted with allow_ambiguous, those inside a longer word (embedded).
+        A database's write-ahead log is counted with the database."""
         counts: dict[str, int] = {}
         embedded: dict[str, int] = {}
+        in_database = path in self.databases or path in self.logs
         for needle, before, after, token in self._occurrences(path):
             for tombstone_id in self.tombstone_ids[needle]:
+                if in_database and tombstone_id in self.as_tokens:
+                    continue  # read as values below, never as bytes
                 if not any(
                     (before is not None and before in record) or (after is not None and after in record)
                     for record in self.kept[tombstone_id]
                 ):
                     found = counts if token or tombstone_id not in self.as_tokens else embedded
                     found[tombstone_id] = found.get(tombstone_id, 0) + 1
+        if path in self.databases and self.token_values:
+            for found, more in zip((counts, embedded), self._database_counts(path), strict=True):
+                for tombstone_id, count in more.items():
+                    found[tombstone_id] = found.get(tombstone_id, 0) + count
         return counts, embedded
 
     def found_in(self, *paths: Path) -> bool:
         return any(self.count(path) for path in paths)
+
+    def _database_counts(self, database: Path) -> tuple[dict[str, int], dict[str, int]]:
+        """Of values accepted with allow_ambiguous, in a SQLite database: whole tokens and, apart,
+        occurrences inside longer words, in its values as a query reads them (`_value_texts`), but
+        in an erase request's own run record; and every occurrence, whole or not, in its bytes no
+        query reads (`unread_bytes`: free space, replaced pages), where no whole value can be told
+        from a part of a word, so the scrub rebuilds the file."""
+        counts: dict[str, int] = {}
+        embedded: dict[str, int] = {}
+        for table, run_id, value in stored_values(database):
+            kept = self.requests.get(run_id, frozenset()) if table == "runs" else frozenset()
+            for text in _value_texts(value):
+                for wanted in self.token_values:
+                    if any(wanted.value in named for named in kept):
+                        continue
+                    tokens, anywhere = wanted.found(text)
+                    if tokens:
+                        counts[wanted.tombstone_id] = counts.get(wanted.tombstone_id, 0) + tokens
+                    if anywhere > tokens:
+                        embedded[wanted.tombstone_id] = embedded.get(wanted.tombstone_id, 0) + anywhere - tokens
+        for unread in unread_bytes(database):
+            for wanted in self.token_values:
+                if found := len(wanted.anywhere_bytes.findall(unread)):
+                    counts[wanted.tombstone_id] = counts.get(wanted.tombstone_id, 0) + found
+        return counts, embedded
 
     def _occurrences(self, path: Path) -> Iterator[tuple[bytes, bytes | None, bytes | None, bool]]:
         """Each occurrence in the file: the form found, with _CONTEXT bytes before it and after it
@@ -215,6 +272,77 @@ class _Search:
             return
 
 
+@dataclass(frozen=True)
+class _TokenValue:
+    """A value accepted with allow_ambiguous, as searched in a database's values and unread bytes."""
+
+    tombstone_id: str
+    value: str
+    tokens: re.Pattern[str]
+    anywhere: re.Pattern[str]
+    tokens_bytes: re.Pattern[bytes]
+    anywhere_bytes: re.Pattern[bytes]
+
+    @classmethod
+    def of(cls, tombstone: Tombstone) -> _TokenValue:
+        forms = value_forms(tombstone.value)
+        anywhere = "|".join(re.escape(form) for form in forms)
+        return cls(
+            tombstone.tombstone_id,
+            tombstone.value,
+            re.compile(token_pattern(forms)),
+            re.compile(anywhere),
+            re.compile(token_pattern(forms).encode("utf-8")),
+            re.compile(anywhere.encode("utf-8")),
+        )
+
+    def found(self, text: str | bytes) -> tuple[int, int]:
+        """(whole tokens, occurrences anywhere) of the value in `text`."""
+        if isinstance(text, bytes):
+            return len(self.tokens_bytes.findall(text)), len(self.anywhere_bytes.findall(text))
+        return len(self.tokens.findall(text)), len(self.anywhere.findall(text))
+
+
+def _value_texts(value: object) -> Iterator[str | bytes]:
+    """The texts a stored value holds, as the scrub reads them: a JSON record's string values
+    (keys and serdes' type names are structure), other text whole (a tag's value is a whole
+    value, whatever cells lie beside it in the file), a number as written, a blob decompressed
+    when it is zlib (Dagster's snapshots, dagster/_core/storage/runs/sql_run_storage.py), or as
+    its bytes."""
+    if isinstance(value, bytes):
+        try:
+            value = zlib.decompress(value).decode("utf-8")
+        except (zlib.error, UnicodeDecodeError):
+            yield value
+            return
+    if isinstance(value, int | float):
+        yield str(value)
+        return
+    if not isinstance(value, str):
+        return
+    try:
+        record = json.loads(value)
+    except ValueError:
+        yield value
+        return
+    if isinstance(record, dict | list):
+        yield from _strings_of(record)
+    else:
+        yield value
+
+
+def _strings_of(node: Any, key: str | None = None) -> Iterator[str]:
+    if isinstance(node, str):
+        if key not in _TYPE_MARKERS:
+            yield node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings_of(v, k)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _strings_of(item)
+
+
 def _search(instance: DagsterInstance, tombstones: list[Tombstone]) -> tuple[_Search, dict[str, frozenset[str]]]:
     requests = erase_requests(instance, {t.value for t in tombstones})
     kept_records: dict[str, list[bytes]] = {}
@@ -223,7 +351,7 @@ def _search(instance: DagsterInstance, tombstones: list[Tombstone]) -> tuple[_Se
         if run is not None:  # the run storage holds a run as its serialized text
             for value in values:
                 kept_records.setdefault(value, []).append(serialize_value(run).encode("utf-8"))
-    return _Search(tombstones, kept_records), requests
+    return _Search(tombstones, kept_records, requests, sqlite_databases(instance)[0]), requests
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from dagster import DagsterInstance
@@ -49,6 +49,7 @@ STORED_TEXT: dict[str, tuple[str, ...]] = {
 # Another process (the webserver, the daemon) may hold a write lock for a moment: wait for it.
 BUSY_TIMEOUT_SECONDS = 60.0
 _VALUES_PER_STATEMENT = 400
+_SCHEMA = frozenset({"sqlite_schema", "sqlite_master"})
 
 # (table, run_id of the record or None, text) -> the text to store instead (the same text: no change)
 Rewrite = Callable[[str, str | None, str], str]
@@ -146,3 +147,113 @@ def _checkpoint(connection: sqlite3.Connection, path: Path) -> None:
             f"{path}: another process kept reading during the write-ahead log's checkpoint, so its older pages "
             "may still hold erased values; run compaction_job again"
         )
+
+
+def stored_values(path: Path) -> Iterator[tuple[str, str | None, object]]:
+    """Every value of every table of the database at `path` as a query reads it (text, a number,
+    a blob, NULL), with its table and the run_id of its row (None for a table without one): what
+    the file holds as values, read in one read transaction. The schema's own SQL is left out: it
+    names Dagster's columns, not stored values."""
+    connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_SECONDS)
+    try:
+        connection.execute("BEGIN")
+        tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = [row[1] for row in connection.execute(f'PRAGMA table_info("{table}")')]
+            at = columns.index("run_id") if "run_id" in columns else None
+            for row in connection.execute(f'SELECT * FROM "{table}"'):
+                run_id = row[at] if at is not None and isinstance(row[at], str) else None
+                for value in row:
+                    yield table, run_id, value
+    finally:
+        connection.close()
+
+
+def unread_bytes(path: Path) -> Iterator[bytes]:
+    """The bytes of the database at `path` and of its write-ahead log that no query reads: free
+    pages, each page's unallocated space and freed blocks, the unused end of overflow pages, a
+    page of the file the log holds a newer version of, and each frame of the log a later frame
+    replaced (or past its last commit). What an earlier write left there is a copy no query can
+    read as a value, so a search there cannot tell a whole value from a part of a word."""
+    data = path.read_bytes()
+    if len(data) < 100:
+        return
+    page_size = int.from_bytes(data[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    usable = page_size - data[20]
+    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as connection:
+        # dbstat: every page of every table and index, as the database now is (log included).
+        pages_of = connection.execute("SELECT pageno, pagetype, unused, name FROM dbstat").fetchall()
+    kinds = {pageno: (kind, unused, name) for pageno, kind, unused, name in pages_of}
+    live, stale = _log_frames(_wal(path), page_size)
+    yield from stale
+    pages = max(len(data) // page_size, max(live, default=0))
+    for pageno in range(1, pages + 1):
+        file_page = data[(pageno - 1) * page_size : pageno * page_size]
+        if pageno in live:
+            yield file_page  # replaced by the log's version
+        page = live.get(pageno, file_page)
+        if pageno not in kinds:
+            yield page  # a free page (or one past the database's end)
+            continue
+        kind, unused, name = kinds[pageno]
+        if name in _SCHEMA:
+            # Dagster's table definitions, rewritten by its migrations and by VACUUM itself
+            # (measured: old CREATE INDEX text stays in the schema page's free space): never a value.
+            continue
+        yield page[usable:]  # the bytes each page reserves
+        if kind == "overflow":
+            yield page[usable - unused : usable]
+        else:
+            yield from _free_in_btree_page(page, 100 if pageno == 1 else 0, usable)
+
+
+def _free_in_btree_page(page: bytes, header: int, usable: int) -> Iterator[bytes]:
+    """A b-tree page's unallocated space (between its cell pointers and its cells) and its freed
+    blocks (SQLite's file format, section 1.6)."""
+    leaf = page[header] in (10, 13)
+    cells = int.from_bytes(page[header + 3 : header + 5], "big")
+    content = int.from_bytes(page[header + 5 : header + 7], "big") or 65536
+    pointers_end = header + (8 if leaf else 12) + 2 * cells
+    yield page[pointers_end:content]
+    block, seen = int.from_bytes(page[header + 1 : header + 3], "big"), set()
+    while 0 < block < usable and block not in seen:
+        seen.add(block)
+        size = int.from_bytes(page[block + 2 : block + 4], "big")
+        yield page[block + 4 : block + size]
+        block = int.from_bytes(page[block : block + 2], "big")
+
+
+def _log_frames(wal: Path, page_size: int) -> tuple[dict[int, bytes], list[bytes]]:
+    """Of the write-ahead log at `wal`: the newest committed image of each page it holds, and the
+    frames no reader sees (replaced by a later frame, past the last commit, or of an older log)."""
+    try:
+        data = wal.read_bytes()
+    except FileNotFoundError:
+        return {}, []
+    if len(data) < 32:
+        return {}, [data]
+    salts, frame = data[16:24], 24 + page_size
+    frames = [data[at : at + frame] for at in range(32, len(data) - frame + 1, frame)]
+    committed = 0
+    for number, header in enumerate(frames, 1):
+        if header[8:16] != salts:
+            break
+        if int.from_bytes(header[4:8], "big"):  # a commit frame: the database's size after it
+            committed = number
+    live: dict[int, bytes] = {}
+    newest: dict[int, int] = {}
+    for number, frame_bytes in enumerate(frames[:committed]):
+        newest[int.from_bytes(frame_bytes[:4], "big")] = number
+    stale = [data[:32], data[32 + len(frames) * frame :]]
+    for number, frame_bytes in enumerate(frames):
+        pageno = int.from_bytes(frame_bytes[:4], "big")
+        if newest.get(pageno) == number:
+            live[pageno] = frame_bytes[24:]
+        else:
+            stale.append(frame_bytes)
+    return live, stale
+
+
+def _wal(database: Path) -> Path:
+    return database.with_name(database.name + "-wal")

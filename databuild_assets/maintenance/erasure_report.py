@@ -72,7 +72,9 @@ OUTSIDE_DATA_FILES = (
         "compute logs)",
         "previews show no column a tombstone can name; compaction_job rewrites each value to [erased] there "
         "(freed bytes overwritten, write-ahead logs emptied), but in the erase request's own run record; "
-        f"scanned as {DAGSTER_HOME_FINDING} (rows = occurrences)",
+        f"scanned as {DAGSTER_HOME_FINDING} (rows = occurrences); a value accepted with allow_ambiguous is read "
+        "there as values (SQL cells, decompressed snapshots) and counted as whole tokens, and in bytes no query "
+        "reads (freed space, replaced log frames) wherever it occurs",
     ),
 )
 

@@ -42,6 +42,13 @@ from databuild_assets.runtime.lake import (
 # catalogue is a dataset path with a date (over 20). Eight is a UUID's first group: a shorter
 # value is a word, a number or a fragment that occurs by chance inside unrelated text.
 MIN_LENGTH = 8
+# What allow_ambiguous cannot go below. Measured on a test DAGSTER_HOME: `e` occurs as a whole
+# token in SQLite's own page structure (cell pointers 0x0965 read as tab, `e`, tab) and in the
+# bytes freed space keeps, where no scan can tell a copy from chance; bytes of that kind make up
+# most of a binary file. Four printable characters never fit between a 4 KB page's cell pointer
+# bytes (each other byte is below 0x10), and four given bytes occur by chance about once in 4 GB
+# of random bytes (256**-4), once in hundreds of GB as a whole token.
+MIN_OVERRIDE_LENGTH = 4
 
 # Names of the event model and the lake: values of other fields (event_type, status_name, the
 # dependency types of a job config), field names, and the tables' names.
@@ -94,8 +101,10 @@ def ambiguous_values(
     """Why each of `values` (of `key`) would match more than that field, if it would: shorter than
     MIN_LENGTH, a name of VOCABULARY or of `other_names` (e.g. the deployment's Dagster jobs and
     assets), a stored value of another field, or inside other stored values (`_stored_overlaps`).
-    Empty: every value names only its field."""
+    Empty: every value names only its field. A value shorter than MIN_OVERRIDE_LENGTH, which no
+    override can take, raises AmbiguousValueError (`refuse_too_short`)."""
     values = list(dict.fromkeys(values))
+    refuse_too_short(key, values)
     names = {**VOCABULARY, **(other_names or {})}
     problems = []
     for value in values:
@@ -107,6 +116,21 @@ def ambiguous_values(
         if inside:
             problems.append(Problem(key, value, f"occurs inside {len(inside)} names ({', '.join(inside[:3])})"))
     return problems + _stored_overlaps(spark, lake, key, values)
+
+
+def refuse_too_short(key: str, values: Iterable[str]) -> None:
+    """Raise AmbiguousValueError, one line, for values shorter than MIN_OVERRIDE_LENGTH: whether
+    their copies are gone from Dagster's storage cannot be proven, so allow_ambiguous cannot
+    take them either."""
+    short = [value for value in values if len(value) < MIN_OVERRIDE_LENGTH]
+    if short:
+        named = ", ".join(f"{key} {value!r}" for value in short)
+        raise AmbiguousValueError(
+            f"erasure request refused, nothing written: {named} is shorter than {MIN_OVERRIDE_LENGTH} characters, "
+            "which allow_ambiguous cannot override: no scan can tell its copies in Dagster's binary files (SQLite "
+            "page structure, freed space, compressed snapshots) from chance bytes, so its erasure could not be "
+            "proven. Name the whole value (the partition_ref or id) instead"
+        )
 
 
 def refuse_ambiguous_values(
