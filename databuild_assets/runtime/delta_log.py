@@ -23,6 +23,7 @@ import json
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -31,6 +32,9 @@ import pyarrow.parquet as pq
 
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name; group 1: its version
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+# A log folder modified this recently when listed may change again within its mtime's resolution
+# unseen: it is listed again at the next check (the same rule as git's racy index entries).
+_RACY_NS = 2_000_000_000
 # A log compaction file (commits X to Y as one): Delta reads it instead of those commits when present.
 _COMPACTED = re.compile(r"^(\d{20})\.(\d{20})\.compacted\.json$")
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -350,6 +354,7 @@ class _Checked:
     identity: tuple | None = None  # that commit file's identity: another table at the path starts over
     files: set[str] = field(default_factory=set)  # the checkpoint and log compaction files checked
     files_read: int = 0  # log files read to check them, since the first check (or the table's replacement)
+    folder_stamp: tuple | None = None  # the log folder's (inode, mtime) when listed, if it can be trusted
 
 
 _CHECKED: dict[str, _Checked] = {}
@@ -370,6 +375,17 @@ class _LogFiles:
         else:
             self.folder = str(log_folder(table_path))
         self.key = self.folder if self.filesystem is None else f"s3://{self.folder}"  # what is remembered by
+
+    def stamp(self) -> tuple | None:
+        """The local log folder's (inode, mtime): it changes when a file is added, removed or renamed
+        in it. None on S3, or when there is no folder."""
+        if self.filesystem is not None:
+            return None
+        try:
+            status = os.stat(self.folder)
+        except FileNotFoundError:
+            return None
+        return status.st_ino, status.st_mtime_ns
 
     def names(self) -> list[str]:
         if self.filesystem is None:
@@ -461,11 +477,17 @@ def check_log_paths(table_path: str) -> int | None:
     the first such file (and a log file that does not parse: what it names is unknown).
 
     Incremental: per table, the newest commit checked and the checkpoints checked are remembered,
-    so a later call reads only the files written since; one with nothing new lists the log folder
-    and looks at one file's identity (a table replaced at the path is checked from the start).
+    so a later call reads only the files written since; on a local disk, one with nothing new
+    looks only at the log folder's modification time (a file added, removed or renamed changes
+    it), and a table replaced at the path is checked from the start. A commit file rewritten in
+    place after its check is not read again in this process.
     """
     files = _LogFiles(table_path)
     key = files.key
+    stamp = files.stamp()
+    if stamp is not None and (known := _CHECKED.get(key)) is not None and known.folder_stamp == stamp:
+        return known.version  # no file added, removed or renamed in the log folder since it was checked
+    listed_at = time.time_ns()
     with _CHECKED_LOCK:
         names = files.names()
         commits = {int(match.group(1)): name for name in names if (match := COMMIT_FILE.match(name))}
@@ -509,6 +531,7 @@ def check_log_paths(table_path: str) -> int | None:
         checked.files_read += len(new)
         checked.files.update(name for name, _, kind in new if kind == "checkpoint" or _COMPACTED.match(name))
         checked.version, checked.identity = newest, files.identity(commits[newest])
+        checked.folder_stamp = stamp if stamp is not None and listed_at - stamp[1] > _RACY_NS else None
         _CHECKED[key] = checked
         return newest
 
