@@ -17,20 +17,24 @@ import shutil
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 
 from databuild_assets.ingest.landing import ingest_landing_files
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.check import check_lake
+from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.repair import repair_lake
 from databuild_assets.maintenance.vacuum import SymlinkInTableError, vacuum_lake
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commits import log_changes
 from databuild_assets.runtime.damage import DamagedTableError
-from databuild_assets.runtime.delta_log import OutsideTableError, table_relative
-from databuild_assets.runtime.delta_tables import latest_version_on_disk
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.delta_log import OutsideTableError, checked_log, table_relative
+from databuild_assets.runtime.delta_tables import latest_version_on_disk, refuse_paths_outside
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
 
 MARKER = b"a file outside the lake, readable by its owner only\n"
@@ -218,3 +222,137 @@ def test_a_partition_folder_swapped_for_a_symlink_out_of_the_lake_is_moved_aside
     assert (Path(result.aside_folder) / partition.relative_to(copy.root)).is_symlink()
     assert result.after is not None and result.after.ok, [p.line() for p in result.after.problems]
     assert spark.read.format("delta").load(str(table)).count() == events  # ingested again from landing
+
+
+# -- Spark's readers: the guard on the paths of the log files a job's read would follow ------------
+
+
+SPARK_MARKER = "marker-3f9c1ae07b5d42e8a6c0d19b7e2f8a41"  # the event_id of the one row outside the lake
+
+
+def _outside_parquet(spark, table: Path, outside: Path) -> tuple[str, int]:
+    """A real data file of the table's oldest partition, outside the lake, its one row's event_id
+    SPARK_MARKER: (that partition's date, the file's size)."""
+    partition = sorted(table.glob("event_date=*"))[0]
+    scratch = outside.parent / "outside-scratch"
+    row = spark.read.parquet(str(next(partition.glob("*.parquet")))).limit(1)
+    row.withColumn("event_id", F.lit(SPARK_MARKER)).coalesce(1).write.parquet(str(scratch))
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(next(scratch.glob("part-*.parquet")), outside)
+    shutil.rmtree(scratch)
+    return partition.name.removeprefix("event_date="), outside.stat().st_size
+
+
+def _plant_add(table: Path, path: str, event_date: str, size: int) -> int:
+    """A commit adding the file at `path` (as the log names it) to the `event_date` partition, as a
+    writer of the log would write it: the version it got."""
+    version = latest_version_on_disk(str(table)) + 1
+    add = {
+        "path": path,
+        "partitionValues": {"event_date": event_date},
+        "size": size,
+        "modificationTime": int(DAYS_AGO * 1000),
+        "dataChange": True,
+        "stats": json.dumps({"numRecords": 1}),
+    }
+    info = {"timestamp": int(time.time() * 1000), "operation": "WRITE", "operationParameters": {}}
+    lines = [json.dumps({"commitInfo": info}), json.dumps({"add": add})]
+    (table / "_delta_log" / f"{version:020d}.json").write_text("\n".join(lines) + "\n")
+    return version
+
+
+def _land_more(lake: Lake, folder: Path, seed: int) -> None:
+    """A few more landing files, beside those the lake ingested already."""
+    write_landing_files(folder, 30, seed=seed, events_per_file=10)
+    for path in folder.glob("*.jsonl"):
+        shutil.move(path, Path(lake.landing) / f"more-{path.name}")
+
+
+def _spark_marker_in_lake(lake: Lake) -> list[str]:
+    """The files under the lake holding SPARK_MARKER (a Parquet footer keeps it in its statistics)."""
+    marker = SPARK_MARKER.encode()
+    return [str(p) for p in Path(lake.root).rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+def test_a_planted_commit_naming_a_parquet_file_outside_the_lake_fails_compaction_and_the_filtered_log_rebuild(
+    spark, copy, tmp_path
+) -> None:
+    table = Path(copy.table_path(RAW_EVENT_LOG))
+    outside = tmp_path / "outside" / "x.parquet"
+    event_date, size = _outside_parquet(spark, table, outside)
+    assert spark.read.parquet(str(outside)).where(F.col("event_id") == SPARK_MARKER).count() == 1
+    version = _plant_add(table, "../../../outside/x.parquet", event_date, size)
+    named = re.escape(
+        f"raw_event_log: tables/raw_event_log/_delta_log/{version:020d}.json: commit {version} refused: line 2: "
+        "the log names '../../../outside/x.parquet', outside the table (it holds a '..' segment)"
+    )
+
+    with pytest.raises(DamagedTableError, match=f"^{named}"):
+        compact(spark, copy)  # OPTIMIZE would pack the file into the partition's new file
+    with pytest.raises(DamagedTableError, match=f"^{named}"):
+        refresh_filtered_log(spark, copy, full=True)  # the rebuild would copy its row
+    assert _spark_marker_in_lake(copy) == []
+    assert outside.is_file()
+
+
+def test_a_planted_commit_in_the_filtered_log_fails_its_refresh_in_one_line_naming_it(spark, copy, tmp_path) -> None:
+    raw, table = Path(copy.table_path(RAW_EVENT_LOG)), Path(copy.table_path(FILTERED_EVENT_LOG))
+    outside = tmp_path / "outside" / "x.parquet"
+    event_date, size = _outside_parquet(spark, raw, outside)
+    version = _plant_add(table, str(outside), event_date, size)  # absolute, as a shallow clone's
+    _land_more(copy, tmp_path / "more", seed=12)
+    ingest_landing_files(spark, copy, settle_seconds=0)  # new raw events for the refresh to fold in
+
+    named = f"filtered_event_log: tables/filtered_event_log/_delta_log/{version:020d}.json: commit {version} refused"
+    with pytest.raises(DamagedTableError, match=f"^{re.escape(named)}: line 2: the log names .*it is absolute"):
+        refresh_filtered_log(spark, copy)
+    assert _spark_marker_in_lake(copy) == []
+
+
+def test_the_guard_reads_each_log_file_once_and_then_only_the_commits_written_since(spark, copy, tmp_path) -> None:
+    table = Path(copy.table_path(FILTERED_EVENT_LOG))
+    newest = latest_version_on_disk(str(table))
+    first = refuse_paths_outside(str(table))
+    assert first == newest
+    version, read = checked_log(str(table))
+    assert version == newest and 1 <= read <= newest + 1
+    assert refuse_paths_outside(str(table)) == newest and checked_log(str(table)) == (newest, read)  # nothing new
+
+    latest = table / "_delta_log" / f"{newest:020d}.json"
+    added = table / "_delta_log" / f"{newest + 1:020d}.json"
+    added.write_text(latest.read_text())  # a commit that names the files its writer wrote: accepted
+    assert refuse_paths_outside(str(table)) == newest + 1
+    assert checked_log(str(table)) == (newest + 1, read + 1)  # only the new commit was read
+
+    planted = _plant_add(table, "%2E%2E/elsewhere.parquet", "2024-01-01", 10)
+    with pytest.raises(DamagedTableError, match=re.escape(f"{planted:020d}.json: commit {planted} refused")):
+        refuse_paths_outside(str(table))
+    assert checked_log(str(table)) == (newest + 1, read + 1)  # a refused commit is not remembered as checked
+    with pytest.raises(DamagedTableError, match=re.escape(f"{planted:020d}.json: commit {planted} refused")):
+        refuse_paths_outside(str(table))  # refused again, on every call
+
+
+def test_a_planted_checkpoint_naming_a_path_outside_the_table_is_refused_naming_it(spark, copy) -> None:
+    table = Path(copy.table_path(FILTERED_EVENT_LOG))
+    newest = latest_version_on_disk(str(table))
+    refuse_paths_outside(str(table))
+    adds = pa.array([{"path": "/etc/passwd", "size": 1}], pa.struct([("path", pa.string()), ("size", pa.int64())]))
+    checkpoint = table / "_delta_log" / f"{newest:020d}.checkpoint.parquet"
+    pq.write_table(pa.table({"add": adds}), checkpoint)
+
+    named = f"filtered_event_log: tables/filtered_event_log/_delta_log/{checkpoint.name}: checkpoint {newest} refused"
+    with pytest.raises(DamagedTableError, match=f"^{re.escape(named)}: the log names '/etc/passwd'"):
+        refuse_paths_outside(str(table))
+
+
+def test_an_ingestion_run_refuses_a_raw_log_naming_a_file_outside_it_before_reading_it(spark, copy, tmp_path) -> None:
+    table = Path(copy.table_path(RAW_EVENT_LOG))
+    outside = tmp_path / "outside" / "x.parquet"
+    event_date, size = _outside_parquet(spark, table, outside)
+    version = _plant_add(table, f"file://{outside}", event_date, size)
+    _land_more(copy, tmp_path / "more", seed=13)
+
+    named = f"raw_event_log: tables/raw_event_log/_delta_log/{version:020d}.json: commit {version} refused"
+    with pytest.raises(DamagedTableError, match=f"^{re.escape(named)}: line 2: the log names .*it is a URI"):
+        ingest_landing_files(spark, copy, settle_seconds=0)
+    assert _spark_marker_in_lake(copy) == []

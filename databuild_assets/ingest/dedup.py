@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.log.serving.backend import DeltaRsEventLog, IndexNotFollowableError
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import retry_on_conflict
+from databuild_assets.runtime.delta_tables import refuse_paths_outside, retry_on_conflict
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake, is_local
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> D
     log's commit lock, which JVM-free appenders take too (runtime/commit_lock.py).
     """
     with commit_lock(log_path):
+        refuse_paths_outside(log_path)  # the MERGE reads every event_id of the log's files
         target = DeltaTable.forPath(spark, log_path).alias("log")
         return target.merge(events.alias("new"), "log.event_id = new.event_id").whenNotMatchedInsertAll().execute()
 

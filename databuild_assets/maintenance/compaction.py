@@ -60,6 +60,7 @@ from databuild_assets.runtime.delta_tables import (
     TableSize,
     current_version,
     ensure_table,
+    refuse_paths_outside,
     retry_on_conflict,
     session_settings,
     table_size,
@@ -308,6 +309,8 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)
     tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
     tombstones = read_tombstones(spark, lake, tombstones_version)
+    for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, *PROJECTION_TABLES):  # before Spark reads them
+        refuse_paths_outside(lake.table_path(spec))
     pending = [t for t in tombstones if t.pending]
     to_purge = pending + rearrived(spark, lake, [t for t in tombstones if not t.pending])
     tables = [

@@ -35,6 +35,7 @@ from databuild_assets.runtime.delta_tables import (
     USER_METADATA,
     current_version,
     ensure_table,
+    refuse_paths_outside,
     retry_on_conflict,
     session_settings,
 )
@@ -92,6 +93,7 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
     session = spark.newSession()  # userMetadata is a session setting: keep it off other threads
     raw_path, path = lake.table_path(RAW_EVENT_LOG), lake.table_path(FILTERED_EVENT_LOG)
     tombstones_path = lake.table_path(TOMBSTONES)
+    refuse_paths_outside(path)  # its MERGE rewrites the files it reads (the raw log's are checked by ensure_table)
     ensure_table(session, tombstones_path, TOMBSTONES)
     ensure_table(session, raw_path, RAW_EVENT_LOG)
     raw_version, tombstones_version = current_version(session, raw_path), current_version(session, tombstones_path)

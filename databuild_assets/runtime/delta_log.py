@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -30,6 +32,11 @@ import pyarrow.parquet as pq
 
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name; group 1: its version
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+# A log folder modified this recently when listed may change again within its mtime's resolution
+# unseen: it is listed again at the next check (the same rule as git's racy index entries).
+_RACY_NS = 2_000_000_000
+# A log compaction file (commits X to Y as one): Delta reads it instead of those commits when present.
+_COMPACTED = re.compile(r"^(\d{20})\.(\d{20})\.compacted\.json$")
 LAST_CHECKPOINT = "_last_checkpoint"
 LOG = "_delta_log"  # a table's log folder, relative to the table
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # file:, s3a:, C: (a relative path of ours has none)
@@ -323,3 +330,214 @@ def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], sta
                 "pointer",
             )
         )
+
+
+# -- the paths a Spark read of a table would follow ----------------------------------------------
+
+
+class LogFileRefusedError(Exception):
+    """A log file Spark's Delta reader would use to open a table, refused: `error` says why (an
+    OutsideTableError: it names a path that leaves the table; a ValueError: it does not parse).
+    `file` is its name in `_delta_log`, `version` the version it is for, `kind` "commit" or
+    "checkpoint"."""
+
+    def __init__(self, file: str, version: int, kind: str, error: Exception) -> None:
+        super().__init__(f"{LOG}/{file}: {error}")
+        self.file, self.version, self.kind, self.error = file, version, kind, error
+
+
+@dataclass
+class _Checked:
+    """What this process has checked of one table's log."""
+
+    version: int = -1  # the newest commit whose paths were checked
+    identity: tuple | None = None  # that commit file's identity: another table at the path starts over
+    files: set[str] = field(default_factory=set)  # the checkpoint and log compaction files checked
+    files_read: int = 0  # log files read to check them, since the first check (or the table's replacement)
+    folder_stamp: tuple | None = None  # the log folder's (inode, mtime) when listed, if it can be trusted
+
+
+_CHECKED: dict[str, _Checked] = {}
+_CHECKED_LOCK = threading.Lock()
+
+
+class _LogFiles:
+    """A table's `_delta_log` on a local disk or on S3: its file names, a file's identity, bytes
+    and Parquet."""
+
+    def __init__(self, table_path: str) -> None:
+        from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
+
+        self.filesystem, self.infos = None, {}
+        if is_s3(table_path):
+            self.filesystem, prefix = arrow_filesystem(table_path)
+            self.folder = f"{prefix}/{LOG}"
+        else:
+            self.folder = str(log_folder(table_path))
+        self.key = self.folder if self.filesystem is None else f"s3://{self.folder}"  # what is remembered by
+
+    def stamp(self) -> tuple | None:
+        """The local log folder's (inode, mtime): it changes when a file is added, removed or renamed
+        in it. None on S3, or when there is no folder."""
+        if self.filesystem is not None:
+            return None
+        try:
+            status = os.stat(self.folder)
+        except FileNotFoundError:
+            return None
+        return status.st_ino, status.st_mtime_ns
+
+    def names(self) -> list[str]:
+        if self.filesystem is None:
+            return os.listdir(self.folder) if os.path.isdir(self.folder) else []
+        from pyarrow import fs
+
+        infos = self.filesystem.get_file_info(fs.FileSelector(self.folder, allow_not_found=True))
+        self.infos = {info.base_name: (info.mtime_ns, info.size) for info in infos}
+        return list(self.infos)
+
+    def identity(self, name: str) -> tuple | None:
+        if self.filesystem is not None:
+            return self.infos.get(name)
+        try:
+            status = os.stat(os.path.join(self.folder, name))
+        except FileNotFoundError:
+            return None
+        return status.st_ino, status.st_mtime_ns, status.st_size
+
+    def read(self, name: str) -> bytes:
+        if self.filesystem is None:
+            with open(os.path.join(self.folder, name), "rb") as handle:
+                return handle.read()
+        with self.filesystem.open_input_stream(f"{self.folder}/{name}") as stream:
+            return stream.read()
+
+    def parquet(self, name: str) -> pq.ParquetFile:
+        if self.filesystem is None:
+            return pq.ParquetFile(os.path.join(self.folder, name))
+        return pq.ParquetFile(self.filesystem.open_input_file(f"{self.folder}/{name}"))
+
+
+def _check_actions(data: bytes) -> None:
+    """Refuse the commit (or log compaction file) `data` when an add, remove or cdc action names a
+    path outside the table, or a deletion vector by an absolute path; ValueError when a line does
+    not parse (a reader cannot tell what it names)."""
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"line {number} is not JSON ({error})") from None
+        if not isinstance(action, dict):
+            raise ValueError(f"line {number} is not a Delta action")
+        for kind in ("add", "remove", "cdc"):
+            if (named := action.get(kind)) is None:
+                continue
+            if not isinstance(named, dict) or not isinstance(named.get("path"), str):
+                raise ValueError(f"line {number}: its {kind} action has no path")
+            _named(named, number)
+            vector = named.get("deletionVector")
+            if isinstance(vector, dict) and vector.get("storageType") == "p":  # an absolute path of its own
+                raise OutsideTableError(
+                    f"line {number}: the log names the deletion vector {vector.get('pathOrInlineDv')!r}, outside "
+                    "the table (it is absolute); this project's tables hold only relative paths inside them"
+                )
+
+
+def _check_checkpoint_part(files: _LogFiles, name: str) -> None:
+    """Refuse a checkpoint part whose add or remove actions name a path outside the table: only
+    its `add.path` and `remove.path` columns are read."""
+    try:
+        parquet = files.parquet(name)
+        present = set(parquet.schema_arrow.names)
+        columns = [f"{kind}.path" for kind in ("add", "remove") if kind in present]
+        table = parquet.read(columns=columns).flatten() if columns else None  # add.path, remove.path
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as error:  # pyarrow's errors are these
+        raise ValueError(f"it does not read as a checkpoint ({error})") from None
+    for index in range(table.num_columns if table is not None else 0):
+        for path in table.column(index).to_pylist():
+            if path is not None:
+                if not isinstance(path, str):
+                    raise ValueError(f"its {table.column_names[index]} column holds {path!r}, not a path")
+                table_relative(path)
+
+
+def check_log_paths(table_path: str) -> int | None:
+    """Check, before Spark opens the table at `table_path` (local or on S3), the paths of the log
+    files its Delta reader uses for the latest version that this process has not checked yet:
+    the newest checkpoint (its `add.path` and `remove.path` columns), the commits after it, and
+    any log compaction file. Returns the newest commit's version (None: no commit).
+
+    Delta resolves an absolute path, a URI or a `../` path in an add action as it stands (Delta
+    allows them for shallow clones), so a commit planted in the log would make a job read a file
+    outside the lake, and a rewrite (a purge, an OPTIMIZE) copy it in. LogFileRefusedError names
+    the first such file (and a log file that does not parse: what it names is unknown).
+
+    Incremental: per table, the newest commit checked and the checkpoints checked are remembered,
+    so a later call reads only the files written since; on a local disk, one with nothing new
+    looks only at the log folder's modification time (a file added, removed or renamed changes
+    it), and a table replaced at the path is checked from the start. A commit file rewritten in
+    place after its check is not read again in this process.
+    """
+    files = _LogFiles(table_path)
+    key = files.key
+    stamp = files.stamp()
+    if stamp is not None and (known := _CHECKED.get(key)) is not None and known.folder_stamp == stamp:
+        return known.version  # no file added, removed or renamed in the log folder since it was checked
+    listed_at = time.time_ns()
+    with _CHECKED_LOCK:
+        names = files.names()
+        commits = {int(match.group(1)): name for name in names if (match := COMMIT_FILE.match(name))}
+        if not commits:
+            _CHECKED.pop(key, None)
+            return None
+        checked = _CHECKED.get(key)
+        if checked is None or commits.get(checked.version) is None:
+            checked = _Checked()
+        elif files.identity(commits[checked.version]) != checked.identity:
+            checked = _Checked()
+        checkpoints: dict[int, list[str]] = {}
+        for name in names:
+            if match := _CHECKPOINT.match(name):
+                checkpoints.setdefault(int(match.group(1)), []).append(name)
+        base = max(checkpoints, default=-1)
+        new: list[tuple[str, int, str]] = [
+            (name, base, "checkpoint") for name in sorted(checkpoints.get(base, ())) if name not in checked.files
+        ]
+        newest = max(commits)
+        new += [
+            (commits[version], version, "commit")
+            for version in range(max(checked.version, base) + 1, newest + 1)
+            if version in commits
+        ]
+        new += [
+            (name, int(match.group(2)), "commit")
+            for name in sorted(names)
+            if (match := _COMPACTED.match(name)) and name not in checked.files
+        ]
+        for name, version, kind in new:
+            try:
+                if kind == "checkpoint":
+                    _check_checkpoint_part(files, name)
+                else:
+                    _check_actions(files.read(name))
+            except (OutsideTableError, ValueError) as error:
+                raise LogFileRefusedError(name, version, kind, error) from None
+            except FileNotFoundError:
+                continue  # cleaned up meanwhile (a checkpoint made the old commits unneeded)
+        checked.files_read += len(new)
+        checked.files.update(name for name, _, kind in new if kind == "checkpoint" or _COMPACTED.match(name))
+        checked.version, checked.identity = newest, files.identity(commits[newest])
+        checked.folder_stamp = stamp if stamp is not None and listed_at - stamp[1] > _RACY_NS else None
+        _CHECKED[key] = checked
+        return newest
+
+
+def checked_log(table_path: str) -> tuple[int, int] | None:
+    """What `check_log_paths` has checked of the table's log in this process: (the newest commit
+    version checked, how many log files it read to check it), or None before its first check."""
+    checked = _CHECKED.get(_LogFiles(table_path).key)
+    return None if checked is None else (checked.version, checked.files_read)

@@ -30,10 +30,12 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.damage import data_file_damage, outside_table_damage
+from databuild_assets.runtime.damage import DamagedTableError, commit_damage, data_file_damage, outside_table_damage
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
+    LogFileRefusedError,
     OutsideTableError,
+    check_log_paths,
     log_folder,
     resolve_in_table,
     table_relative,
@@ -89,7 +91,8 @@ def upgrade_table(spark: SparkSession, path: str, spec: TableSpec) -> tuple[str,
     """Check the existing table at `path` and bring its protocol to what this release creates;
     what it changed, in words (none: nothing to change). Logged too.
 
-    Refuses a table whose schema version is newer than this code's, so old code never writes
+    Refuses a table whose log names a path outside it (`refuse_paths_outside`), and one whose
+    schema version is newer than this code's, so old code never writes
     rows a newer reader would misread. Drops the deletion vectors feature from a table an
     earlier release gave it (the projections had it): readers without deletion vectors, such as
     delta-rs and what is built on it (Polars, dagster-deltalake), refuse a table whose protocol
@@ -98,6 +101,7 @@ def upgrade_table(spark: SparkSession, path: str, spec: TableSpec) -> tuple[str,
 
         upgrade_table(spark, lake.table_path(RAW_EVENT_LOG), RAW_EVENT_LOG)
     """
+    refuse_paths_outside(path)  # before Spark reads it: every job opens an existing table through here
     properties = read_table_properties(spark, path)
     schema_version_of(path, properties)
     changes: list[str] = []
@@ -271,9 +275,43 @@ def session_settings(session: SparkSession, settings: Mapping[str, str]) -> Iter
             session.conf.unset(key)
 
 
+def refuse_paths_outside(path: str) -> int | None:
+    """Check the table at `path` before Spark opens it: the paths of the log files Spark would
+    read that this process has not checked yet (`delta_log.check_log_paths`); its newest commit's
+    version (None: no commit, or a store other than a local disk or S3).
+
+    A log file naming a path outside the table (absolute, a URI, `../`) or that does not parse
+    raises the one line the JVM-free readers raise: DamagedTableError naming the commit (or
+    checkpoint) and the path for a local table, OutsideTableError on S3.
+
+        refuse_paths_outside(lake.table_path(RAW_EVENT_LOG))
+    """
+    if not is_local(path) and not is_s3(path):
+        return None
+    try:
+        return check_log_paths(path)
+    except LogFileRefusedError as refused:
+        if not is_local(path):
+            if isinstance(refused.error, OutsideTableError):
+                raise OutsideTableError(f"{path}: {refused.kind} {refused.version}: {refused.error}") from None
+            raise ValueError(f"{path.rstrip('/')}/{refused}") from None
+        damage = commit_damage(path, refused.version, refused.error)
+        if COMMIT_FILE.match(refused.file):
+            raise damage from None
+        kind = "checkpoint" if refused.kind == "checkpoint" else "log compaction file"
+        error = " ".join(str(refused.error).split())
+        what = f"{kind} {refused.version} refused: {error}"
+        if not isinstance(refused.error, OutsideTableError):
+            what = f"{kind} does not read ({error})"
+        file = f"{os.path.dirname(damage.file)}/{refused.file}"
+        raise DamagedTableError(damage.table, file, what, damage.root) from None
+
+
 def current_version(spark: SparkSession, path: str) -> int:
-    """The table's latest committed version (on a local disk, from a listing of its `_delta_log`)."""
-    if is_local(path) and (version := latest_version_on_disk(path)) is not None:
+    """The table's latest committed version (on a local disk, from a listing of its `_delta_log`),
+    its log's paths checked first (`refuse_paths_outside`): a job pins it to read the table."""
+    version = refuse_paths_outside(path)
+    if is_local(path) and version is not None:
         return version
     return DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
 
