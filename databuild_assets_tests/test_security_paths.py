@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.ingest.landing import ingest_landing_files
 from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.log.spark.backend import DeltaEventLog
 from databuild_assets.maintenance.check import check_lake
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
@@ -174,6 +175,8 @@ def test_readers_refuse_a_commit_naming_a_file_outside_the_table_in_one_line_nam
         DeltaFollower(str(table)).load(["event_id"])  # a snapshot as delta-rs lists it
     with pytest.raises(DamagedTableError, match=named):
         log_changes(spark, str(table), version - 1, version)  # the incremental refreshes
+    with pytest.raises(DamagedTableError, match=named):
+        DeltaEventLog(spark, copy).get_events_in_range(0, 2**62)  # the query API's Spark backend
 
 
 def test_vacuum_refuses_while_a_table_holds_a_symlinked_folder_and_the_old_files_it_leads_to_survive(

@@ -46,7 +46,7 @@ from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import Tombstone, read_tombstones, visible_events
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import RebuildRule, projection_spec, refresh_projections
-from databuild_assets.runtime.delta_tables import check_schema_version, current_version, latest_version_on_disk
+from databuild_assets.runtime.delta_tables import check_schema_version, current_version, refuse_paths_outside
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake, is_local
 
 # The log table that `_visible_log` reads (minus what tombstones match, at once). Projections are
@@ -205,7 +205,9 @@ class DeltaEventLog(BuildEventLog):
         """The log's latest version, or None when the lake has no log yet."""
         spark = self._spark()
         if is_local(self.lake.root):
-            version = latest_version_on_disk(self._log_path)  # a directory listing, no Spark job
+            # The newest version, once every log file Spark would read is checked to name only
+            # files inside the table (docs/security.md); a stat when nothing changed.
+            version = refuse_paths_outside(self._log_path)
         else:
             version = current_version(spark, self._log_path) if DeltaTable.isDeltaTable(spark, self._log_path) else None
         if version is not None and not self._log_checked:
@@ -216,7 +218,7 @@ class DeltaEventLog(BuildEventLog):
     def _tombstones_version(self) -> int | None:
         path = self.lake.table_path(TOMBSTONES)
         if is_local(self.lake.root):
-            return latest_version_on_disk(path)
+            return refuse_paths_outside(path)
         spark = self._spark()
         return current_version(spark, path) if DeltaTable.isDeltaTable(spark, path) else None
 
