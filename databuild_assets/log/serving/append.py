@@ -12,8 +12,10 @@ starts over from the log.
 
 It is used only for tables this code can write without a protocol feature: reader version 1,
 writer version 2 or lower, no invariants (`writable_by_fast_append`); anything else goes
-through delta-rs. On S3, where no lock keeps writers apart, `commit_exactly` has delta-rs commit
-exactly the next version with S3's conditional write, or raise CommitConflictError.
+through delta-rs. `append_locally` also writes the checkpoint that falls due, since no other
+writer checkpoints a commit file it did not write (log/serving/checkpoints.py). On S3, where no
+lock keeps writers apart, `commit_exactly` has delta-rs commit exactly the next version with S3's
+conditional write, or raise CommitConflictError; delta-rs's post-commit hook checkpoints there.
 
     append_files(table_path, version + 1, rows, partition_by=["event_date"], stats_columns=[...])
 """
@@ -36,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, PostCommitHookProperties, write_deltalake
 
+from databuild_assets.log.serving.checkpoints import checkpoint_if_due
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 
 # Spark and delta-rs truncate string statistics to this many characters.
@@ -192,6 +195,23 @@ def append_files(
     )
 
 
+def append_locally(
+    table_path: str, table: deltalake.DeltaTable, version: int, rows: pa.Table, commit_info: Mapping[str, Any]
+) -> bool:
+    """Commit `rows` as `version` of the local table at `table_path` by `append_files`, then
+    write the checkpoint that falls due (log/serving/checkpoints.py), when the table's protocol
+    allows a blind append and it names its statistics columns. False, with nothing written, when
+    it does not: the caller commits through delta-rs."""
+    configuration = table.metadata().configuration
+    stats_columns = configuration.get("delta.dataSkippingStatsColumns")
+    if not (stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json())):
+        return False
+    partition_by = table.metadata().partition_columns
+    append_files(table_path, version, rows, partition_by, stats_columns.split(","), commit_info)
+    checkpoint_if_due(table_path, table, version)
+    return True
+
+
 def _put_if_absent(path: str, text: str) -> None:
     """Write `path` whole or not at all, and only if it does not exist (a hard link of a
     finished temporary file: atomic on a local filesystem)."""
@@ -206,4 +226,11 @@ def _put_if_absent(path: str, text: str) -> None:
         os.unlink(temporary)
 
 
-__all__ = ["CommitConflictError", "append_files", "commit_exactly", "raw_log_rows", "writable_by_fast_append"]
+__all__ = [
+    "CommitConflictError",
+    "append_files",
+    "append_locally",
+    "commit_exactly",
+    "raw_log_rows",
+    "writable_by_fast_append",
+]

@@ -56,10 +56,9 @@ from databuild_assets.log.interface import (
 )
 from databuild_assets.log.serving.append import (
     CommitConflictError,
-    append_files,
+    append_locally,
     commit_exactly,
     raw_log_rows,
-    writable_by_fast_append,
 )
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.follower import follower_for
@@ -484,7 +483,7 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _commit(self, rows: pa.Table, latest: int) -> bool:
         """One append commit of `rows` as the log's next version (the raw log created first when
-        the lake has none): by `delta_append` when the table's protocol allows, else delta-rs.
+        the lake has none): by `append_locally` when the table's protocol allows, else delta-rs.
         True when the commit is exactly version `latest + 1` (delta-rs may retry past a commit
         of a writer that ignores the lock). On S3, CommitConflictError when another writer
         created the log or took that version first."""
@@ -513,18 +512,8 @@ class DeltaRsEventLog(BuildEventLog):
         latest = latest if latest >= 0 else table.version()
         if s3:
             return commit_exactly(self._log_path, table, rows, latest, user_metadata)
-        stats_columns = table.metadata().configuration.get("delta.dataSkippingStatsColumns")
-        if stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json()):
-            partition_by = table.metadata().partition_columns
-            append_files(
-                self._log_path,
-                latest + 1,
-                rows,
-                partition_by,
-                stats_columns.split(","),
-                {"userMetadata": user_metadata},
-            )
-            return True
+        if append_locally(self._log_path, table, latest + 1, rows, {"userMetadata": user_metadata}):
+            return True  # by `append_files`, with the checkpoint that fell due
         if table.version() != latest:
             table.update_incremental()  # to the latest commit: the one this append follows
         write_deltalake(

@@ -1,0 +1,68 @@
+"""Checkpoints of a local table the JVM-free appends commit to, written as its log grows.
+
+Spark writes a checkpoint only when its own commit lands on a multiple of the table's interval,
+and delta-rs only after its own commits (its post-commit hook, which `commit_exactly` keeps on
+S3); a commit file written by `append_files` triggers neither. A log grown by those appends alone
+would make every open by Spark or delta-rs replay every commit since the last checkpoint. So
+after an append commits a version, still under the table's commit lock, `checkpoint_if_due`
+writes a checkpoint of it when it is `delta.checkpointInterval` commits or more past the newest
+one (`_last_checkpoint`; 100 unless the table sets the interval, delta-rs's own default): a
+checkpoint missed by an appender that died is written by the next append.
+
+The checkpoint is delta-rs's classic single-file one, which Spark, delta-rs and
+runtime/delta_log.py read. It copies each add's `stats` string as committed and writes no
+`stats_parsed`, so it holds statistics of `delta.dataSkippingStatsColumns` only: no erasable
+value (runtime/lake.py, COMMON_TABLE_PROPERTIES).
+
+    checkpoint_if_due(table_path, table, version)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import deltalake
+import deltalake.exceptions
+
+from databuild_assets.log.serving.follower import DeltaFollower
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
+# delta-rs's default interval: the one its post-commit hook follows on the other append paths.
+DEFAULT_CHECKPOINT_INTERVAL = 100
+
+
+def checkpoint_interval(configuration: dict[str, str]) -> int:
+    """The table's `delta.checkpointInterval`, or DEFAULT_CHECKPOINT_INTERVAL when it sets none
+    (or one that is not a positive whole number)."""
+    try:
+        interval = int(configuration.get(CHECKPOINT_INTERVAL_PROPERTY, DEFAULT_CHECKPOINT_INTERVAL))
+    except ValueError:
+        return DEFAULT_CHECKPOINT_INTERVAL
+    return interval if interval > 0 else DEFAULT_CHECKPOINT_INTERVAL
+
+
+def checkpoint_if_due(table_path: str, table: deltalake.DeltaTable, version: int) -> int | None:
+    """Write a checkpoint of the local table at `path` once `version` (just committed, under the
+    table's commit lock) is its interval past the newest checkpoint; `table` is brought up to
+    date first. Returns the version checkpointed, or None. A failed checkpoint is logged, not
+    raised: the commit before it stands, and the next append tries again."""
+    last = DeltaFollower(table_path).last_checkpoint()
+    if version - (-1 if last is None else last) < checkpoint_interval(table.metadata().configuration):
+        return None
+    try:
+        table.update_incremental()
+        table.create_checkpoint()
+    except (deltalake.exceptions.DeltaError, OSError) as error:
+        log.warning(
+            "%s: v%d is committed; its checkpoint failed and the next append retries it (%s)",
+            table_path,
+            version,
+            error,
+        )
+        return None
+    return table.version()
+
+
+__all__ = ["DEFAULT_CHECKPOINT_INTERVAL", "checkpoint_if_due", "checkpoint_interval"]

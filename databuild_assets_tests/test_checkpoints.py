@@ -1,0 +1,144 @@
+"""The JVM-free appends keep the raw log checkpointed as it grows (log/serving/checkpoints.py):
+within the table's checkpoint interval of its newest version whoever commits, in a checkpoint
+Spark, delta-rs and our own log readers read, and that holds no erasable value."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from databuild_assets.log import SqliteEventLog
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.append import append_files, raw_log_rows
+from databuild_assets.log.serving.backend import DeltaRsEventLog
+from databuild_assets.log.serving.checkpoints import DEFAULT_CHECKPOINT_INTERVAL
+from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.maintenance.compaction import compact
+from databuild_assets.runtime.delta_log import read_log
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests import bel_cases
+
+_ERASABLE_KEYS = ("event_id", "build_request_id", "job_run_id", "partition_ref", "requested_partitions")
+
+
+def _append_in_batches(log: DeltaRsEventLog, events: list[dict[str, Any]], size: int = 5) -> None:
+    for start in range(0, len(events), size):
+        log.append_events(events[start : start + size])
+
+
+def _checkpoint_file(path: str, version: int) -> Path:
+    return Path(path) / "_delta_log" / f"{version:020d}.checkpoint.parquet"
+
+
+def _commit_info(path: str, version: int) -> dict[str, Any]:
+    first_line = (Path(path) / "_delta_log" / f"{version:020d}.json").read_text().splitlines()[0]
+    return json.loads(first_line)["commitInfo"]
+
+
+def _erasable_values(value: Any, key: str = "") -> set[str]:
+    """Every value an erasure can name in `value` (an event): its ids and partition refs."""
+    if isinstance(value, dict):
+        return set().union(*(_erasable_values(inner, name) for name, inner in value.items()))
+    if isinstance(value, list):
+        return set().union(set(), *(_erasable_values(inner, key) for inner in value))
+    return {value} if key in _ERASABLE_KEYS and isinstance(value, str) else set()
+
+
+def _field_names(data_type: pa.DataType) -> set[str]:
+    if not pa.types.is_struct(data_type):
+        return set()
+    return set().union(*({field.name} | _field_names(field.type) for field in data_type))
+
+
+def test_jvm_free_appends_keep_a_checkpoint_within_the_interval_that_spark_delta_rs_and_our_readers_read(
+    spark, lake: Lake
+) -> None:
+    path = lake.table_path(RAW_EVENT_LOG)
+    events = list(generate_events(650, seed=21))
+    with DeltaRsEventLog(lake) as log:
+        _append_in_batches(log, events[:300])
+        compact(spark, lake)  # removes the appended files: the next checkpoint carries remove actions
+        compacted = deltalake.DeltaTable(path).version()
+        _append_in_batches(log, events[300:])
+    newest = deltalake.DeltaTable(path).version()
+    last = DeltaFollower(path).last_checkpoint()
+
+    assert newest > DEFAULT_CHECKPOINT_INTERVAL  # the appends alone crossed the interval
+    assert last is not None and compacted < last <= newest < last + DEFAULT_CHECKPOINT_INTERVAL
+    assert _commit_info(path, last)["engineInfo"] == "databuild-assets"  # an append's, not Spark's
+    checkpoint = pq.read_table(_checkpoint_file(path, last))
+    assert checkpoint.column("remove").null_count < checkpoint.num_rows  # it holds the compaction's removes
+
+    # Our own log reader builds the state from that checkpoint, and it is delta-rs's.
+    state = read_log(path)
+    assert (state.checkpoint, state.version, state.damage) == (last, newest, [])
+    delta_rs_files = set(deltalake.DeltaTable(path).get_add_actions(flatten=True).column("path").to_pylist())
+    assert set(state.files) == delta_rs_files
+
+    # Spark reads the checkpointed table as delta-rs does, and travels back past the checkpoint.
+    by_spark = sorted(row["event_id"] for row in spark.read.format("delta").load(path).select("event_id").collect())
+    by_delta_rs = sorted(DeltaFollower(path).load(["event_id"]).column("event_id").to_pylist())
+    assert by_spark == by_delta_rs == sorted(event["event_id"] for event in events)
+    assert spark.read.format("delta").option("versionAsOf", 30).load(path).count() == 150
+    assert spark.read.format("delta").option("versionAsOf", last).load(path).count() == len(events) - 5 * (
+        newest - last
+    )
+
+    # A serving index built afresh from the checkpointed table answers as the reference backend.
+    shutil.rmtree(Path(lake.root) / "serving_index")
+    with DeltaRsEventLog(lake) as rebuilt, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        keys = bel_cases.keys_of(events)
+        assert bel_cases.answers(rebuilt, *keys) == bel_cases.answers(reference, *keys)
+
+
+def test_a_checkpoint_another_writer_left_due_is_written_by_the_next_append(lake: Lake) -> None:
+    # A writer that never checkpoints (or an appender that died before its checkpoint) commits
+    # past the interval; the next append finds the log that far past `_last_checkpoint`.
+    events = list(generate_events(5 * (DEFAULT_CHECKPOINT_INTERVAL + 6), seed=22))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])
+    path = lake.table_path(RAW_EVENT_LOG)
+    columns = list(deltalake.DeltaTable(path).metadata().configuration["delta.dataSkippingStatsColumns"].split(","))
+    for version in range(2, DEFAULT_CHECKPOINT_INTERVAL + 6):
+        rows = raw_log_rows(enumerate(canonical_event(e) for e in events[5 * (version - 1) : 5 * version]), "other")
+        append_files(path, version, rows, ["event_date"], columns)
+    assert DeltaFollower(path).last_checkpoint() is None
+
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[-5:])
+
+    newest = deltalake.DeltaTable(path).version()
+    assert newest == DEFAULT_CHECKPOINT_INTERVAL + 6
+    assert DeltaFollower(path).last_checkpoint() == newest
+    assert read_log(path).checkpoint == newest
+
+
+def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake) -> None:
+    # EVENTS.md, Tombstones: statistics only on columns no tombstone can name, in the log's
+    # checkpoints too, since a checkpoint holds every live file's statistics.
+    events = list(generate_events(5 * (DEFAULT_CHECKPOINT_INTERVAL + 2), seed=23))
+    with DeltaRsEventLog(lake) as log:
+        _append_in_batches(log, events)
+    path = lake.table_path(RAW_EVENT_LOG)
+    last = DeltaFollower(path).last_checkpoint()
+    assert last is not None
+    checkpoint = pq.read_table(_checkpoint_file(path, last))
+
+    assert "stats_parsed" not in _field_names(pa.struct(list(checkpoint.schema)))
+    statistics = [json.loads(add["stats"]) for add in checkpoint.column("add").to_pylist() if add is not None]
+    assert len(statistics) >= DEFAULT_CHECKPOINT_INTERVAL
+    assert {
+        name for stats in statistics for kind in ("minValues", "maxValues", "nullCount") for name in stats[kind]
+    } <= set(RAW_EVENT_LOG.stats_columns)
+    text = json.dumps(checkpoint.to_pylist(), default=str)
+    values = set().union(*(_erasable_values(event) for event in events))
+    assert len(values) > 100
+    assert sorted(value for value in values if value in text) == []
