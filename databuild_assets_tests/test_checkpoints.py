@@ -17,7 +17,7 @@ from databuild_assets.log import SqliteEventLog
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import append_files, raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
-from databuild_assets.log.serving.checkpoints import DEFAULT_CHECKPOINT_INTERVAL
+from databuild_assets.log.serving.checkpoints import DEFAULT_CHECKPOINT_INTERVAL, FILES_PER_COMMIT, checkpoint_due
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.runtime.delta_log import read_log
@@ -142,3 +142,15 @@ def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake)
     values = set().union(*(_erasable_values(event) for event in events))
     assert len(values) > 100
     assert sorted(value for value in values if value in text) == []
+
+
+def test_the_interval_stretches_with_the_live_files_a_checkpoint_lists():
+    # A checkpoint lists every live file: while compaction is behind, one every 100 commits would
+    # write far more checkpoint than commit bytes. One commit per FILES_PER_COMMIT live files.
+    assert FILES_PER_COMMIT == 100
+    assert checkpoint_due(199, 99, 5_000, {})  # 100 commits past, 5,000 files: the table's interval
+    assert not checkpoint_due(198, 99, 5_000, {})
+    assert not checkpoint_due(598, 99, 50_000, {})  # 50,000 files: due 500 commits past, not 499
+    assert checkpoint_due(599, 99, 50_000, {})
+    assert checkpoint_due(149, 99, 0, {"delta.checkpointInterval": "50"})
+    assert checkpoint_due(99, None, 0, {})  # versions 0 to 99, no checkpoint yet
