@@ -205,7 +205,8 @@ def _jvm_environment(config: Mapping[str, str], master: str) -> Iterator[None]:
     puts every setting it is given on spark-submit's command line (`--conf k=v`, kept in the
     JVM's), which `ps` shows to every user, and DATABUILD_SPARK_CONF may hold credentials. So the
     settings go in a properties file (0600, in a folder of this user's alone, removed once the
-    JVM has read it) that PYSPARK_SUBMIT_ARGS names. A local master's UI on loopback too
+    JVM has read it) that PYSPARK_SUBMIT_ARGS names, with the operator's spark-defaults.conf
+    still loaded under it (`--load-spark-defaults`: a properties file alone replaces it). A local master's UI on loopback too
     (Spark's web UI binds to SPARK_LOCAL_IP, else to every interface) unless the environment
     names an address. Environment restored afterwards."""
     folder = private_folder(Path(tempfile.gettempdir()) / f"databuild-spark-launch-{os.getuid()}")
@@ -214,7 +215,7 @@ def _jvm_environment(config: Mapping[str, str], master: str) -> Iterator[None]:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.writelines(f"{_property(key)}={_property(value)}\n" for key, value in config.items())
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(name)} " + (
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(name)} --load-spark-defaults " + (
             saved["PYSPARK_SUBMIT_ARGS"] or "pyspark-shell"
         )
         if master.startswith("local") and not saved["SPARK_LOCAL_IP"]:
