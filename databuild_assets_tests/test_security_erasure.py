@@ -15,7 +15,7 @@ from dagster import DagsterInstance, job, op
 
 import databuild_assets.maintenance.tombstones as tombstones_module
 from databuild_assets.maintenance.dagster_home import ERASED, scan_dagster_home, scrub_dagster_home
-from databuild_assets.maintenance.tombstones import read_tombstones
+from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, validate_request
 from databuild_assets_tests.support import (
     REPO_ROOT,
     one_partition_build,
@@ -218,3 +218,11 @@ def test_a_value_accepted_with_allow_ambiguous_matches_quarantined_and_landing_l
 
     assert sorted(matched) == sorted(lines[1:])
     assert [mentions(line) for line in lines] == [False, True, True]
+
+
+def test_a_reason_that_spells_the_override_marker_is_refused():
+    # Tombstone.allow_ambiguous reads the marker from the reason: typed there by hand it would turn
+    # whole-token matching on (substring copies left in text) without the request's flag.
+    with pytest.raises(TombstoneError, match=r"reason holds '\[allow_ambiguous', which only allow_ambiguous may"):
+        validate_request("partition_ref", "data/users/id=42", "alice", "GDPR #1 [allow_ambiguous: none]")
+    validate_request("partition_ref", "data/users/id=42", "alice", "GDPR #1")

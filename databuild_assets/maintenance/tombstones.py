@@ -81,6 +81,10 @@ def validate_request(key: str, value: str, actor: str, reason: str) -> None:
                 f"{name} is empty: a tombstone needs the {name}"
                 f" {'to erase' if name == 'value' else 'for the audit record'}"
             )
+    if isinstance(reason, str) and ALLOW_AMBIGUOUS in reason:
+        # The marker is how the tombstone records an override (Tombstone.allow_ambiguous): typed
+        # into the free text it would switch whole-token matching on without the request's flag.
+        problems.append(f"reason holds {ALLOW_AMBIGUOUS!r}, which only allow_ambiguous may write: reword it")
     if problems:
         raise TombstoneError("erasure request refused, nothing written: " + "; ".join(problems))
 
@@ -104,7 +108,8 @@ def request_erasures(
     Every value is checked before anything is written; a value given twice is recorded once.
     `overridden`: what allow_ambiguous overrode (erasure_values), recorded in the reason.
     Whether a value matches only what it names is the request's entry point's check
-    (`erasure_values.refuse_ambiguous_values`, in erase_job): this records what it is given.
+    (`erasure_values.ambiguous_values`, in erase_job's tombstones asset): this records what it
+    is given.
 
         request_erasures(spark, lake, "partition_ref", ["data/users/id=1", "data/users/id=2"],
                          actor="alice@example.com", reason="GDPR request #1234")

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 LOCK_TIMEOUT_ENV = "DATABUILD_LOCK_TIMEOUT_S"
 DEFAULT_LOCK_TIMEOUT_S = 30 * 60.0
 _LOCK_FILE_MODE = 0o600
-_MAX_POLL_S = 0.5
+_MAX_POLL_S = 0.05
 
 
 class UnsafeLockFileError(RuntimeError):

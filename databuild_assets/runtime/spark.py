@@ -206,9 +206,9 @@ def _jvm_environment(config: Mapping[str, str], master: str) -> Iterator[None]:
     JVM's), which `ps` shows to every user, and DATABUILD_SPARK_CONF may hold credentials. So the
     settings go in a properties file (0600, in a folder of this user's alone, removed once the
     JVM has read it) that PYSPARK_SUBMIT_ARGS names, with the operator's spark-defaults.conf
-    still loaded under it (`--load-spark-defaults`: a properties file alone replaces it). A local master's UI on loopback too
-    (Spark's web UI binds to SPARK_LOCAL_IP, else to every interface) unless the environment
-    names an address. Environment restored afterwards."""
+    still loaded under it (`--load-spark-defaults`: a properties file alone replaces it). A local
+    master's UI on loopback too (Spark's web UI binds to SPARK_LOCAL_IP, else to every interface)
+    unless the environment names an address. Environment restored afterwards."""
     folder = private_folder(Path(tempfile.gettempdir()) / f"databuild-spark-launch-{os.getuid()}")
     handle, name = tempfile.mkstemp(prefix="spark-", suffix=".properties", dir=folder)  # 0600
     saved = {key: os.environ.get(key) for key in ("PYSPARK_SUBMIT_ARGS", "SPARK_LOCAL_IP")}
