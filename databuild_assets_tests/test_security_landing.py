@@ -137,8 +137,8 @@ def test_links_fifos_and_other_users_files_in_the_landing_folder_are_skipped_unr
         f"- `skipped {landing}/link.jsonl: a symbolic link (its target is not followed), not a regular file: not "
         "read; landing files must be regular files`",
         f"- `skipped {landing}/others.jsonl: owned by uid {OTHER_UID}, not by this pipeline's user (uid "
-        f"{os.geteuid()}): not read. Have the writer run as this user, or list its uid in "
-        "DATABUILD_LANDING_WRITER_UIDS`",
+        f"{os.geteuid()}) nor the landing folder's owner: not read. Have the writer run as one of them, or list "
+        "its uid in DATABUILD_LANDING_WRITER_UIDS`",
         f"- `skipped {landing}/pipe.jsonl: a FIFO, not a regular file: not read; landing files must be regular files`",
     ]
     # Retention and erasure act on ingested files only: nothing of the link's target reaches the archive.
@@ -154,6 +154,19 @@ def test_a_writer_running_as_another_user_is_read_when_its_uid_is_allowed(spark,
     others = write_landing(lake, "others.jsonl", events("others"))
     os.chown(others, OTHER_UID, OTHER_GID)
     monkeypatch.setenv("DATABUILD_LANDING_WRITER_UIDS", str(OTHER_UID))
+
+    result = ingest_landing_files(spark, lake)
+
+    assert (result.accepted, result.refused) == (2, ())
+
+
+@needs_another_user
+def test_a_writer_that_owns_the_landing_folder_is_read(spark, lake):
+    # Other systems often write the landing folder as an account of their own, which owns it: they
+    # decide what lands there anyway, so their files are read without a setting.
+    others = write_landing(lake, "others.jsonl", events("others"))
+    os.chown(others, OTHER_UID, OTHER_GID)
+    os.chown(lake.landing, OTHER_UID, OTHER_GID)
 
     result = ingest_landing_files(spark, lake)
 

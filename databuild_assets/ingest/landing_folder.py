@@ -77,7 +77,7 @@ def scan_landing_folder(spark: SparkSession, directory: str) -> tuple[list[Landi
     files, refused = [], []
     if is_local(directory):
         folder = filesystem.makeQualified(directory_path).toString().rstrip("/")
-        uids = writer_uids()
+        uids = writer_uids(os.fsencode(plain_path(directory)))
         for entry in os.scandir(os.fsencode(plain_path(directory))):
             if not is_landing_name(entry.name):
                 continue
@@ -117,7 +117,8 @@ def planned_file_refusal(path: str) -> RefusedFile | None:
     why = unreadable_name(name)
     if why is None and is_local(path):
         try:
-            why = refused_entry(os.lstat(plain_path(path)), writer_uids())
+            local = plain_path(path)
+            why = refused_entry(os.lstat(local), writer_uids(os.path.dirname(local)))
         except FileNotFoundError:
             return None  # the read names it: a planned file must not be removed before its batch commits
         why = "a folder, not a regular file: not read" if why == "" else why

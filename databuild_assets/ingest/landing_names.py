@@ -70,9 +70,13 @@ def shown_name(name: str | bytes) -> str:
     return repr(text) if _CONTROL.search(text) or "\\x" in text else text
 
 
-def writer_uids() -> frozenset[int]:
-    """The owners whose landing files are read: this process's user, and the setting's."""
+def writer_uids(folder: str | bytes | None = None) -> frozenset[int]:
+    """The owners whose landing files are read: this process's user, the owner of the landing
+    `folder` (who decides what lands in it anyway: a writer that owns the folder it writes to
+    keeps being read), and the setting's."""
     uids = {os.geteuid()}
+    if folder is not None:
+        uids.add(os.stat(folder).st_uid)
     for item in os.environ.get(WRITER_UIDS_SETTING, "").split(","):
         item = item.strip()
         if not item:
@@ -110,7 +114,7 @@ def refused_entry(entry: os.stat_result, uids: frozenset[int]) -> str | None:
             return "" if kind is None else f"{kind}, not a regular file: not read; landing files must be regular files"
     if entry.st_uid not in uids:
         return (
-            f"owned by uid {entry.st_uid}, not by this pipeline's user (uid {os.geteuid()}): not read. Have the "
-            f"writer run as this user, or list its uid in {WRITER_UIDS_SETTING}"
+            f"owned by uid {entry.st_uid}, not by this pipeline's user (uid {os.geteuid()}) nor the landing "
+            f"folder's owner: not read. Have the writer run as one of them, or list its uid in {WRITER_UIDS_SETTING}"
         )
     return None
