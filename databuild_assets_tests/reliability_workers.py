@@ -132,7 +132,7 @@ def verify_lake(
     the sent events those match; purged: compaction ran, so the raw log must no longer hold them;
     derived: check the filtered log and the projections against a full rebuild.
     """
-    from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
+    from databuild_assets.maintenance.tombstones import matching_events, read_tombstones, visible_events
     from databuild_assets.projections import PROJECTIONS
     from databuild_assets.projections.refresh import projection_spec
     from databuild_assets.runtime.lake import EVENT_QUARANTINE, FILTERED_EVENT_LOG, RAW_EVENT_LOG
@@ -174,7 +174,7 @@ def verify_lake(
     visible = visible_events(raw, tombstones)
     filtered_ids = sorted(r.event_id for r in filtered.select("event_id").collect())
     visible_ids = sorted(r.event_id for r in visible.select("event_id").collect())
-    tombstoned_visible = filtered.where(event_matches(tombstones)).count() if tombstones else 0
+    tombstoned_visible = matching_events(filtered, tombstones).count() if tombstones else 0
     projection_mismatches = {}
     for name, projection in PROJECTIONS.items():
         columns, key = projection.schema.fieldNames(), projection.key

@@ -26,11 +26,11 @@ from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
     TombstoneError,
-    event_matches,
+    lines_mentioning,
+    matching_events,
     read_tombstones,
     request_erasure,
     request_erasures,
-    text_mentions,
 )
 from databuild_assets.maintenance.vacuum import RetentionTooShortError, vacuum_lake
 from databuild_assets.projections import PROJECTIONS
@@ -449,7 +449,7 @@ def test_the_spark_rule_matches_json_text_fields_as_the_python_rule_does_with_on
     noise = [f"data/nothing/id={i}" for i in range(500)]  # many tombstones that match nothing
     for values in ([ref], ['say "hi"'], [odd], ["data/o'brien"], [ref, *noise], ['say "hi"', odd, *noise]):
         tombstones = [Tombstone(f"t{i}", "partition_ref", value, "a", "r", None) for i, value in enumerate(values)]
-        in_spark = {row.event_id for row in rows.where(event_matches(tombstones)).collect()}
+        in_spark = {row.event_id for row in matching_events(rows, tombstones).collect()}
         in_python = {e["event_id"] for e in events if matches(e, {"partition_ref": set(values)})}
         assert in_spark == in_python, values
     assert {e["event_id"] for e in events if matches(e, {"partition_ref": {ref}})} == {
@@ -467,4 +467,4 @@ def test_a_bad_line_is_matched_by_its_text_with_one_tombstone_or_thousands(spark
     for noise in (0, 3000):  # 3,000 values: a chain of their tests overflowed Spark's analyzer
         values = [ref, *(f"data/nothing/id={i}" for i in range(noise))]
         tombstones = [Tombstone(f"t{i}", "partition_ref", value, "a", "r", None) for i, value in enumerate(values)]
-        assert [row.line for row in lines.where(text_mentions("line", tombstones)).collect()] == texts[:2]
+        assert [row.line for row in lines_mentioning(lines, "line", tombstones).collect()] == texts[:2]

@@ -213,7 +213,7 @@ def test_a_value_accepted_with_allow_ambiguous_matches_quarantined_and_landing_l
     ]
     frame = spark.createDataFrame([(line,) for line in lines], "line string")
 
-    matched = [row.line for row in frame.where(tombstones_module.text_mentions("line", [tombstone])).collect()]
+    matched = [row.line for row in tombstones_module.lines_mentioning(frame, "line", [tombstone]).collect()]
     mentions = tombstones_module.line_matcher([tombstone])  # the landing erasure's rule, without Spark
 
     assert sorted(matched) == sorted(lines[1:])

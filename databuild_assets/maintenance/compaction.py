@@ -44,11 +44,12 @@ from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.landing_files import LandingErasureResult, erase_from_landing_files
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
-    event_matches,
+    lines_mentioning,
     matching_event_ids,
+    matching_events,
     read_tombstones,
     record_applied,
-    text_mentions,
+    visible_events,
 )
 from databuild_assets.projections import PROJECTIONS
 from databuild_assets.projections.refresh import projection_spec
@@ -200,7 +201,7 @@ def purge_events(
             return Purge()
         ids = (event_ids if event_ids is not None else matched.select("event_id")).distinct().cache()
         scope = _partitions_holding(at_version, spec, ids.unionByName(matched.select("event_id")))
-        expected = _checksum(at_version.where(scope & ~event_matches(tombstones)))
+        expected = _checksum(visible_events(at_version.where(scope), tombstones))
         # The clone in a folder of its own, dropped whole: with it goes the commit lock file a
         # local lake keeps beside a table's folder (runtime/commit_lock.py).
         scratch = lake.path("_scratch", f"purge-{spec.name}-{uuid.uuid4().hex[:12]}")
@@ -209,7 +210,7 @@ def purge_events(
             spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{path}` VERSION AS OF {version}")
             _delete_by_event_id(spark, clone, ids, tombstones_version)
             dry_run = spark.read.format("delta").load(clone).where(scope)
-            kept, still_matching = _checksum(dry_run), dry_run.where(event_matches(tombstones)).count()
+            kept, still_matching = _checksum(dry_run), matching_events(dry_run, tombstones).count()
             if kept != expected or still_matching:
                 raise PurgeVerificationError(
                     f"purge of {path} at version {version} not applied: the dry run kept {kept.rows} rows "
@@ -241,9 +242,7 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
     if not tombstones or not DeltaTable.isDeltaTable(spark, path):
         return 0
     lines = (
-        spark.read.format("delta")
-        .load(path)
-        .where(text_mentions("line", tombstones))
+        lines_mentioning(spark.read.format("delta").load(path), "line", tombstones)
         .select("source_file", "line_number")
         .distinct()
     )
@@ -284,7 +283,7 @@ def rearrived(spark: SparkSession, lake: Lake, applied: list[Tombstone]) -> list
     path = lake.table_path(RAW_EVENT_LOG)
     if not applied or not DeltaTable.isDeltaTable(spark, path):
         return []
-    rows = spark.read.format("delta").load(path).where(event_matches(applied)).cache()
+    rows = matching_events(spark.read.format("delta").load(path), applied).cache()
     try:
         if rows.isEmpty():
             return []

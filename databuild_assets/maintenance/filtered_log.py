@@ -23,7 +23,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, visible_events
+from databuild_assets.maintenance.tombstones import matching_events, read_tombstones, visible_events
 from databuild_assets.runtime.commits import (
     LogVersionsUnavailable,
     commit_info,
@@ -160,7 +160,7 @@ def refresh_filtered_log(spark: SparkSession, lake: Lake, full: bool = False) ->
                     # racing this one, or a raw log replaced since): the MERGE checks each event id.
                 current = session.read.format("delta").load(path)
                 deletes = (
-                    current.where(event_matches(new_tombstones)).select("event_id")
+                    matching_events(current, new_tombstones).select("event_id")
                     if new_tombstones
                     else current.limit(0).select("event_id")
                 ).withColumn("_action", F.lit("delete"))

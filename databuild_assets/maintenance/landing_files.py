@@ -30,6 +30,7 @@ from databuild_assets.maintenance.tombstones import (
     event_matches,
     line_matcher,
     text_mentions,
+    with_erasure_data,
 )
 from databuild_assets.runtime.files import LocalFiles, ObjectFiles, files_for, lines_of
 from databuild_assets.runtime.lake import Lake, is_local
@@ -281,7 +282,7 @@ def _matching_lines(
     raw log holds it); a bad line, which has no fields, when its text contains a value (the
     rule that purges the quarantine). Lines are numbered as ingestion numbers them.
     """
-    lines = read_landing_lines(spark, paths)
+    lines = with_erasure_data(read_landing_lines(spark, paths), tombstones)
     matched = F.when(F.col("reason").isNull(), event_matches(tombstones)).otherwise(text_mentions("line", tombstones))
     per_file = (
         lines.groupBy("source_file")

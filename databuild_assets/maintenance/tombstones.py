@@ -14,9 +14,11 @@ The tombstones table is append-only (Delta's delta.appendOnly): a request append
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
+import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,17 +189,66 @@ def read_tombstones(spark: SparkSession, lake: Lake, version: int | None = None)
     return sorted(tombstones, key=lambda t: (t.requested_at, t.tombstone_id))
 
 
+# The columns `with_erasure_data` adds to a frame: the tombstones' data as a row of a broadcast
+# frame of one row (data, never printed in a plan), not as SQL literals (printed in every plan:
+# `explain`, the Spark UI's SQL tab, event logs).
+ERASURE_KEY, ERASURE_QUOTED, ERASURE_FORMS, ERASURE_TOKENS = (
+    "_erasure_key",
+    "_erasure_quoted",
+    "_erasure_forms",
+    "_erasure_tokens",
+)
+ERASURE_DATA = (ERASURE_KEY, ERASURE_QUOTED, ERASURE_FORMS, ERASURE_TOKENS)
+_ERASURE_DATA_SCHEMA = (
+    f"{ERASURE_KEY} string, {ERASURE_QUOTED} array<string>, {ERASURE_FORMS} array<string>,"
+    f" {ERASURE_TOKENS} array<struct<form: string, pattern: string>>"
+)
+# The secret the digests `event_matches` looks up are keyed with: one per process, in no plan
+# (it reaches Spark as data, in ERASURE_KEY), so a plan's digests cannot be tested against a
+# guessed value.
+_DIGEST_KEY = secrets.token_hex(32)
+
+
+def with_erasure_data(frame: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
+    """`frame` with the columns `event_matches` and `text_mentions` read (ERASURE_DATA): one row
+    of the tombstones' data, broadcast to every row. Drop them (`.drop(*ERASURE_DATA)`) or select
+    past them before writing.
+
+    Spark prints every literal of a query in its plans, which the Spark UI shows and event logs
+    keep: the values to erase are data here, never a literal. The rule's hash-set lookup needs
+    literals, so it looks up SHA-256 digests of the tagged values keyed by a random secret that is
+    itself only in that row: a plan shows digests no one can test a guessed value against."""
+    if not tombstones:
+        return frame
+    contained, tokens = _text_forms_by_rule(tombstones)
+    row = (
+        _DIGEST_KEY,
+        sorted(piece for piece in _json_pieces(tombstones) if '"' in piece),
+        contained,
+        [(form, token_pattern([form])) for form in tokens],
+    )
+    data = frame.sparkSession.createDataFrame([row], _ERASURE_DATA_SCHEMA)
+    return frame.crossJoin(F.broadcast(data))
+
+
+def _json_pieces(tombstones: list[Tombstone]) -> set[str]:
+    """The values of keys with JSON text fields, as JSON without the quotes."""
+    return {json.dumps(t.value)[1:-1] for t in tombstones if t.key in JSON_TEXT_FIELDS}
+
+
 def event_matches(tombstones: list[Tombstone]) -> Column:
-    """True for an event (a row of the event schema) that any of `tombstones` matches; never null.
+    """True for an event (a row of the event schema, given `with_erasure_data(frame, tombstones)`)
+    that any of `tombstones` matches; never null.
 
     Every string of the row a tombstone could name (the fields of each key, the elements of its
     array fields, the pieces of its JSON text fields between two quotes) is tagged with its key
-    and looked up in one hash set of the tagged values (IN over many literals is InSet): a row
-    costs its own strings, not the number of tombstones. A JSON text field matches when it
+    and looked up in one hash set (IN over many literals is InSet): a row costs its own strings,
+    not the number of tombstones. The set holds each tagged value's SHA-256 keyed by the secret
+    of ERASURE_KEY, not the value (see `with_erasure_data`). A JSON text field matches when it
     contains the value as a JSON string, `"<json>"`; for a value whose JSON has no quote inside,
     that is exactly when one of the text's pieces between two quotes is <json> (a value with a
-    quote is searched for in the text). The expression is handed to Spark as one SQL text:
-    a Column per literal would cost a call into the JVM per tombstone."""
+    quote is searched for in the text, from ERASURE_QUOTED). The expression is handed to Spark as
+    one SQL text: a Column per literal would cost a call into the JVM per tombstone."""
     strings: list[str] = []
     wanted: set[str] = set()
     searched: list[Column] = []
@@ -215,13 +266,15 @@ def event_matches(tombstones: list[Tombstone]) -> Column:
             split = f"split({field}, '\"')"
             between_quotes = f"slice({split}, 2, greatest(size({split}) - 2, 0))"  # all but the first and last
             strings.append(f"transform({between_quotes}, s -> concat({json_tag}, s))")
-            searched += [F.col(field).contains(f'"{piece}"') for piece in pieces if '"' in piece]
+            if any('"' in piece for piece in pieces):
+                searched.append(F.expr(f"exists({ERASURE_QUOTED}, p -> contains({field}, concat('\"', p, '\"')))"))
     if not wanted:
         return F.lit(False)
+    digests = ", ".join(sorted(f"'{hashlib.sha256((_DIGEST_KEY + value).encode()).hexdigest()}'" for value in wanted))
     # coalesce: a null field (an unset payload) means "no strings", never "unknown".
     every_string = ", ".join(f"coalesce({part}, cast(array() AS array<string>))" for part in strings)
-    listed = ", ".join(_sql_string(value) for value in sorted(wanted))
-    conditions = [F.expr(f"exists(concat({every_string}), s -> s IN ({listed}))"), *searched]
+    lookup = f"exists(concat({every_string}), s -> sha2(concat({ERASURE_KEY}, s), 256) IN ({digests}))"
+    conditions = [F.expr(lookup), *searched]
     return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
 
 
@@ -232,19 +285,20 @@ def _sql_string(value: str) -> str:
 
 def text_mentions(column: str, tombstones: list[Tombstone]) -> Column:
     """True for a line of text (a bad landing line, a quarantined line) in `column` that contains
-    any of `tombstones`' values; never null. A bad line has no fields to match, so the text
-    decides: a value that passed erase_job's checks (erasure_values), anywhere in it; a value
-    accepted with allow_ambiguous, only as a whole token (`erasure_rule.token_pattern`), so
-    `e` does not take every line holding `ingest_job`. One SQL text with the forms in one flat
-    list: an OR per form is thousands deep for Spark's analyzer, and nested ORs make its parser
-    run out of memory."""
+    any of `tombstones`' values (given `with_erasure_data(frame, tombstones)`); never null. A bad
+    line has no fields to match, so the text decides: a value that passed erase_job's checks
+    (erasure_values), anywhere in it; a value accepted with allow_ambiguous, only as a whole token
+    (`erasure_rule.token_pattern`), so `e` does not take every line holding `ingest_job`. The
+    forms are data (ERASURE_FORMS, ERASURE_TOKENS), never literals of the plan; a token's
+    pattern is compiled only for a line that contains its form."""
     contained, tokens = _text_forms_by_rule(tombstones)
     conditions = []
     if contained:
-        listed = ", ".join(_sql_string(form) for form in contained)
-        conditions.append(F.expr(f"exists(array({listed}), form -> contains({column}, form))"))
+        conditions.append(F.expr(f"exists({ERASURE_FORMS}, form -> contains({column}, form))"))
     if tokens:
-        conditions.append(F.col(column).rlike(token_pattern(tokens)))
+        conditions.append(
+            F.expr(f"exists({ERASURE_TOKENS}, t -> contains({column}, t.form) AND {column} rlike t.pattern)")
+        )
     if not conditions:
         return F.lit(False)
     return reduce(lambda a, b: a | b, (F.coalesce(c, F.lit(False)) for c in conditions))
@@ -287,7 +341,23 @@ def json_string_forms(value: str) -> tuple[str, str]:
 
 def visible_events(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
     """`events` minus every event a tombstone matches: the soft delete."""
-    return events.where(~event_matches(tombstones)) if tombstones else events
+    if not tombstones:
+        return events
+    return with_erasure_data(events, tombstones).where(~event_matches(tombstones)).drop(*ERASURE_DATA)
+
+
+def matching_events(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
+    """The events of `events` any of `tombstones` matches."""
+    if not tombstones:
+        return events.limit(0)
+    return with_erasure_data(events, tombstones).where(event_matches(tombstones)).drop(*ERASURE_DATA)
+
+
+def lines_mentioning(lines: DataFrame, column: str, tombstones: list[Tombstone]) -> DataFrame:
+    """The rows of `lines` whose text in `column` mentions any of `tombstones` (`text_mentions`)."""
+    if not tombstones:
+        return lines.limit(0)
+    return with_erasure_data(lines, tombstones).where(text_mentions(column, tombstones)).drop(*ERASURE_DATA)
 
 
 def matching_event_ids(events: DataFrame, tombstones: list[Tombstone]) -> DataFrame:
@@ -299,7 +369,7 @@ def matching_event_ids(events: DataFrame, tombstones: list[Tombstone]) -> DataFr
     spark = events.sparkSession
     if not tombstones:
         return spark.createDataFrame([], "event_id string, tombstone_id string")
-    matched = events.where(event_matches(tombstones))
+    matched = matching_events(events, tombstones)
     wanted = spark.createDataFrame(
         [(t.tombstone_id, t.key, t.value, json.dumps(t.value)) for t in tombstones],
         "tombstone_id string, key string, value string, json_value string",

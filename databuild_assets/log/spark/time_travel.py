@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from databuild_assets.events.schema import EVENT_COLUMNS, event_from_row
-from databuild_assets.maintenance.tombstones import event_matches, read_tombstones
+from databuild_assets.maintenance.tombstones import event_matches, read_tombstones, with_erasure_data
 from databuild_assets.runtime.delta_tables import missing_files
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
@@ -141,7 +141,7 @@ def log_diff(spark: SparkSession, lake: Lake, from_version: int, to_version: int
     tombstones_path = lake.table_path(TOMBSTONES)
     tombstones = read_tombstones(spark, lake) if DeltaTable.isDeltaTable(spark, tombstones_path) else []
     added = (
-        after.join(before.select("event_id"), "event_id", "left_anti")
+        with_erasure_data(after.join(before.select("event_id"), "event_id", "left_anti"), tombstones)
         .select(*EVENT_COLUMNS, event_matches(tombstones).alias("_hidden"))
         .collect()
     )
