@@ -348,6 +348,22 @@ def test_a_planted_checkpoint_naming_a_path_outside_the_table_is_refused_naming_
         refuse_paths_outside(str(table))
 
 
+def test_a_lone_part_of_a_checkpoint_does_not_hide_the_commit_before_it(spark, copy) -> None:
+    # Spark ignores an incomplete multi-part checkpoint and replays the commits from an older one:
+    # a part 1 of 2 planted at the planted commit's version must not make the guard skip that commit.
+    table = Path(copy.table_path(FILTERED_EVENT_LOG))
+    refuse_paths_outside(str(table))
+    version = _plant_add(table, "/etc/passwd", "2026-01-01", 1)
+    adds = pa.array([{"path": "harmless.parquet", "size": 1}], pa.struct([("path", pa.string()), ("size", pa.int64())]))
+    pq.write_table(
+        pa.table({"add": adds}), table / "_delta_log" / f"{version:020d}.checkpoint.0000000001.0000000002.parquet"
+    )
+
+    named = f"filtered_event_log: tables/filtered_event_log/_delta_log/{version:020d}.json: commit {version} refused"
+    with pytest.raises(DamagedTableError, match=f"^{re.escape(named)}: line 2: the log names '/etc/passwd'"):
+        refuse_paths_outside(str(table))
+
+
 def test_an_ingestion_run_refuses_a_raw_log_naming_a_file_outside_it_before_reading_it(spark, copy, tmp_path) -> None:
     table = Path(copy.table_path(RAW_EVENT_LOG))
     outside = tmp_path / "outside" / "x.parquet"

@@ -312,6 +312,19 @@ def read_log(table_path: str) -> LogState:
     return state
 
 
+def _complete(parts: list[str]) -> bool:
+    """Whether checkpoint files of one version make a whole checkpoint: a single-file one, or
+    every part 1..n of a multi-part one."""
+    numbered = set()
+    for name in parts:
+        match = _CHECKPOINT.match(name)
+        if match is None or match.group(2) is None:
+            return True
+        numbered.add((int(match.group(2)), int(match.group(3))))
+    totals = {total for _, total in numbered}
+    return len(totals) == 1 and {part for part, _ in numbered} == set(range(1, totals.pop() + 1))
+
+
 def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], state: LogState) -> None:
     path = folder / LAST_CHECKPOINT
     if not path.exists():
@@ -503,7 +516,9 @@ def check_log_paths(table_path: str) -> int | None:
         for name in names:
             if match := _CHECKPOINT.match(name):
                 checkpoints.setdefault(int(match.group(1)), []).append(name)
-        base = max(checkpoints, default=-1)
+        # The newest *complete* checkpoint, as Delta picks it: a part of a multi-part one planted
+        # alone must not hide the commits Spark replays from an older checkpoint instead.
+        base = max((version for version, parts in checkpoints.items() if _complete(parts)), default=-1)
         new: list[tuple[str, int, str]] = [
             (name, base, "checkpoint") for name in sorted(checkpoints.get(base, ())) if name not in checked.files
         ]
