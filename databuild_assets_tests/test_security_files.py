@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from databuild_assets.ingest.landing import ingest_landing_files
-from databuild_assets.log.serving.store import IndexFolder
+from databuild_assets.log.serving.store import IndexFolder, index_folder_of
 from databuild_assets.runtime.commit_lock import commit_lock, lock_path
 from databuild_assets.runtime.files import LocalFiles
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.private_folders import UnsafeFolderError
 from databuild_assets_tests.support import (
     ONE_EVENT_OF_EACH_TYPE,
     OTHER_UID,
@@ -141,6 +142,23 @@ def test_a_serving_index_cache_folder_and_its_files_are_made_for_their_owner_alo
     for path in [tmp_path / "cache", *sorted((tmp_path / "cache").rglob("*"))]:
         mode = stat.S_IMODE(os.lstat(path).st_mode)
         assert mode & 0o077 == 0, f"{path} is {mode:04o}"
+
+
+@needs_another_user
+def test_a_serving_index_cache_folder_another_user_made_first_is_refused(monkeypatch):
+    # A reader of a lake on S3 trusts the index in its cache folder: one planted there by another
+    # user would answer its queries.
+    shared = Path(tempfile.mkdtemp(prefix="databuild-shared-"))  # a place both users may write, as /tmp
+    try:
+        shared.chmod(0o1777)
+        cache = shared / "serving-index-cache"
+        as_other_user("mkdir", "-m", "0755", str(cache))
+        monkeypatch.setenv("DATABUILD_SERVING_INDEX_DIR", str(cache))
+
+        with pytest.raises(UnsafeFolderError, match=rf"^{re.escape(str(cache))} belongs to uid {OTHER_UID}, not"):
+            index_folder_of("s3a://bucket/lake")
+    finally:
+        shutil.rmtree(shared)
 
 
 def _modes_open_to_others(root: Path, skip: set[Path]) -> dict[str, str]:

@@ -92,21 +92,33 @@ def vacuum_lake(
         )
         session.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     tables = lake_tables(session, lake)
-    links = [link for _, path in tables if is_local(path) for link in symlinks_in(path)]
-    if links:
-        raise SymlinkInTableError(
-            f"vacuum refused: {links[0]} is a symlink inside a table (-> {os.readlink(links[0])})"
-            + (f", and {len(links) - 1} more" if len(links) > 1 else "")
-            + "; Delta's VACUUM would delete old files wherever it leads. Nothing was deleted. Remove the link, "
-            f"or run databuild-assets repair delta://{lake.root}, which moves it aside"
-        )
+    _refuse_links([link for _, path in tables if is_local(path) for link in symlinks_in(path)], lake)
     results = []
     for name, path in tables:
         dry_run = session.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS DRY RUN").collect()
         files = [row["path"] for row in dry_run]
         size = sum(_size(session, file) for file in files)
         with commit_lock(path):  # VACUUM records its start and end as commits
+            if is_local(path):  # again, just before: a link planted while other tables were vacuumed
+                _refuse_links(symlinks_in(path), lake, [result.table for result in results])
             DeltaTable.forPath(session, path).vacuum(retention_hours)
         log.info("vacuum %s: %d files, %d bytes deleted", name, len(files), size)
         results.append(TableVacuum(name, len(files), size))
     return results
+
+
+def _refuse_links(links: list, lake: Lake, vacuumed: list[str] | None = None) -> None:
+    """Raise SymlinkInTableError naming the first of `links` (symlinks inside a table), if any;
+    `vacuumed`: the tables this vacuum finished before it found them."""
+    if links:
+        deleted = (
+            f"Vacuumed before it: {', '.join(vacuumed)}; nothing else was deleted"
+            if vacuumed
+            else "Nothing was deleted"
+        )
+        raise SymlinkInTableError(
+            f"vacuum refused: {links[0]} is a symlink inside a table (-> {os.readlink(links[0])})"
+            + (f", and {len(links) - 1} more" if len(links) > 1 else "")
+            + f"; Delta's VACUUM would delete old files wherever it leads. {deleted}. Remove the link, "
+            f"or run databuild-assets repair delta://{lake.root}, which moves it aside"
+        )

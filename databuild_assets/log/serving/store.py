@@ -49,6 +49,7 @@ from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders, restrict_umask
 from databuild_assets.runtime.lake import is_local
 from databuild_assets.runtime.lock_files import acquire, open_lock_file
+from databuild_assets.runtime.private_folders import private_folder
 from databuild_assets.runtime.processes import process_alive
 
 SERVING_INDEX_FOLDER = "serving_index"
@@ -66,12 +67,16 @@ def index_folder_of(root: str) -> str:
     for a lake on an object store, a folder of this machine named after the bucket and prefix.
 
         index_folder_of("s3a://bucket/lake")   # '~/.cache/databuild/serving_index/bucket/lake'
+
+    The cache folder is made, or checked to be, this user's alone (`private_folder`): an index a
+    reader trusts must not be one another user planted there first (docs/security.md).
     """
     if is_local(root):
         return root.rstrip("/") + "/" + SERVING_INDEX_FOLDER
     cache = os.environ.get(INDEX_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "databuild", SERVING_INDEX_FOLDER
     )
+    private_folder(cache)
     return os.path.join(cache, *root.partition("://")[2].strip("/").split("/"))
 
 
