@@ -24,6 +24,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -184,13 +185,9 @@ class _Commit:
     user_metadata: str | None = None
 
 
-def parse_commit(path: Path) -> _Commit:
-    """The actions of one commit file; ValueError naming the line when a line does not parse."""
-    commit = _Commit()
-    with open(path, "rb") as handle:
-        data = handle.read()
-    if not data.strip():
-        raise ValueError("the file is empty")
+def _actions(data: bytes) -> Iterator[tuple[int, dict]]:
+    """(line number, action) of each non-blank line of a commit file's `data`; ValueError naming
+    the line when one is not a JSON object."""
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
@@ -200,6 +197,17 @@ def parse_commit(path: Path) -> _Commit:
             raise ValueError(f"line {number} is not JSON ({error})") from None
         if not isinstance(action, dict):
             raise ValueError(f"line {number} is not a Delta action")
+        yield number, action
+
+
+def parse_commit(path: Path) -> _Commit:
+    """The actions of one commit file; ValueError naming the line when a line does not parse."""
+    commit = _Commit()
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if not data.strip():
+        raise ValueError("the file is empty")
+    for number, action in _actions(data):
         if (add := action.get("add")) is not None:
             name = _named(add, number)
             commit.adds[name] = LiveFile(name, int(add["size"]), _records(add.get("stats")))
@@ -435,15 +443,7 @@ def _check_actions(data: bytes) -> None:
     """Refuse the commit (or log compaction file) `data` when an add, remove or cdc action names a
     path outside the table, or a deletion vector by an absolute path; ValueError when a line does
     not parse (a reader cannot tell what it names)."""
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            action = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"line {number} is not JSON ({error})") from None
-        if not isinstance(action, dict):
-            raise ValueError(f"line {number} is not a Delta action")
+    for number, action in _actions(data):
         for kind in ("add", "remove", "cdc"):
             if (named := action.get(kind)) is None:
                 continue
