@@ -19,7 +19,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from databuild_assets.runtime.damage import commit_damage, outside_table_damage
-from databuild_assets.runtime.delta_log import OutsideTableError, commit_path, resolve_in_table, table_relative
+from databuild_assets.runtime.delta_log import (
+    OutsideTableError,
+    check_action_paths,
+    commit_path,
+    resolve_in_table,
+    table_relative,
+)
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, missing_files, read_table_properties
 from databuild_assets.runtime.lake import is_local
 
@@ -114,16 +120,15 @@ def log_changes(
 
 
 def _check_paths(log_path: str, version: int, actions: list[dict]) -> None:
-    """Refuse commit `version` when an add or remove action names a path outside the table."""
+    """Refuse commit `version` when an action names a path outside the table
+    (`delta_log.check_action_paths`, as the path guard checks it)."""
     for action in actions:
-        for kind in ("add", "remove"):
-            if kind in action:
-                try:
-                    table_relative(action[kind]["path"])
-                except OutsideTableError as error:
-                    if is_local(log_path):
-                        raise commit_damage(log_path, version, error) from None
-                    raise OutsideTableError(f"{log_path}: commit {version}: {error}") from None
+        try:
+            check_action_paths(action)
+        except OutsideTableError as error:
+            if is_local(log_path):
+                raise commit_damage(log_path, version, error) from None
+            raise OutsideTableError(f"{log_path}: commit {version}: {error}") from None
 
 
 # The userMetadata key of compaction's purge commits (maintenance/compaction.py), beside

@@ -440,22 +440,35 @@ class _LogFiles:
 
 
 def _check_actions(data: bytes) -> None:
-    """Refuse the commit (or log compaction file) `data` when an add, remove or cdc action names a
-    path outside the table, or a deletion vector by an absolute path; ValueError when a line does
-    not parse (a reader cannot tell what it names)."""
+    """Refuse the commit (or log compaction file) `data` when an action names a path outside the
+    table (`check_action_paths`), naming its line; ValueError when a line does not parse (a reader
+    cannot tell what it names)."""
     for number, action in _actions(data):
-        for kind in ("add", "remove", "cdc"):
-            if (named := action.get(kind)) is None:
-                continue
-            if not isinstance(named, dict) or not isinstance(named.get("path"), str):
-                raise ValueError(f"line {number}: its {kind} action has no path")
-            _named(named, number)
-            vector = named.get("deletionVector")
-            if isinstance(vector, dict) and vector.get("storageType") == "p":  # an absolute path of its own
-                raise OutsideTableError(
-                    f"line {number}: the log names the deletion vector {vector.get('pathOrInlineDv')!r}, outside "
-                    "the table (it is absolute); this project's tables hold only relative paths inside them"
-                )
+        try:
+            check_action_paths(action)
+        except (OutsideTableError, ValueError) as error:
+            raise type(error)(f"line {number}: {error}") from None
+
+
+def check_action_paths(action: dict) -> None:
+    """Refuse one action of a commit when its add, remove or cdc names a path outside the table
+    (`table_relative`), or a deletion vector by an absolute path: OutsideTableError; ValueError when
+    such an action has no path.
+
+        check_action_paths({"add": {"path": "../x.parquet"}})   # raises OutsideTableError
+    """
+    for kind in ("add", "remove", "cdc"):
+        if (named := action.get(kind)) is None:
+            continue
+        if not isinstance(named, dict) or not isinstance(named.get("path"), str):
+            raise ValueError(f"its {kind} action has no path")
+        table_relative(named["path"])
+        vector = named.get("deletionVector")
+        if isinstance(vector, dict) and vector.get("storageType") == "p":  # an absolute path of its own
+            raise OutsideTableError(
+                f"the log names the deletion vector {vector.get('pathOrInlineDv')!r}, outside the table (it is "
+                "absolute); this project's tables hold only relative paths inside them"
+            )
 
 
 def _check_checkpoint_part(files: _LogFiles, name: str) -> None:
