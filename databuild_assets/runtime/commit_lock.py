@@ -24,8 +24,6 @@ Object stores (s3a://, abfss://) are not locked here: they need a log store made
 
 from __future__ import annotations
 
-import fcntl
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +31,7 @@ from pathlib import Path
 
 from databuild_assets.runtime.file_modes import make_folders, restrict_umask
 from databuild_assets.runtime.lake import is_local
-from databuild_assets.runtime.lock_files import acquire, open_lock_file
+from databuild_assets.runtime.lock_files import held_lock
 
 # flock conflicts between two descriptors of one process too, so a thread that already holds a
 # table's lock (a compaction that appends) must not take it again: it would wait for itself.
@@ -66,17 +64,12 @@ def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[Non
         return
     restrict_umask()
     make_folders(str(path.parent))
-    descriptor = open_lock_file(path)
-    try:
-        acquire(descriptor, path, "the commit lock", timeout_s)
+    with held_lock(path, "the commit lock", timeout_s):
         held.add(key)
         try:
             yield
         finally:
             held.discard(key)
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-    finally:
-        os.close(descriptor)
 
 
 __all__ = ["commit_lock", "lock_path"]

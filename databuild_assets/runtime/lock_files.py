@@ -9,8 +9,8 @@ A wait ends after DATABUILD_LOCK_TIMEOUT_S seconds (30 minutes by default: longe
 of a large log holds the raw log's lock) with an error naming the lock's holder: its pid, user and
 command line, from /proc/locks.
 
-    descriptor = open_lock_file(Path("/data/lake/tables/.raw_event_log.commit-lock"))
-    acquire(descriptor, path, "the commit lock")
+    with held_lock(Path("/data/lake/tables/.raw_event_log.commit-lock"), "the commit lock"):
+        ...
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import os
 import pwd
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,25 @@ def acquire(descriptor: int, path: Path | str, what: str, timeout_s: float | Non
             # Short pauses first (a commit holds the lock briefly), then at most _MAX_POLL_S.
             time.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_POLL_S)
+
+
+@contextmanager
+def held_lock(path: Path | str, what: str, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold the lock file at `path` (`open_lock_file`, then `acquire`) for the block; the OS
+    releases it if this process dies.
+
+        with held_lock(folder / "start.lock", "the warm driver's start lock"):
+            ...
+    """
+    descriptor = open_lock_file(path)
+    try:
+        acquire(descriptor, path, what, timeout_s)
+        try:
+            yield
+        finally:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+    finally:
+        os.close(descriptor)
 
 
 def lock_holder(descriptor: int) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -45,6 +44,7 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from databuild_assets.runtime.file_modes import restrict_umask
+from databuild_assets.runtime.lock_files import held_lock
 from databuild_assets.runtime.private_folders import UnsafeFolderError, private_folder
 from databuild_assets.runtime.processes import process_alive, process_of_this_user
 from databuild_assets.runtime.spark import SparkSettings, SparkStartError, build_spark_session, spark_config
@@ -202,14 +202,9 @@ def _session_on(host: DriverHost, settings: SparkSettings) -> SparkSession:
     return SparkSession(context, jsparkSession=shared.newSession())
 
 
-@contextlib.contextmanager
-def _start_lock(folder: Path) -> Iterator[None]:
-    with open(folder / "start.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _start_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """The host's start lock: a lock file like every other (runtime/lock_files.py), bounded wait."""
+    return held_lock(folder / "start.lock", "the warm Spark driver's start lock")
 
 
 def _start_host(folder: Path, settings: SparkSettings, idle_minutes: float) -> DriverHost:

@@ -33,7 +33,6 @@ keeps SQLite's write-ahead log of the old file from ever being applied to the ne
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -48,7 +47,7 @@ from contextlib import contextmanager
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders, restrict_umask
 from databuild_assets.runtime.lake import is_local
-from databuild_assets.runtime.lock_files import acquire, open_lock_file
+from databuild_assets.runtime.lock_files import held_lock
 from databuild_assets.runtime.private_folders import private_folder
 from databuild_assets.runtime.processes import process_alive
 
@@ -127,16 +126,9 @@ class IndexFolder:
         DATABUILD_LOCK_TIMEOUT_S), then raises LockTimeoutError naming the holder."""
         make_folders(self.path)  # narrows the umask too: SQLite's files are made under it
         path = os.path.join(self.path, "build.lock")
-        descriptor = open_lock_file(path)
-        try:
-            acquire(descriptor, path, "the serving index's build lock", timeout_s)
-            try:
-                self._remove_leftovers()
-                yield
-            finally:
-                fcntl.flock(descriptor, fcntl.LOCK_UN)
-        finally:
-            os.close(descriptor)
+        with held_lock(path, "the serving index's build lock", timeout_s):
+            self._remove_leftovers()
+            yield
 
     def new_building_path(self) -> str:
         """Where the next generation is built (under `build_lock`): an empty file made with
