@@ -11,7 +11,9 @@ before anything is written, and refuses with one line naming the value, its key 
 tombstone's reason (`tombstones.ALLOW_AMBIGUOUS`), and text is then matched by whole tokens only
 for that tombstone, never inside a longer word.
 
-    refuse_ambiguous_values(spark, lake, "partition_ref", ["e"])  # raises AmbiguousValueError
+    problems = ambiguous_values(spark, lake, "partition_ref", ["zoe-42"])  # shorter than 8 characters
+    if problems and not allow_ambiguous:
+        raise AmbiguousValueError(refusal(problems))
 """
 
 from __future__ import annotations
@@ -131,16 +133,6 @@ def refuse_too_short(key: str, values: Iterable[str]) -> None:
             "page structure, freed space, compressed snapshots) from chance bytes, so its erasure could not be "
             "proven. Name the whole value (the partition_ref or id) instead"
         )
-
-
-def refuse_ambiguous_values(
-    spark: SparkSession, lake: Lake, key: str, values: Iterable[str], other_names: dict[str, str] | None = None
-) -> None:
-    """Raise AmbiguousValueError, one line naming each refused value, its key and why, and how
-    to override, when any of `values` would match more than its field; nothing is written."""
-    problems = ambiguous_values(spark, lake, key, values, other_names)
-    if problems:
-        raise AmbiguousValueError(refusal(problems))
 
 
 def refusal(problems: list[Problem]) -> str:
