@@ -1,0 +1,290 @@
+"""A working day of service load, compressed, on Dagster's production shape and the default schedules.
+
+    python -m bench.soak --minutes 60 [--appenders 3 --rate 13 --storage postgres --workdir DIR]
+
+Starts a code server, `dagster-daemon` and `dagster-webserver` as processes of their own
+(databuild_assets_tests/dagster_deployment.py), with the instance's storage in a PostgreSQL server
+on loopback (or SQLite under DAGSTER_HOME), every sensor running and the schedules as they ship.
+Then, for --minutes: --appenders processes append 5-event batches through the JVM-free backend
+(--rate appends a second in all), a reader process asks a recent partition's status and its
+build's events (--read-rate a second), a 40-event landing file lands every minute, and erase_job
+runs are submitted to the run queue at a third and two thirds of the time.
+
+Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
+checkpoint and live files, the lake's and the instance's size. At the end: every run's outcome and
+duration; every event sent stored once (erased ones hidden); the filtered log and the projections
+equal to a rebuild (Spark, databuild_assets_tests.reliability_workers.verify_lake); the p95 of the
+last 10 minutes against the first 10; delta-rs's open of the raw log against a freshly
+checkpointed copy. Results also go to DIR/soak.json. Taken beside another Spark run, figures
+are not comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from bench.query_path import percentile
+from bench.soak_load import STREAM
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests.dagster_deployment import DagsterDeployment
+from databuild_assets_tests.reliability_workers import write_landing_file
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SENSORS = ("landing_files_sensor", "event_log_commits_sensor", "compaction_by_file_count_sensor")
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _p95_ms(records: list[dict], since: float, until: float) -> float | None:
+    seconds = [r["s"] for r in records if since <= r["at"] < until and "error" not in r]
+    return percentile(seconds, 0.95) * 1000 if seconds else None
+
+
+def _log_state(table: Path) -> tuple[int, int, int]:
+    """(newest version, its last checkpoint's version, live files) of a local Delta table."""
+    log = table / "_delta_log"
+    versions = [int(p.name[:20]) for p in log.glob("*.json") if p.name[:20].isdigit()]
+    checkpoint = -1
+    if (log / "_last_checkpoint").exists():
+        checkpoint = json.loads((log / "_last_checkpoint").read_text())["version"]
+    files = len(DeltaTable(str(table)).file_uris()) if versions else 0
+    return (max(versions) if versions else -1), checkpoint, files
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _open_seconds(table: str, tries: int = 5) -> float:
+    seconds = []
+    for _ in range(tries):
+        started = time.perf_counter()
+        DeltaTable(table)
+        seconds.append(time.perf_counter() - started)
+    return min(seconds)
+
+
+def _checkpointed_open(table: Path) -> tuple[float, float]:
+    """delta-rs's open of `table` as it is, and of a copy with a checkpoint at its newest version."""
+    as_is = _open_seconds(str(table))
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "raw"
+        shutil.copytree(table, copy)
+        DeltaTable(str(copy)).create_checkpoint()
+        return as_is, _open_seconds(str(copy))
+
+
+def _storage(kind: str):
+    """The Postgres server to stop (None for SQLite) and dagster.yaml's storage: section for it."""
+    if kind == "sqlite":
+        return None, None
+    from databuild_assets_tests.postgres_server import PostgresServer
+
+    server = PostgresServer().start()
+    return server, server.dagster_storage_config()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--appenders", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=13, help="appends a second, over all appenders")
+    parser.add_argument("--read-rate", type=float, default=5, help="reader loops a second")
+    parser.add_argument("--erasures", type=int, default=2)
+    parser.add_argument("--storage", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="databuild-soak-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    seconds = args.minutes * 60
+    server, storage = _storage(args.storage)
+    results: dict = {"settings": vars(args), "minutes": []}
+    try:
+        with DagsterDeployment(workdir, storage=storage) as deployment:
+            results["startup_s"] = {name: s.ready_after_s for name, s in deployment.services.items()}
+            for sensor in SENSORS:
+                try:
+                    deployment.start_sensor(sensor)
+                except Exception as error:  # a sensor this release does not have
+                    print(f"sensor {sensor} not started: {error}")
+            results.update(_load(deployment, workdir, args, seconds))
+            results.update(_settle(deployment))
+        results.update(_verify(Lake(str(deployment.lake_root)), workdir, results))
+        if server is not None:
+            results["instance_bytes"] = server.sql("SELECT pg_database_size(current_database())")[0][0]
+        else:
+            results["instance_bytes"] = _size(deployment.dagster_home)
+    finally:
+        if server is not None:
+            server.stop()
+    (workdir / "soak.json").write_text(json.dumps(results, indent=2, default=str))
+    _summary(results)
+    print(f"results: {workdir / 'soak.json'}; logs in {workdir}")
+    return 0 if results.get("ok") else 1
+
+
+def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) -> dict:
+    lake = Lake(str(deployment.lake_root))
+    uri = f"delta://{lake.root}"
+    env = deployment.environment()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.soak_load", "append", uri, str(100 + n)]
+            + [str(args.rate / args.appenders), str(seconds), str(workdir / f"append-{n}.jsonl")],
+            cwd=REPO_ROOT,
+            env=env,
+        )
+        for n in range(args.appenders)
+    ]
+    processes.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.soak_load", "read", uri, str(args.read_rate), str(seconds)]
+            + [str(workdir / "read.jsonl")],
+            cwd=REPO_ROOT,
+            env=env,
+        )
+    )
+    landing = generate_events(STREAM, seed=7)
+    landed: list[str] = []
+    erasures_at = [seconds * (k + 1) / (args.erasures + 1) for k in range(args.erasures)]
+    erased: list[str] = []
+    started, minutes = time.time(), []
+    minute = 0
+    while time.time() - started < seconds:
+        time.sleep(max(0.0, started + (minute + 1) * 60 - time.time()))
+        minute += 1
+        events = [next(landing) for _ in range(40)]
+        write_landing_file(Path(lake.landing), f"soak-{minute:04d}.jsonl", events, [], 0)
+        landed += [e["event_id"] for e in events]
+        if erasures_at and time.time() - started >= erasures_at[0]:
+            erasures_at.pop(0)
+            sent = _records(workdir / "append-0.jsonl")
+            value = sent[len(sent) // 2]["requests"][0]
+            config = {"key": "build_request_id", "value": value, "actor": "soak", "reason": "bench.soak"}
+            deployment.launch_run("erase_job", {"ops": {"tombstones": {"config": config}}})
+            erased.append(value)
+        minutes.append(_minute(deployment, workdir, minute, time.time() - 60, time.time()))
+    for process in processes:
+        process.wait(timeout=600)
+    return {"minutes": minutes, "landed_ids": landed, "erased": erased}
+
+
+def _minute(deployment: DagsterDeployment, workdir: Path, minute: int, since: float, until: float) -> dict:
+    appends = [r for path in sorted(workdir.glob("append-*.jsonl")) for r in _records(path)]
+    reads = _records(workdir / "read.jsonl")
+    version, checkpoint, files = _log_state(deployment.lake_root / "tables" / RAW_EVENT_LOG.name)
+    runs: dict[str, int] = {}
+    for run in deployment.runs(limit=1000):
+        runs[run["status"]] = runs.get(run["status"], 0) + 1
+    row = {
+        "minute": minute,
+        "append_p95_ms": _p95_ms(appends, since, until),
+        "read_p95_ms": _p95_ms(reads, since, until),
+        "appends": sum(1 for r in appends if since <= r["at"] < until),
+        "errors": sum(1 for r in appends + reads if since <= r["at"] < until and "error" in r),
+        "runs": runs,
+        "commits_since_checkpoint": version - checkpoint,
+        "raw_log_files": files,
+        "lake_mb": _size(deployment.lake_root) / 1e6,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _settle(deployment: DagsterDeployment, timeout: float = 1800) -> dict:
+    """Wait for the sensors' last requests to run; every run's outcome and duration."""
+    deadline = time.monotonic() + timeout
+    quiet_since = None
+    while time.monotonic() < deadline:
+        runs = deployment.runs(limit=1000)
+        busy = [r for r in runs if r["status"] not in ("SUCCESS", "FAILURE", "CANCELED")]
+        quiet_since = None if busy else (quiet_since or time.monotonic())
+        if quiet_since and time.monotonic() - quiet_since > 90:  # two sensor intervals with nothing new
+            break
+        time.sleep(5)
+    runs = deployment.runs(limit=1000)
+    return {
+        "runs": [
+            {"job": r["jobName"], "status": r["status"], "s": (r["endTime"] or 0) - (r["startTime"] or 0)}
+            for r in sorted(runs, key=lambda r: r["creationTime"])
+        ]
+    }
+
+
+def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
+    from databuild_assets_tests.reliability_workers import _worker_session, matches_build_request, verify_lake
+
+    appended = [r for path in sorted(workdir.glob("append-*.jsonl")) for r in _records(path) if "error" not in r]
+    sent = {i for r in appended for i in r["ids"]} | set(results["landed_ids"])
+    erased = set(results["erased"])
+    events = {}
+    for n in range(results["settings"]["appenders"]):
+        count = sum(len(r["ids"]) for r in _records(workdir / f"append-{n}.jsonl"))
+        events.update((e["event_id"], e) for e in islice(generate_events(STREAM, seed=100 + n), count))
+    erased_ids = {i for i, e in events.items() if any(matches_build_request(e, v) for v in erased)}
+    spark = _worker_session()
+    try:
+        verdict = verify_lake(spark, lake, sent, erased, erased_ids, purged=False)
+    finally:
+        spark.stop()
+    table = Path(lake.table_path(RAW_EVENT_LOG))
+    as_is, checkpointed = _checkpointed_open(table)
+    minutes = results["minutes"]
+    first, last = minutes[: min(10, len(minutes))], minutes[-min(10, len(minutes)) :]
+
+    def p95_of(rows: list[dict], key: str) -> float:
+        values = [row[key] for row in rows if row[key] is not None]
+        return max(values) if values else float("nan")
+
+    flat = {
+        "append_p95_ratio": p95_of(last, "append_p95_ms") / p95_of(first, "append_p95_ms"),
+        "read_p95_ratio": p95_of(last, "read_p95_ms") / p95_of(first, "read_p95_ms"),
+        "max_commits_since_checkpoint": max(m["commits_since_checkpoint"] for m in minutes),
+        "max_raw_log_files": max(m["raw_log_files"] for m in minutes),
+        "open_s": as_is,
+        "open_checkpointed_s": checkpointed,
+    }
+    failed = [r for r in results["runs"] if r["status"] != "SUCCESS"]
+    problems = {k: v for k, v in verdict.items() if k not in ("sent", "in_log") and v not in (0, [], {})}
+    ok = not failed and not problems
+    return {"verdict": verdict, "failed_runs": failed, "problems": problems, **flat, "ok": ok}
+
+
+def _summary(results: dict) -> None:
+    print("\nruns:")
+    for run in results.get("runs", []):
+        print(f"  {run['job']:28} {run['status']:8} {run['s']:7.1f} s")
+    for key in (
+        "verdict",
+        "problems",
+        "append_p95_ratio",
+        "read_p95_ratio",
+        "max_commits_since_checkpoint",
+        "max_raw_log_files",
+        "open_s",
+        "open_checkpointed_s",
+        "instance_bytes",
+        "ok",
+    ):
+        print(f"{key}: {results.get(key)}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

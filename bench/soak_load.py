@@ -1,0 +1,89 @@
+"""The service load of `bench.soak`, one process per role, as a DataBuild service would run it:
+
+    python -m bench.soak_load append URI SEED RATE SECONDS OUT   # 5-event appends at RATE per second
+    python -m bench.soak_load read URI RATE SECONDS OUT          # a partition's status and a build's events
+
+Each writes one JSON line per call to OUT: {"at": unix seconds, "s": the call's seconds, ...}; an
+appender adds the event ids and build request ids it sent (the soak's oracle). A call that fails
+is recorded with its error and the process goes on, as a service would retry its next request.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from itertools import islice
+
+from databuild_assets.log import open_event_log
+from databuild_assets.workload import generate_events
+
+BATCH = 5
+STREAM = 10_000_000  # generate_events' size: it streams, only what is taken is made; the soak's oracle makes it again
+
+
+def _paced(rate: float, seconds: float):
+    """Yield at `rate` per second for `seconds`, on a fixed schedule (a slow call is caught up)."""
+    started = time.monotonic()
+    count = 0
+    while (now := time.monotonic()) - started < seconds:
+        due = started + count / rate
+        if due > now:
+            time.sleep(due - now)
+        yield
+        count += 1
+
+
+def append(uri: str, seed: int, rate: float, seconds: float, out: str) -> None:
+    stream = generate_events(STREAM, seed=seed)
+    with open_event_log(uri, writer=f"soak-{seed}") as log, open(out, "a", encoding="utf-8") as record:
+        for _ in _paced(rate, seconds):
+            events = list(islice(stream, BATCH))
+            started = time.perf_counter()
+            line = {"at": time.time()}
+            try:
+                result = log.append_events(events)
+                line.update(accepted=result.accepted, duplicates=result.duplicates)
+            except Exception as error:  # recorded and counted by the soak, then the next call
+                line["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            line["s"] = time.perf_counter() - started
+            line["ids"] = [event["event_id"] for event in events]
+            line["requests"] = sorted({event["build_request_id"] for event in events})
+            record.write(json.dumps(line) + "\n")
+            record.flush()
+
+
+def read(uri: str, rate: float, seconds: float, out: str) -> None:
+    rng = random.Random(0)
+    with open_event_log(uri, writer="soak-reader") as log, open(out, "a", encoding="utf-8") as record:
+        for _ in _paced(rate, seconds):
+            started = time.perf_counter()
+            line = {"at": time.time()}
+            try:
+                recent = log.list_recent_partitions(limit=20)
+                if recent:
+                    partition = rng.choice(recent)
+                    log.get_latest_partition_status(partition.partition_ref)
+                    log.get_build_request_events(partition.last_build_request_id)
+            except Exception as error:
+                line["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            line["s"] = time.perf_counter() - started
+            record.write(json.dumps(line) + "\n")
+            record.flush()
+
+
+def main(argv: list[str]) -> None:
+    role, uri, *rest = argv
+    if role == "append":
+        seed, rate, seconds, out = rest
+        append(uri, int(seed), float(rate), float(seconds), out)
+    elif role == "read":
+        rate, seconds, out = rest
+        read(uri, float(rate), float(seconds), out)
+    else:
+        raise SystemExit(f"unknown role {role!r}: append or read")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
