@@ -49,6 +49,9 @@ DEFAULT_SETTINGS = {
     "shared_buffers": "16MB",
     "max_connections": "50",
     "log_min_messages": "warning",
+    # As docs/deployment.md asks of a server holding Dagster's storage: WAL segments no longer
+    # needed are removed, not renamed for reuse with the old writes in them (decision 0048).
+    "wal_recycle": "off",
 }
 
 
