@@ -17,6 +17,7 @@ from databuild_assets.defs.maintenance.assets import filtered_event_log, tombsto
 from databuild_assets.defs.maintenance.checks import check_lake_job, lake_checks
 from databuild_assets.defs.maintenance.jobs import compaction_job, erase_job, erasure_report_job, vacuum_job
 from databuild_assets.defs.maintenance.schedules import check_lake_schedule, compaction_schedule, vacuum_schedule
+from databuild_assets.defs.maintenance.sensors import compaction_by_file_count_sensor
 from databuild_assets.defs.projections.assets import projection_assets
 from databuild_assets.defs.projections.checks import projection_asset_checks
 from databuild_assets.defs.projections.freshness import projection_freshness_checks, projection_freshness_schedule
@@ -64,7 +65,7 @@ defs = Definitions(
         check_lake_job,
     ],
     schedules=[compaction_schedule, vacuum_schedule, freshness_schedule, check_lake_schedule],
-    sensors=[landing_files_sensor, event_log_commits_sensor],
+    sensors=[landing_files_sensor, event_log_commits_sensor, compaction_by_file_count_sensor],
     resources={"lakehouse": lakehouse},
     # One process per run, so one JVM per run: a SparkSession cannot be shared across processes.
     executor=in_process_executor,

@@ -260,15 +260,16 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
     return int(metrics["num_deleted_rows"])
 
 
-def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: date) -> int:
-    """OPTIMIZE the table's closed date partitions (or the whole table when unpartitioned).
-    Redone on a conflict: a projection's refresh may replace rows of the files it packs."""
+def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: date | None) -> int:
+    """OPTIMIZE the table's closed date partitions (the whole table when unpartitioned, or when
+    `closed_before` is None). Redone on a conflict: a projection's refresh may replace rows of the
+    files it packs."""
     path = lake.table_path(spec)
 
     def optimize() -> int:
         with commit_lock(path):
             builder = DeltaTable.forPath(spark, path).optimize()
-            if "event_date" in spec.partition_by:
+            if "event_date" in spec.partition_by and closed_before is not None:
                 builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
             metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
         return int(metrics["numFilesRemoved"] or 0)
@@ -302,7 +303,8 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     bin-pack. See the module docstring.
 
     `open_days`: the most recent event dates that writers may still append to are left out of
-    bin-packing.
+    bin-packing; 0 packs every table whole (the file-count sensor's runs: a service's small files
+    are in today's date), which a file-count trigger recognises by its OPTIMIZE's empty predicate.
     """
     # A lake whose tombstones asset never ran has no table yet: none pending, and now an empty one.
     ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)
@@ -328,10 +330,11 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         purged[EVENT_QUARANTINE.name] = Purge({"lines": purge_quarantine(spark, lake, to_purge)})
         refresh_all_projections(spark, lake)
 
-    closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1)
+    closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1) if open_days > 0 else None
     compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
     files = sum(compacted.values())
-    log.info("bin-packed the dates before %s: %d files rewritten in %d tables", closed_before, files, len(tables))
+    dates = "every date" if closed_before is None else f"the dates before {closed_before}"
+    log.info("bin-packed %s: %d files rewritten in %d tables", dates, files, len(tables))
     # Every tombstone, not only the pending ones: a landing file ingested after a tombstone was
     # applied may hold its values too. Before record_applied: if it fails, they stay pending.
     landing = erase_from_landing_files(spark, lake, tombstones)

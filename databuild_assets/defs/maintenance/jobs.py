@@ -62,7 +62,10 @@ erase_job = define_asset_job(
 
 class CompactionConfig(Config):
     open_days: int = Field(
-        default=2, description="Most recent event dates left out of bin-packing (writers may append)."
+        default=2,
+        ge=0,
+        description="Most recent event dates left out of bin-packing (writers may append); 0 packs every date "
+        "(what compaction_by_file_count_sensor requests).",
     )
 
 
