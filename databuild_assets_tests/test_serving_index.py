@@ -28,8 +28,9 @@ from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
-from databuild_assets.log.serving.backend import DeltaRsEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
+from databuild_assets.maintenance.dagster_sqlite import unread_bytes
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
@@ -239,6 +240,38 @@ def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: La
     with open_event_log(f"delta://{lake.root}") as log:
         assert log.get_partition_events(secret) == []
         assert [e["event_id"] for e in log.get_partition_events("data/kept")] == ["e2"]
+
+
+def test_an_erased_value_leaves_the_free_space_of_the_index_pages_once_the_pipeline_refreshes_it(lake: Lake) -> None:
+    """Hiding events deletes their rows with secure_delete on, which zeroes a deleted cell; but a
+    b-tree rebalance rebuilds pages and leaves copies of older cells in their unused area. On
+    these events (issue 41's size: 58,767 events of ~3,000 build requests) the hidden build
+    request's id is left in one such area; the pipeline's refresh writes the index whole."""
+    events = list(generate_events(58_767, seed=1))
+    erased_request, erased_partition = (
+        "49ed6298-1ded-4411-8208-c304b76fb49d",
+        "reports/stockouts/date=2026-11-15/region=latam",
+    )
+    assert any(event["build_request_id"] == erased_request for event in events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    _request_erasure_without_spark(lake, "partition_ref", erased_partition)
+    _request_erasure_without_spark(lake, "build_request_id", erased_request)
+    with DeltaRsEventLog(lake) as log:  # its open catches up: the events leave the index's rows
+        assert log.get_build_request_events(erased_request) == []
+        index_file = Path(log.index_path)
+    unread = b"".join(unread_bytes(index_file))
+    assert erased_request.encode() in unread, "these events no longer leave a fragment: find another reproduction"
+
+    refresh_serving_index(lake)
+
+    files = [Path(path) for path in _folder(lake).files()]
+    assert [path.name for path in files if erased_request.encode() in path.read_bytes()] == []
+    assert not index_file.exists()  # the generation that held the fragment is gone
+    with open_event_log(f"delta://{lake.root}") as log:
+        assert log.get_build_request_events(erased_request) == []
+        hidden = {"build_request_id": {erased_request}, "partition_ref": {erased_partition}}
+        assert log.get_activity_summary().total_events == sum(not matches(event, hidden) for event in events)
 
 
 def _request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) -> None:

@@ -9,8 +9,10 @@ whole log, as the Spark writer does). `serving_stamp` says which versions of raw
 tombstones it reflects; the stamp and the rows change in one transaction, so every process that
 opens the file agrees on what it holds (docs/decisions/0034-serving-index.md).
 
-Deleted rows are overwritten on disk (`secure_delete`): an erased event leaves the file's bytes,
-not only its pages' free lists.
+Deleted rows are overwritten on disk (`secure_delete`), but that zeroes a deleted cell, not the
+copies of cells a page rebuilt by a b-tree rebalance keeps in its unused area: so the index counts
+the events it deleted (`deleted_events`), and a file that deleted any is rewritten whole
+(`rewrite_into`: VACUUM INTO a new file) before an erasure is called done.
 
     index = ServingIndex.open("/data/lake/serving_index/index-3.sqlite")
     index.stamp().raw_log.version                # the raw log version it reflects
@@ -84,6 +86,12 @@ CREATE TEMP TABLE IF NOT EXISTS staged_events (
     event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
 );
 CREATE TEMP TABLE IF NOT EXISTS leaving (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+"""
+
+# The events deleted from the file (hidden or purged) since it was last written whole; made on the
+# first deletion, so that indexes of this format made before it need no rebuild.
+_DELETED_EVENTS = """
+CREATE TABLE IF NOT EXISTS main.deleted_events (one INTEGER PRIMARY KEY CHECK (one = 1), count INTEGER NOT NULL)
 """
 
 # The `events` row of each event (the SQLite backend's `event_row`, computed by DuckDB over Arrow):
@@ -336,16 +344,30 @@ class ServingIndex(SqliteEventLog):
                 connection.execute(statement.format(rows="main.events"))
             build_event_indexes(connection)
             refresh_dirty_projections(connection)
+        if connection.execute("SELECT COUNT(*) FROM main.hidden_event_ids").fetchone()[0]:
+            connection.execute("VACUUM")  # the hidden events' bytes, left in rebuilt pages, go
         connection.execute("PRAGMA journal_mode = WAL")
 
-    def copy_to(self, path: str) -> None:
-        """A consistent copy of the index at `path`, in WAL mode (SQLite's online backup)."""
+    def rewrite_into(self, path: str) -> None:
+        """A consistent copy of the index at `path` (a new or empty file), in WAL mode, written
+        whole: none of the bytes of rows this file deleted (VACUUM INTO reads rows, not pages)."""
+        self._connection.execute("VACUUM INTO ?", (path,))
         target = sqlite3.connect(path, isolation_level=None)
         try:
-            self._connection.backup(target)
+            if target.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
+                target.execute("DELETE FROM deleted_events")
             target.execute("PRAGMA journal_mode = WAL")
         finally:
             target.close()
+
+    def deleted_events(self) -> int:
+        """How many events were deleted from this file (hidden or purged) since it was written
+        whole: more than 0 means bytes of them may be left in its pages' unused areas."""
+        try:
+            row = self._connection.execute("SELECT count FROM main.deleted_events").fetchone()
+        except sqlite3.OperationalError:  # no deletion yet in this file
+            return 0
+        return row[0] if row else 0
 
     def checkpoint(self) -> bool:
         """Copy the write-ahead log into the file and empty it (the bytes of rows deleted since
@@ -453,6 +475,12 @@ class ServingIndex(SqliteEventLog):
         dropped = connection.execute(
             "DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)"
         ).rowcount
+        if dropped:
+            connection.execute(_DELETED_EVENTS)
+            connection.execute(
+                "INSERT INTO main.deleted_events VALUES (1, ?) ON CONFLICT (one) DO UPDATE SET count = count + ?",
+                (dropped, dropped),
+            )
         connection.execute("DELETE FROM temp.leaving")
         refresh_dirty_projections(connection)
         return dropped
