@@ -17,11 +17,20 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test deploy-test long-test bench clean-lake
+.PHONY: setup postgres-setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test deploy-test long-test bench clean-lake
 
 # A virtual environment with the pinned packages, Delta's jars from Maven Central, and the class
 # archive the Spark driver's JVM starts from (runtime/jvm_startup.py: a small demo, about a minute).
 setup: $(VENV)/.installed delta-jars/lib/.fetched delta-jars/lib/spark-classes.jsa $(DAGSTER_HOME)/dagster.yaml
+
+# The tests of Dagster's instance storage in PostgreSQL start a private server of their own
+# (databuild_assets_tests/postgres_server.py) from Debian's postgresql package: installed here
+# with apt-get when no initdb is found. The package's own cluster is not used.
+postgres-setup:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
+	  echo "installing Debian's postgresql for the tests of instance storage in PostgreSQL"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql; }
 
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +56,7 @@ demo: setup
 # Then the suite, which prints the line coverage of databuild_assets ([tool.coverage.*] in pyproject.toml).
 # TEST_WORKERS: pytest-xdist worker processes, each with its own JVM (CI has 2 cores); 0 runs in one process.
 TEST_WORKERS ?= 2
-test: setup
+test: setup postgres-setup
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term
 
@@ -104,7 +113,7 @@ cluster-test: setup
 # run` and `dagster-webserver` as processes of their own on loopback, workspace.yaml pointing at the
 # code server; a landing file, a sensor's refresh, an erasure through the run queue and a scheduled
 # compaction, checked in the lake.
-deploy-test: setup
+deploy-test: setup postgres-setup
 	DATABUILD_DEPLOY_TEST=1 $(BIN)/python -m pytest -m deploy -s databuild_assets_tests/test_deployment.py
 
 # Run before calling an issue resolved that touches what they cover (the UI, a cluster, S3, crashes,

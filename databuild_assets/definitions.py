@@ -5,6 +5,8 @@ What depends on the deployment is read from the environment here, once: the lake
 URIs come from the same lake root the resource is built with.
 """
 
+import os
+
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
 from databuild_assets.defs.catalog import CatalogSettings, in_catalog
@@ -23,11 +25,14 @@ from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.serving.assets import serving_index
 from databuild_assets.runtime.file_modes import restrict_umask
+from databuild_assets.runtime.instance_storage import refuse_psycopg3_storage
 from databuild_assets.runtime.lake import Lake
 
 # The code server and every run process load this module first: what they write (Dagster's compute
 # logs, the lake, the serving index) is its owner's alone whatever umask they were started with.
 restrict_umask()
+# Before any run: storage in PostgreSQL under a URL dagster-postgres fails with (psycopg 3).
+refuse_psycopg3_storage(os.environ.get("DAGSTER_HOME"))
 lakehouse = LakehouseResource.from_env()
 catalog = CatalogSettings.from_env()
 # Lake(...), not lakehouse.lake: that one checks (and may create) the root, which loading must not do.

@@ -20,6 +20,9 @@ decompressed; whole tokens there are what is left, occurrences inside longer wor
 apart (`embedded`) and stay. The bytes no query reads (free pages, freed blocks, pages and frames
 the write-ahead log replaced: `dagster_sqlite.unread_bytes`) count every occurrence, and the
 scrub rebuilds a database holding one there. Other files (compute logs) are read as text.
+Storage in PostgreSQL (maintenance/dagster_postgres.py) is rewritten through the storages' own
+engines by the same rules, its tables are read as values, and the server's data folder, where this
+process can read it, byte by byte as files are: old row versions and WAL segments included.
 Why this design: docs/decisions/0035-erasure-reaches-dagster-storage.md.
 
     scrub_dagster_home(context.instance, read_tombstones(spark, lake)).remaining.total  # 0
@@ -46,6 +49,7 @@ from dagster._core.storage.local_compute_log_manager import LocalComputeLogManag
 from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
 
 from databuild_assets.events.erasure_rule import is_token, token_pattern
+from databuild_assets.maintenance import dagster_postgres
 from databuild_assets.maintenance.dagster_sqlite import (
     rebuild,
     rewrite_stored_text,
@@ -182,6 +186,7 @@ class _Search:
         self.kept = {t.tombstone_id: kept_records.get(t.value, []) for t in tombstones}
         self.as_tokens = {t.tombstone_id for t in tombstones if t.allow_ambiguous}
         self.token_values = [_TokenValue.of(t) for t in tombstones if t.allow_ambiguous]
+        self.every_value = [_TokenValue.of(t) for t in tombstones]
         self.requests = requests or {}
         self.databases = frozenset(databases)
         self.logs = frozenset(_wal(database) for database in self.databases)
@@ -240,6 +245,26 @@ class _Search:
             for wanted in self.token_values:
                 if found := len(wanted.anywhere_bytes.findall(unread)):
                     counts[wanted.tombstone_id] = counts.get(wanted.tombstone_id, 0) + found
+        return counts, embedded
+
+    def postgres_counts(self, engine) -> tuple[dict[str, int], dict[str, int]]:
+        """Of every value, in a PostgreSQL database's tables as a query reads them, but in an erase
+        request's own run record: occurrences (of a value accepted with allow_ambiguous, whole
+        tokens) and, apart, occurrences of those inside longer words."""
+        counts: dict[str, int] = {}
+        embedded: dict[str, int] = {}
+        for table, run_id, value in dagster_postgres.stored_values(engine):
+            kept = self.requests.get(run_id, frozenset()) if table == "runs" else frozenset()
+            for text in _value_texts(value):
+                for wanted in self.every_value:
+                    if any(wanted.value in named for named in kept):
+                        continue
+                    tokens, anywhere = wanted.found(text)
+                    whole = tokens if wanted.tombstone_id in self.as_tokens else anywhere
+                    if whole:
+                        counts[wanted.tombstone_id] = counts.get(wanted.tombstone_id, 0) + whole
+                    if anywhere > whole:
+                        embedded[wanted.tombstone_id] = embedded.get(wanted.tombstone_id, 0) + anywhere - whole
         return counts, embedded
 
     def _occurrences(self, path: Path) -> Iterator[tuple[bytes, bytes | None, bytes | None, bool]]:
@@ -365,6 +390,8 @@ class DagsterHomeScan:
     files_holding: tuple[str, ...] = ()
     # Of values accepted with allow_ambiguous: occurrences inside longer words, which stay.
     embedded: dict[str, int] = field(default_factory=dict)
+    # What the scan could not read, said plainly (storage in PostgreSQL: its archives and backups).
+    notes: tuple[str, ...] = ()
 
     @property
     def total(self) -> int:
@@ -384,28 +411,58 @@ def _wal(database: Path) -> Path:
     return database.with_name(database.name + "-wal")
 
 
+def _postgres_places(instance: DagsterInstance) -> tuple[list[tuple[Any, Path | None]], tuple[str, ...]]:
+    """The instance's PostgreSQL engines with the server's data folder where this process can
+    read it, and what the scan says of the rest."""
+    engines, _ = dagster_postgres.postgres_engines(instance)
+    places = [(engine, dagster_postgres.data_folder(engine)) for engine in engines]
+    notes = []
+    for engine, folder in places:
+        if folder is None:
+            notes.append(
+                f"PostgreSQL {engine.url.render_as_string(hide_password=True)}: tables read through SQL only; "
+                f"its data folder is not readable here (set {dagster_postgres.DATA_FOLDER_SETTING} on the "
+                "server's machine to scan its files)"
+            )
+    if places:
+        notes.append(dagster_postgres.OUTSIDE_THE_SERVER)
+    return places, tuple(notes)
+
+
+def storage_notes(instance: DagsterInstance) -> tuple[str, ...]:
+    """What a scan of the instance's storage cannot read (a PostgreSQL server's archives, backups,
+    a data folder on another machine), in plain words; none for storage in SQLite files."""
+    return () if instance.is_ephemeral else _postgres_places(instance)[1]
+
+
 def scan_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -> DagsterHomeScan | None:
     """Read every byte of every file under DAGSTER_HOME for each tombstone's value (and its
-    escaped forms), leaving out occurrences inside the erase requests' own run records. None for
-    an ephemeral instance: it stores nothing."""
+    escaped forms), leaving out occurrences inside the erase requests' own run records; with
+    storage in PostgreSQL, its tables as values and the server's data folder as bytes, where
+    readable. None for an ephemeral instance: it stores nothing."""
     if instance.is_ephemeral:
         return None
+    places, notes = _postgres_places(instance)
     files = _files_under(instance)
+    for _, folder in places:
+        files += dagster_postgres.data_folder_files(folder) if folder is not None else []
     if not tombstones:
-        return DagsterHomeScan(instance.root_directory, len(files))
+        return DagsterHomeScan(instance.root_directory, len(files), notes=notes)
     search, _ = _search(instance, tombstones)
     occurrences: dict[str, int] = {t.tombstone_id: 0 for t in tombstones}
     embedded: dict[str, int] = {t.tombstone_id: 0 for t in tombstones}
     holding = []
-    for path in files:
-        counts, inside_words = search.counts(path)
+    found_in = [(str(path), search.counts(path)) for path in files]
+    for engine, _ in places:
+        found_in.append((f"{engine.url.render_as_string(hide_password=True)} (tables)", search.postgres_counts(engine)))
+    for place, (counts, inside_words) in found_in:
         for tombstone_id, count in counts.items():
             occurrences[tombstone_id] += count
         for tombstone_id, count in inside_words.items():
             embedded[tombstone_id] += count
         if counts:
-            holding.append(str(path))
-    return DagsterHomeScan(instance.root_directory, len(files), occurrences, tuple(holding), embedded)
+            holding.append(place)
+    return DagsterHomeScan(instance.root_directory, len(files), occurrences, tuple(holding), embedded, notes)
 
 
 @dataclass(frozen=True)
@@ -417,6 +474,8 @@ class DagsterHomeScrub:
     compute_logs_rewritten: tuple[str, ...] = ()
     runs_in_progress: int = 0  # their compute logs are still being written: the next compaction reads them
     not_scrubbed: tuple[str, ...] = ()  # storages of kinds this release cannot rewrite, by class
+    # PostgreSQL statements the server refused this role (VACUUM FULL of pg_statistic, CHECKPOINT)
+    not_reclaimed: tuple[str, ...] = ()
     remaining: DagsterHomeScan | None = None  # None: an ephemeral instance, nothing stored
 
 
@@ -443,7 +502,7 @@ def scrub_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -
         return erase_record(text, others) if others else text
 
     databases, other_storages = sqlite_databases(instance)
-    rewritten, rebuilt = 0, []
+    rewritten, rebuilt, refused = 0, [], []
     for database in databases:
         if not search.found_in(database, _wal(database)):
             continue
@@ -451,6 +510,19 @@ def scrub_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -
         if search.found_in(database, _wal(database)):  # free pages still hold an older write
             rebuild(database)
             rebuilt.append(str(database))
+    places, _ = _postgres_places(instance)
+    for engine, folder in places:
+        changed, tables = dagster_postgres.rewrite_stored_text(engine, every_form, rewrite)
+        rewritten += changed
+        if folder is not None and search.found_in(*dagster_postgres.data_folder_files(folder)):
+            # Old row versions of an earlier write (a deleted run's, a scrub's before): every table.
+            tables = [*tables, *dagster_postgres.stored_text_tables(engine)]
+        if tables:
+            reclaimed = dagster_postgres.reclaim(engine, tables)
+            rebuilt += [f"{engine.url.database}.{table}" for table in reclaimed.tables]
+            refused += reclaimed.refused
+    postgres_kinds = set(dagster_postgres.postgres_engines(instance)[1])
+    other_storages = [kind for kind in other_storages if kind not in postgres_kinds]
     logs, in_progress, other_logs = _compute_logs(instance)
     rewritten_logs = [str(path) for path in logs if search.found_in(path) and _rewrite_file(path, erasure)]
     not_scrubbed = tuple(other_storages + other_logs)
@@ -465,6 +537,7 @@ def scrub_dagster_home(instance: DagsterInstance, tombstones: list[Tombstone]) -
         tuple(rewritten_logs),
         in_progress,
         not_scrubbed,
+        tuple(refused),
         scan_dagster_home(instance, tombstones),
     )
 

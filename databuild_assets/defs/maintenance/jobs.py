@@ -27,7 +27,7 @@ from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.defs.serving.assets import SERVING_INDEX, serving_index_metadata
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.maintenance.compaction import compact
-from databuild_assets.maintenance.dagster_home import ERASE_JOB, ERASED, scrub_dagster_home
+from databuild_assets.maintenance.dagster_home import ERASE_JOB, ERASED, scrub_dagster_home, storage_notes
 from databuild_assets.maintenance.erasure_report import erasure_report, format_report
 from databuild_assets.maintenance.landing_files import (
     DEFAULT_RETENTION_DAYS,
@@ -181,6 +181,10 @@ def scrub_dagster_home_after_compaction(context: OpExecutionContext, lakehouse: 
         f"(their compute logs are read next time); {remaining.files_scanned} files scanned after, "
         f"{remaining.total} occurrences left"
     )
+    for refused in result.not_reclaimed:
+        context.log.warning(f"PostgreSQL storage: old row versions may stay on disk: {refused}")
+    for note in remaining.notes:
+        context.log.warning(note)
     embedded = sum(remaining.embedded.values())
     if embedded:
         context.log.warning(
@@ -199,6 +203,8 @@ def scrub_dagster_home_after_compaction(context: OpExecutionContext, lakehouse: 
             "files_scanned": MetadataValue.int(remaining.files_scanned),
             "occurrences_left": MetadataValue.int(remaining.total),
             "occurrences_inside_longer_words": MetadataValue.int(embedded),
+            "postgres_not_reclaimed": MetadataValue.text("\n".join(result.not_reclaimed) or "(none)"),
+            "outside_the_scan": MetadataValue.text("\n".join(remaining.notes) or "(none)"),
         },
     )
     if remaining.total:
@@ -328,12 +334,15 @@ def report_erasure(context: OpExecutionContext, lakehouse: LakehouseResource):
     """Scan every data file, and every file under DAGSTER_HOME, for every tombstone's value; any
     row found fails the op."""
     findings = erasure_report(lakehouse.spark_session, lakehouse.lake, instance=context.instance)
-    context.log.info("\n" + format_report(findings))
+    # What no scan here reads (a PostgreSQL server's archives and backups), said with the report.
+    notes = storage_notes(context.instance)
+    report = format_report(findings) + "".join(f"\nnot scanned: {note}" for note in notes)
+    context.log.info("\n" + report)
     remaining = sum(f.rows_in_data_files + f.delta_log_mentions for f in findings)
     yield Output(
         None,
         metadata={
-            "report": MetadataValue.md("```\n" + format_report(findings) + "\n```"),
+            "report": MetadataValue.md("```\n" + report + "\n```"),
             "rows_still_holding_values": MetadataValue.int(remaining),
         },
     )
