@@ -8,6 +8,7 @@
 #   make cluster-test  the lakehouse on a Spark standalone cluster on loopback (several minutes; skipped by `make test`)
 #   make reliability-test  the multi-process crash and concurrency scenarios (minutes; skipped by `make test`)
 #   make s3-test  the lakehouse on an S3 server on loopback (minutes; skipped by `make test`)
+#   make deploy-test  Dagster as deployed: a code server, the daemon and the webserver as processes (minutes; skipped by `make test`)
 #   make long-test  every long target above, one after the other, then which passed and which failed
 
 PYTHON ?= python3.11
@@ -16,7 +17,7 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup postgres-setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test long-test bench clean-lake
+.PHONY: setup postgres-setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test deploy-test long-test bench clean-lake
 
 # A virtual environment with the pinned packages, Delta's jars from Maven Central, and the class
 # archive the Spark driver's JVM starts from (runtime/jvm_startup.py: a small demo, about a minute).
@@ -108,9 +109,16 @@ $(VENV)/.ui-test-installed: pyproject.toml $(VENV)/.installed
 cluster-test: setup
 	DATABUILD_CLUSTER_TEST=1 $(BIN)/python -m pytest -m cluster -s databuild_assets_tests/test_spark_cluster.py
 
-# Run before calling an issue resolved that touches what they cover (the UI, a cluster, S3, crashes).
-# Each runs even when one before it failed, so one run shows every drift.
-LONG_TARGETS := ui-test cluster-test s3-test reliability-test
+# Dagster in its production shape (docs/deployment.md): `dagster code-server start`, `dagster-daemon
+# run` and `dagster-webserver` as processes of their own on loopback, workspace.yaml pointing at the
+# code server; a landing file, a sensor's refresh, an erasure through the run queue and a scheduled
+# compaction, checked in the lake.
+deploy-test: setup postgres-setup
+	DATABUILD_DEPLOY_TEST=1 $(BIN)/python -m pytest -m deploy -s databuild_assets_tests/test_deployment.py
+
+# Run before calling an issue resolved that touches what they cover (the UI, a cluster, S3, crashes,
+# the deployment's processes). Each runs even when one before it failed, so one run shows every drift.
+LONG_TARGETS := ui-test cluster-test s3-test reliability-test deploy-test
 long-test:
 	@failed=""; for target in $(LONG_TARGETS); do $(MAKE) --no-print-directory $$target || failed="$$failed $$target"; done; \
 	if [ -n "$$failed" ]; then echo "long targets failed:$$failed"; exit 1; fi; echo "long targets passed: $(LONG_TARGETS)"
