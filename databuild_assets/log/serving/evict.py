@@ -114,7 +114,8 @@ def _pin(connection: sqlite3.Connection) -> None:
 
 
 def _next_segment(connection: sqlite3.Connection, folder: str) -> int:
-    on_disk = [int(m.group(1)) for name in os.listdir(folder) if (m := _SEGMENT_FILE.match(name))]
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    on_disk = [int(m.group(1)) for name in names if (m := _SEGMENT_FILE.match(name))]
     recorded = connection.execute("SELECT MAX(segment) FROM main.cold_segments").fetchone()[0] or 0
     return max([recorded, *on_disk]) + 1
 
@@ -123,7 +124,6 @@ def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | No
     """Rewrite the stale segments, then move the build requests cold by `window_ns` (None: none)
     into new segments; returns how many events left the index. Under the build lock."""
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
     _work_tables(connection)
     stale = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments WHERE stale")]
     for segment in stale:  # its build requests come back hot, and are evicted again below
