@@ -54,6 +54,7 @@ from databuild_assets.log.interface import (
 )
 from databuild_assets.log.serving.append import CommitConflictError, commit_append, raw_log_rows
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
+from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
@@ -94,7 +95,7 @@ class DeltaRsEventLog(BuildEventLog):
     ("writer:<writer>"); `progress` receives a build's progress lines. `max_staleness` (seconds)
     is how old a read's view of other processes' commits may be: 0 asks the lake before every
     read; None means 0 on a local lake and `S3_MAX_STALENESS_S` on S3. This process's own
-    appends are seen by its next read whatever the bound.
+    appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window.
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
@@ -107,8 +108,10 @@ class DeltaRsEventLog(BuildEventLog):
         progress: Callable[[str], None] | None = None,
         build: bool = True,
         max_staleness: float | None = None,
+        hot_window_s: float | None = None,
     ) -> None:
         self.lake = lake
+        self._hot_window_s = hot_window_s
         if max_staleness is None:
             max_staleness = S3_MAX_STALENESS_S if is_s3(lake.root) else 0.0
         if not max_staleness >= 0:
@@ -213,6 +216,8 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _replace(self, index: ServingIndex | None) -> None:
         old, self._index = self._index, index
+        if index is not None:
+            index.index_folder = self._folder.path  # its segments, a private copy's too
         self._seen = index.versions() if index is not None else (-1, -1)
         self._table = None  # its protocol or schema may have changed: opened again by the next append
         if old is not None and old is not index:
@@ -394,13 +399,15 @@ class DeltaRsEventLog(BuildEventLog):
 
     def refresh_index(self) -> Stamp:
         """Bring the index to the lake's latest versions (the pipeline's serving_index asset),
-        remove what a builder that died left, and empty the write-ahead log, so that the bytes
-        of erased events leave the disk. Returns the stamp."""
+        remove what a builder that died left, move cold build requests to segments (hot window),
+        and empty the write-ahead log, so that the bytes of erased events leave the disk."""
         if self._private is None and self._folder.writable():
             with self._folder.build_lock():  # no build in flight, and what a dead one left removed
                 if self._folder.marker() != self._marker:
                     self._open()
         index = self._catch_up(fresh=True)
+        if self._private is None and not index.read_only:  # cold build requests to segments (evict.py)
+            evict_under_lock(self._folder, index._connection, hot_window_ns(self._hot_window_s), self._marker)
         deadline = time.monotonic() + _CHECKPOINT_WAIT_S
         while not index.checkpoint():
             if time.monotonic() > deadline:
@@ -568,14 +575,16 @@ class ServingIndexStatus:
     bytes: int
 
 
-def refresh_serving_index(lake: Lake, progress: Callable[[str], None] | None = None) -> ServingIndexStatus:
+def refresh_serving_index(
+    lake: Lake, progress: Callable[[str], None] | None = None, hot_window_s: float | None = None
+) -> ServingIndexStatus:
     """Bring the lake's serving index to the latest versions of the raw log and the tombstones
     (built when there is none), with the bytes of deleted rows off the disk: what the pipeline
     runs after every change, so that a service's open never pays a build.
 
         refresh_serving_index(Lake("/data/lake")).raw_log_version
     """
-    with DeltaRsEventLog(lake, writer="serving-index", progress=progress) as log:
+    with DeltaRsEventLog(lake, writer="serving-index", progress=progress, hot_window_s=hot_window_s) as log:
         stamp = log.refresh_index()
         index = log._store()
         return ServingIndexStatus(
