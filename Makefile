@@ -113,7 +113,7 @@ cluster-test: setup
 # run` and `dagster-webserver` as processes of their own on loopback, workspace.yaml pointing at the
 # code server; a landing file, a sensor's refresh, an erasure through the run queue and a scheduled
 # compaction, checked in the lake.
-deploy-test: setup
+deploy-test: setup postgres-setup
 	DATABUILD_DEPLOY_TEST=1 $(BIN)/python -m pytest -m deploy -s databuild_assets_tests/test_deployment.py
 
 # Run before calling an issue resolved that touches what they cover (the UI, a cluster, S3, crashes,

@@ -5,6 +5,38 @@ It prints events/s for both, their ratio, a phase profile of the Delta path and 
 alternatives, so that a slow ingest comes with the numbers that say why (bench/README.md).
 
     python -m bench.ingest --events 1000000
+
+What it measures, in order:
+1. Landing files: `write_landing_files(N, seed, events_per_file)`, timed apart.
+2. Spark start, timed apart, then a warm-up ingest of 1,000 other events (the JVM's first Delta
+   jobs load classes and compile).
+3. The ingest of the N events into a fresh lake; the same call again (no-op); later the same
+   files into another fresh lake (warm JVM). For both, the Spark UI's REST API says where the
+   time went: the lines job, the raw log's MERGE (Delta's `executionTimeMs`), the rest, the
+   longest jobs and the stages with the most task time.
+4. Phase profile (not with `--no-profile`; `bench.ingest_profile`): the pipeline cut after each
+   phase, with the real functions of `ingest/landing.py`, each cut computed in full (a `noop`
+   sink); a phase's cost is the difference between two cuts.
+5. Alternatives (what-if, from bench code): reading the bytes only, lines to Python and back,
+   numbering without validation, one file per read task, the MERGE without Delta's
+   `repartitionBeforeWrite` or with the other shuffle partition count, an append without file
+   statistics, and a pipeline without Python (the floor of the data path).
+6. Fixed costs of a batch: 1,000 new events into a 1,000-event log and into the N-event log, and
+   the small Delta operations each batch makes.
+7. SQLite: `load_events` of the same events, read from the same files and parsed with
+   `json.loads`, in one transaction, after Spark has stopped; then the price per line of what the
+   Python workers do.
+8. Anchors (`bench.ingest_anchors`): plain Spark on the same files in the same warm JVM, and,
+   after Spark has stopped, `dagster job execute -j ingest_job` in a new process with a JVM of its
+   own (`DATABUILD_SPARK_DRIVER=own`), then again on a warm driver.
+9. Verdict: events/s, the ratio Delta/SQLite, and the two anchor ratios.
+
+Every step reports, next to its wall seconds, `cpu s` (this process tree: driver, JVM, Python
+workers, summed by a sampling thread) and `others` (everyone else's CPU meanwhile, from
+`/proc/stat`). On 2 cores, `cpu s + others` near `2 x seconds` means the machine was full. The
+phase profile's increments are differences of two runs: on a loaded machine one can come out
+negative. It asserts nothing about speed, and refuses to report a speed for an ingest or a load
+that did not end with exactly N events accepted.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The phase profile of `bench.ingest`: the ingest pipeline cut after each phase on the same files
 (each on top of the lines persisted as `write_batch` persists them), and what-if timings of
 alternatives to each phase, so that a slow ingest comes with the numbers that say where its time
-goes (bench/README.md, "What it measures", steps 4 and 5).
+goes (`bench.ingest`'s docstring, steps 4 and 5).
 """
 
 from __future__ import annotations

@@ -449,6 +449,22 @@ class DagsterDeployment:
         )["logsForRun"]
         return "\n".join(f"{e['level']}: {e['message']}" for e in data.get("events", []) if "message" in e)
 
+    def output_metadata(self, run_id: str, step: str) -> dict[str, Any]:
+        """The output metadata of step `step` in run `run_id`: each entry's int, text or markdown value."""
+        data = self.graphql(
+            """query ($id: ID!) { logsForRun(runId: $id) { __typename ... on EventConnection { events {
+                 __typename ... on ExecutionStepOutputEvent { stepKey metadataEntries { label
+                   ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
+                   ... on MarkdownMetadataEntry { mdStr } } } } } } }""",
+            {"id": run_id},
+        )["logsForRun"]
+        return {
+            entry["label"]: entry.get("intValue", entry.get("text", entry.get("mdStr")))
+            for event in data.get("events", [])
+            if event["__typename"] == "ExecutionStepOutputEvent" and event["stepKey"] == step
+            for entry in event["metadataEntries"]
+        }
+
     def _check_alive(self) -> None:
         for service in self.services.values():
             if service.exited() is not None:

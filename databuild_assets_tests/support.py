@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import Definitions, JobDefinition, SensorDefinition, build_sensor_context
+from dagster import DagsterInstance, Definitions, JobDefinition, SensorDefinition, build_sensor_context
 
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.events.enums import PartitionStatus
@@ -75,7 +75,9 @@ def project_job(lake: Lake, name: str) -> JobDefinition:
 
 def evaluate_sensor(sensor: SensorDefinition, **context: Any) -> Any:
     """One evaluation of `sensor`, with its resources opened and closed around it as Dagster's
-    daemon does (the lakehouse resource detaches from a warm Spark driver when closed)."""
+    daemon does (the lakehouse resource detaches from a warm Spark driver when closed), with an
+    instance as the daemon always has (an empty ephemeral one unless given)."""
+    context.setdefault("instance", DagsterInstance.ephemeral())
     with build_sensor_context(**context) as sensor_context:
         return sensor(sensor_context)
 

@@ -26,9 +26,11 @@ import pytest
 from deltalake import DeltaTable
 
 from databuild_assets.definitions import defs
+from databuild_assets.maintenance.dagster_postgres import DATA_FOLDER_SETTING
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, TOMBSTONES, Lake, TableSpec
 from databuild_assets.runtime.warm_driver import running_hosts
 from databuild_assets_tests.dagster_deployment import LOCATION, DagsterDeployment
+from databuild_assets_tests.postgres_server import UNAVAILABLE_REASON, postgres_server
 from databuild_assets_tests.support import AppenderProcess, one_partition_build, write_landing
 
 pytestmark = pytest.mark.deploy
@@ -51,11 +53,25 @@ TOMBSTONE = {"key": "partition_ref", "value": ERASED, "actor": "alice@example.co
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
+def postgres():
+    if UNAVAILABLE_REASON is not None:
+        pytest.skip(f"{UNAVAILABLE_REASON} (`{DEPLOY_TEST_COMMAND}` installs Debian's postgresql)")
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, postgres):
+    """The three processes over an instance whose storage is in PostgreSQL, as deployed."""
     workdir = tmp_path_factory.mktemp("deployment")
     started = time.monotonic()
-    # The compaction schedule ticks every minute once the test starts it (it is stopped till then).
-    with DagsterDeployment(workdir, settings={"DATABUILD_COMPACTION_CRON": "* * * * *"}) as running:
+    settings = {
+        # The compaction schedule ticks every minute once the test starts it (it is stopped till then).
+        "DATABUILD_COMPACTION_CRON": "* * * * *",
+        # The erasure report reads the server's data folder (the test runs where the server does).
+        DATA_FOLDER_SETTING: str(postgres.data_folder),
+    }
+    with DagsterDeployment(workdir, storage=postgres.dagster_storage_config(), settings=settings) as running:
         startup = ", ".join(f"{name} {s.ready_after_s:.1f} s" for name, s in running.services.items())
         print(f"\ndeployment ready in {time.monotonic() - started:.1f} s ({startup}); logs in {workdir}")
         # Compaction is driven by its schedule later: stopped until then, as an operator would.
@@ -108,8 +124,10 @@ def test_the_webserver_lists_the_code_location_served_by_the_code_server_and_its
     expected = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"/".join(node["assetKey"]["path"]) for node in listed} == expected
     instance = deployment.graphql(
-        "{ instance { runLauncher { name } runQueuingSupported runQueueConfig { maxConcurrentRuns } } }"
+        "{ instance { info runLauncher { name } runQueuingSupported runQueueConfig { maxConcurrentRuns } } }"
     )["instance"]
+    info = instance.pop("info")
+    assert "PostgresRunStorage" in info and "PostgresEventLogStorage" in info and "PostgresScheduleStorage" in info
     # Runs are processes the code server starts, one at a time, from the daemon's queue.
     assert instance == {
         "runLauncher": {"name": "DefaultRunLauncher"},
@@ -193,6 +211,19 @@ def test_the_compaction_schedules_tick_purges_the_erased_value_from_every_table_
     assert landing and not [p for p in landing if ERASED.encode() in p.read_bytes()]
 
 
+def test_vacuum_and_the_erasure_report_launched_through_the_queue_find_the_value_nowhere(deployment, lake):
+    idle(deployment)
+    short = {"retention_hours": 0, "allow_short_retention": True}  # the purged files' old copies go now
+    vacuum = deployment.launch_run("vacuum_job", {"ops": {"vacuum_tables": {"config": short}}})
+    finished(deployment, {"runId": vacuum})
+    # It scans every data file of the lake, and Dagster's storage: its tables and the server's data folder.
+    report = deployment.launch_run("erasure_report_job")
+    finished(deployment, {"runId": report})
+    metadata = deployment.output_metadata(report, "report_erasure")
+    print(f"\n{metadata['report']}")
+    assert metadata["rows_still_holding_values"] == 0
+
+
 def test_every_event_is_stored_once_every_run_succeeded_on_one_warm_driver_and_no_file_is_readable_by_others(
     deployment, lake
 ):
@@ -206,6 +237,8 @@ def test_every_event_is_stored_once_every_run_succeeded_on_one_warm_driver_and_n
         ("refresh_projections_job", "SUCCESS"),
         ("erase_job", "SUCCESS"),
         ("compaction_job", "SUCCESS"),
+        ("vacuum_job", "SUCCESS"),
+        ("erasure_report_job", "SUCCESS"),
     }
     assert [r for r in runs if r["status"] != "SUCCESS"] == []
     # The runs the code server launched attached to one driver, which outlives them.

@@ -65,10 +65,32 @@ def _delta_rs_log(request: pytest.FixtureRequest, directory: Path) -> BuildEvent
     return DeltaRsEventLog(Lake(str(directory / "lake")))
 
 
+class _RefreshedAfterEveryAppend(DeltaRsEventLog):
+    """The JVM-free log whose index the pipeline refreshes after every append, with a hot window:
+    the events of finished build requests older than it are then read from segments."""
+
+    def append_events(self, events: Iterable[Mapping[str, Any]]) -> AppendResult:
+        result = super().append_events(events)
+        self.refresh_index()
+        return result
+
+
+def _delta_rs_tiered_log(window_s: float) -> BackendFactory:
+    def factory(request: pytest.FixtureRequest, directory: Path) -> BuildEventLog:
+        (directory / "lake").mkdir()  # a lake it can write: its index is the lake's, which evicts
+        return _RefreshedAfterEveryAppend(Lake(str(directory / "lake")), hot_window_s=window_s)
+
+    return factory
+
+
 BACKEND_FACTORIES: dict[str, BackendFactory] = {
     "sqlite": _sqlite_log,
     "delta": _delta_log,
     "delta-rs": _delta_rs_log,
+    # Every finished build request cold; and those whose last event is 40 ns of log time older
+    # than the newest (the cases' timestamps are small integers).
+    "delta-rs-cold-0": _delta_rs_tiered_log(0),
+    "delta-rs-cold-40ns": _delta_rs_tiered_log(40e-9),
 }
 
 
@@ -226,7 +248,8 @@ def test_shared_case(event_log: BuildEventLog, case: Callable[[BuildEventLog], N
 # batch is a commit of seconds, so it takes one order in three batches; test_backend_parity.py
 # compares many more Delta batchings with SQLite.
 SHUFFLE_SEEDS = {"sqlite": range(3), "delta": range(1), "delta-rs": range(3)}
-BATCH_SIZES = {"sqlite": 4, "delta": 10, "delta-rs": 4}
+SHUFFLE_SEEDS |= {"delta-rs-cold-0": range(3), "delta-rs-cold-40ns": range(2)}
+BATCH_SIZES = {"sqlite": 4, "delta": 10, "delta-rs": 4, "delta-rs-cold-0": 4, "delta-rs-cold-40ns": 4}
 
 
 def test_answers_do_not_depend_on_how_events_were_batched_or_in_what_order_they_arrived(
@@ -248,6 +271,8 @@ def test_answers_do_not_depend_on_how_events_were_batched_or_in_what_order_they_
         assert len(results) >= 3
         assert sum(result.accepted for result in results) == len(events)
         assert bel_cases.answers(log, *keys) == expected, f"shuffle seed {seed}"
+        if backend == "delta-rs-cold-0":  # the finished build requests were read from segments
+            assert log._store().cold_facts()["cold_build_requests"] == 3  # br-1, br-7, br-8
 
     # A few of those answers, written out.
     assert in_one_batch.get_active_builds_for_partition("data/x") == []  # br-7 FAILED, br-8 DELEGATED

@@ -440,6 +440,28 @@ def test_landing_sensor_requests_ingestion_for_each_new_newest_file(lake):
     assert isinstance(tick(second.cursor), SkipReason)
 
 
+def test_landing_sensor_requests_no_second_run_while_one_waits_in_the_queue(lake):
+    # Runs slower than the files land (bench.soak: a file a minute, runs of 100 s on a loaded
+    # machine) must not pile up in the queue: the waiting run ingests every file there when it starts.
+    resources = {"lakehouse": lakehouse_for(lake)}
+
+    def tick(cursor, run_status):
+        instance = DagsterInstance.ephemeral()
+        instance.add_run(DagsterRun(job_name="ingest_and_refresh_job", run_id="earlier-run", status=run_status))
+        return evaluate_sensor(landing_files_sensor, instance=instance, cursor=cursor, resources=resources)
+
+    write_landing_files(lake.landing, 10, seed=1, events_per_file=10)
+    first = evaluate_sensor(landing_files_sensor, resources=resources)
+    write_landing(lake, "later.jsonl", one_partition_build("br-later", "data/later", 0))
+
+    for waiting in (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING):
+        assert tick(first.cursor, waiting).skip_message == (
+            "ingest_and_refresh_job run earlier-run is waiting to start; it will ingest the new landing files"
+        )
+    # A run that has started listed the folder already: a file that lands since is another run's.
+    assert len(tick(first.cursor, DagsterRunStatus.STARTED).run_requests) == 1
+
+
 def test_landing_state_changes_when_a_file_being_written_settles(lake):
     # Ingestion leaves a file without a final newline for later until it is unchanged for the
     # settle time; then a run must come, though the file itself did not change.

@@ -19,17 +19,20 @@ from pathlib import Path
 
 import deltalake
 import pyarrow as pa
+import pyarrow.parquet as pq
 from dagster import materialize
 
 from databuild_assets.defs.maintenance.assets import tombstones
 from databuild_assets.defs.maintenance.jobs import compaction_job
 from databuild_assets.defs.serving.assets import serving_index
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
-from databuild_assets.log.serving.backend import DeltaRsEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
+from databuild_assets.maintenance.dagster_sqlite import unread_bytes
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
@@ -37,6 +40,7 @@ from databuild_assets.runtime.processes import process_alive
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import P, partition_event
+from databuild_assets_tests.serving_support import serving_files
 from databuild_assets_tests.support import REPO_ROOT, lakehouse_for
 
 
@@ -239,6 +243,66 @@ def test_an_erased_value_leaves_the_index_bytes_once_compaction_has_run(lake: La
     with open_event_log(f"delta://{lake.root}") as log:
         assert log.get_partition_events(secret) == []
         assert [e["event_id"] for e in log.get_partition_events("data/kept")] == ["e2"]
+
+
+def test_an_erased_value_leaves_the_free_space_of_the_index_pages_once_the_pipeline_refreshes_it(lake: Lake) -> None:
+    """Hiding events deletes their rows with secure_delete on, which zeroes a deleted cell; but a
+    b-tree rebalance rebuilds pages and leaves copies of older cells in their unused area. On
+    these events (issue 41's size: 58,767 events of ~3,000 build requests) the hidden build
+    request's id is left in one such area; the pipeline's refresh writes the index whole."""
+    events = list(generate_events(58_767, seed=1))
+    erased_request, erased_partition = (
+        "49ed6298-1ded-4411-8208-c304b76fb49d",
+        "reports/stockouts/date=2026-11-15/region=latam",
+    )
+    assert any(event["build_request_id"] == erased_request for event in events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    _request_erasure_without_spark(lake, "partition_ref", erased_partition)
+    _request_erasure_without_spark(lake, "build_request_id", erased_request)
+    with DeltaRsEventLog(lake) as log:  # its open catches up: the events leave the index's rows
+        assert log.get_build_request_events(erased_request) == []
+        index_file = Path(log.index_path)
+    unread = b"".join(unread_bytes(index_file))
+    assert erased_request.encode() in unread, "these events no longer leave a fragment: find another reproduction"
+
+    refresh_serving_index(lake)
+
+    files = [Path(path) for path in _folder(lake).files()]
+    assert [path.name for path in files if erased_request.encode() in path.read_bytes()] == []
+    assert not index_file.exists()  # the generation that held the fragment is gone
+    with open_event_log(f"delta://{lake.root}") as log:
+        assert log.get_build_request_events(erased_request) == []
+        hidden = {"build_request_id": {erased_request}, "partition_ref": {erased_partition}}
+        assert log.get_activity_summary().total_events == sum(not matches(event, hidden) for event in events)
+
+
+def test_the_erasure_report_reads_the_values_of_cold_segments_which_their_compressed_pages_hide(
+    lake: Lake, spark
+) -> None:
+    events = list(generate_events(1200, seed=4))
+    terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
+    request = next(
+        e["build_request_id"]
+        for e in events
+        if e["event_type"] == "build_request_event" and e["build_request_event"]["status_code"] in terminal
+    )
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)  # the finished build requests move to segments
+    segments = [path for path in serving_files(lake) if path.suffix == ".parquet"]
+    in_segments = sum(
+        1
+        for path in segments
+        for row in pq.read_table(path).to_pylist()
+        if request in "\t".join(map(str, row.values()))
+    )
+    assert in_segments > 3 and not [path for path in segments if request.encode() in path.read_bytes()]
+    _request_erasure_without_spark(lake, "build_request_id", request)  # requested: the index has not caught up
+
+    [finding] = [f for f in erasure_report(spark, lake) if f.table == SERVING_INDEX_FOLDER]
+
+    assert finding.rows_in_data_files >= in_segments
 
 
 def _request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) -> None:

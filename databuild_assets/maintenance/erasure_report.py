@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow.parquet as pq
 from dagster import DagsterInstance
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -205,6 +206,22 @@ def _chunks(spark: SparkSession, path: str) -> Iterator[bytes]:
         stream.close()
 
 
+def _parquet_values(spark: SparkSession, path: str) -> Iterator[bytes] | None:
+    """A local Parquet file outside the tables (the serving index's cold segments) as text, one
+    row a line, its values as stored: its compressed pages hide their values from a byte search.
+    None for any other file."""
+    if not path.endswith(".parquet") or not is_local(path):
+        return None
+    local = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().getPath()
+
+    def lines() -> Iterator[bytes]:
+        for batch in pq.ParquetFile(local).iter_batches():
+            for row in batch.to_pylist():
+                yield ("\t".join("" if value is None else str(value) for value in row.values()) + "\n").encode()
+
+    return lines()
+
+
 def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) -> dict[str, int]:
     """For each key of `forms`: the lines ("\n"-separated) of the bytes in `chunks` that hold
     any of its byte strings (none of which holds a newline)."""
@@ -251,7 +268,8 @@ def _file_findings(
         lines = dict.fromkeys(forms, 0)
         folder_forms = bare if folder == SERVING_INDEX_FOLDER else forms
         for path in paths:
-            for tombstone_id, count in lines_holding(_chunks(spark, path), folder_forms).items():
+            chunks = _parquet_values(spark, path) or _chunks(spark, path)
+            for tombstone_id, count in lines_holding(chunks, folder_forms).items():
                 lines[tombstone_id] += count
         findings.extend(
             ErasureFinding(t.tombstone_id, t.key, folder, len(paths), lines[t.tombstone_id], 0) for t in tombstones

@@ -39,7 +39,10 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, PostCommitHookProperties, write_deltalake
 
 from databuild_assets.log.serving.checkpoints import checkpoint_if_due
+from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
+from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
 
 # Spark and delta-rs truncate string statistics to this many characters.
 _STRING_STATS_PREFIX = 32
@@ -226,10 +229,61 @@ def _put_if_absent(path: str, text: str) -> None:
         os.unlink(temporary)
 
 
+def commit_append(
+    log: DeltaFollower, table: deltalake.DeltaTable | None, rows: pa.Table, latest: int, writer: str
+) -> tuple[deltalake.DeltaTable, bool]:
+    """One append commit of `rows` as the raw log's next version (the raw log created first when
+    the lake has none): by `append_locally` when the table's protocol allows, else delta-rs.
+    Returns the table as delta-rs sees it (the caller keeps it for the next append) and whether
+    the commit is exactly version `latest + 1` (delta-rs may retry past a commit of a writer that
+    ignores the lock). On S3, CommitConflictError when another writer created the log or took
+    that version first.
+
+        table, exact = commit_append(follower, None, raw_log_rows(events, "svc"), latest, "svc")
+    """
+    s3 = is_s3(log.path)
+    if latest < 0 and s3 and log.exists():
+        # Created by another writer since this append looked: dedupe against what it stored.
+        raise CommitConflictError(f"{log.path} was created by another writer")
+    if latest < 0 and not log.exists():
+        try:
+            table = deltalake.DeltaTable.create(
+                delta_rs_uri(log.path),
+                schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
+                partition_by=list(RAW_EVENT_LOG.partition_by),
+                description=RAW_EVENT_LOG.description,
+                configuration=table_properties(RAW_EVENT_LOG),
+                raise_if_key_not_exists=False,  # our own databuild.schemaVersion property
+                storage_options=delta_rs_options() if s3 else None,
+            )
+        except deltalake.exceptions.DeltaError as error:
+            if s3 and log.exists():  # another writer created it first (a conditional write)
+                raise CommitConflictError(f"{log.path} was created by another writer") from error
+            raise
+    elif table is None:
+        table = log.open_table()
+    user_metadata = json.dumps({"writer": writer})
+    latest = latest if latest >= 0 else table.version()
+    if s3:
+        return table, commit_exactly(log.path, table, rows, latest, user_metadata)
+    if append_locally(log.path, table, latest + 1, rows, {"userMetadata": user_metadata}):
+        return table, True  # by `append_files`, with the checkpoint that fell due
+    if table.version() != latest:
+        table.update_incremental()  # to the latest commit: the one this append follows
+    write_deltalake(
+        table,
+        rows,
+        mode="append",
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
+    )
+    return table, False
+
+
 __all__ = [
     "CommitConflictError",
     "append_files",
     "append_locally",
+    "commit_append",
     "commit_exactly",
     "raw_log_rows",
     "writable_by_fast_append",

@@ -23,7 +23,6 @@ the commit takes exactly the next version with S3's conditional write, or dedupe
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -38,7 +37,6 @@ import deltalake
 import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, write_deltalake
 
 from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.events.schema import EVENT_COLUMNS
@@ -54,20 +52,15 @@ from databuild_assets.log.interface import (
     PartitionSummary,
     canonical_event,
 )
-from databuild_assets.log.serving.append import (
-    CommitConflictError,
-    append_locally,
-    commit_exactly,
-    raw_log_rows,
-)
+from databuild_assets.log.serving.append import CommitConflictError, commit_append, raw_log_rows
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
+from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
-from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of
+from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
-from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
+from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +95,7 @@ class DeltaRsEventLog(BuildEventLog):
     ("writer:<writer>"); `progress` receives a build's progress lines. `max_staleness` (seconds)
     is how old a read's view of other processes' commits may be: 0 asks the lake before every
     read; None means 0 on a local lake and `S3_MAX_STALENESS_S` on S3. This process's own
-    appends are seen by its next read whatever the bound.
+    appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window.
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
@@ -115,8 +108,10 @@ class DeltaRsEventLog(BuildEventLog):
         progress: Callable[[str], None] | None = None,
         build: bool = True,
         max_staleness: float | None = None,
+        hot_window_s: float | None = None,
     ) -> None:
         self.lake = lake
+        self._hot_window_s = hot_window_s
         if max_staleness is None:
             max_staleness = S3_MAX_STALENESS_S if is_s3(lake.root) else 0.0
         if not max_staleness >= 0:
@@ -221,6 +216,8 @@ class DeltaRsEventLog(BuildEventLog):
 
     def _replace(self, index: ServingIndex | None) -> None:
         old, self._index = self._index, index
+        if index is not None:
+            index.index_folder = self._folder.path  # its segments, a private copy's too
         self._seen = index.versions() if index is not None else (-1, -1)
         self._table = None  # its protocol or schema may have changed: opened again by the next append
         if old is not None and old is not index:
@@ -272,7 +269,7 @@ class DeltaRsEventLog(BuildEventLog):
             raise IndexNotFollowableError(f"{index.path} is read-only here and behind the lake")
         path = self._private_folder().new_index_path()
         log.info("%r: the lake is not writable here and its serving index is behind: a private copy %s", self, path)
-        index.copy_to(path)
+        index.rewrite_into(path)
         self._replace(ServingIndex.open(path))
         return self._store()
 
@@ -316,6 +313,8 @@ class DeltaRsEventLog(BuildEventLog):
                 with index.updating():
                     self._apply_since(index, index.stamp())
                 self._seen = index.versions()
+                if self._private is not None or is_s3(self.lake.root):  # a reader's cache: no pipeline rewrites it
+                    index = self._rewritten_if_deleted(index)
                 return index
             except _NotFollowable as why:
                 self._rebuild(str(why))  # the new index's versions are `_seen` (`_replace`)
@@ -400,13 +399,15 @@ class DeltaRsEventLog(BuildEventLog):
 
     def refresh_index(self) -> Stamp:
         """Bring the index to the lake's latest versions (the pipeline's serving_index asset),
-        remove what a builder that died left, and empty the write-ahead log, so that the bytes
-        of erased events leave the disk. Returns the stamp."""
+        remove what a builder that died left, move cold build requests to segments (hot window),
+        and empty the write-ahead log, so that the bytes of erased events leave the disk."""
         if self._private is None and self._folder.writable():
             with self._folder.build_lock():  # no build in flight, and what a dead one left removed
                 if self._folder.marker() != self._marker:
                     self._open()
         index = self._catch_up(fresh=True)
+        if self._private is None and not index.read_only:  # cold build requests to segments (evict.py)
+            evict_under_lock(self._folder, index._connection, hot_window_ns(self._hot_window_s), self._marker)
         deadline = time.monotonic() + _CHECKPOINT_WAIT_S
         while not index.checkpoint():
             if time.monotonic() > deadline:
@@ -416,7 +417,31 @@ class DeltaRsEventLog(BuildEventLog):
                     "Run the serving_index asset again"
                 )
             time.sleep(0.1)
-        return index.stamp()
+        return self._rewritten_if_deleted(index).stamp()
+
+    def _rewritten_if_deleted(self, index: ServingIndex) -> ServingIndex:
+        """The index written whole if it deleted events since it last was (an erased value's
+        bytes may be left in its pages, index.py): a new generation for every process, or a new
+        private copy."""
+        if not index.deleted_events():
+            return index
+        if self._private is not None:
+            path = self._private_folder().new_index_path()
+            index.rewrite_into(path)
+            self._replace(ServingIndex.open(path))
+            remove_index_files(index.path)
+            return self._store()
+        with self._folder.build_lock():
+            if self._folder.marker() != self._marker:  # another process published one meanwhile
+                self._open()
+                if not self._store().deleted_events():
+                    return self._store()
+            building = self._folder.new_building_path()
+            self._store().rewrite_into(building)
+            final = self._folder.publish(building)  # removes the old generation's files
+            self._marker = self._folder.marker()
+            self._replace(ServingIndex.open(final))
+        return self._store()
 
     @property
     def index_path(self) -> str:
@@ -451,7 +476,9 @@ class DeltaRsEventLog(BuildEventLog):
                 stamp = index.stamp()
                 before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
                 try:
-                    next_version = self._commit(raw_log_rows(new.values(), self.writer), before.version)
+                    self._table, next_version = commit_append(
+                        self._log, self._table, raw_log_rows(new.values(), self.writer), before.version, self.writer
+                    )
                 except CommitConflictError:
                     if attempt == attempts - 1:
                         raise
@@ -480,49 +507,6 @@ class DeltaRsEventLog(BuildEventLog):
                     self._catch_up(fresh=True)
                 break
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
-
-    def _commit(self, rows: pa.Table, latest: int) -> bool:
-        """One append commit of `rows` as the log's next version (the raw log created first when
-        the lake has none): by `append_locally` when the table's protocol allows, else delta-rs.
-        True when the commit is exactly version `latest + 1` (delta-rs may retry past a commit
-        of a writer that ignores the lock). On S3, CommitConflictError when another writer
-        created the log or took that version first."""
-        s3 = is_s3(self.lake.root)
-        if latest < 0 and s3 and self._log.exists():
-            # Created by another writer since this append looked: dedupe against what it stored.
-            raise CommitConflictError(f"{self._log_path} was created by another writer")
-        if latest < 0 and not self._log.exists():
-            try:
-                self._table = deltalake.DeltaTable.create(
-                    delta_rs_uri(self._log_path),
-                    schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
-                    partition_by=list(RAW_EVENT_LOG.partition_by),
-                    description=RAW_EVENT_LOG.description,
-                    configuration=table_properties(RAW_EVENT_LOG),
-                    raise_if_key_not_exists=False,  # our own databuild.schemaVersion property
-                    storage_options=delta_rs_options() if s3 else None,
-                )
-            except deltalake.exceptions.DeltaError as error:
-                if s3 and self._log.exists():  # another writer created it first (a conditional write)
-                    raise CommitConflictError(f"{self._log_path} was created by another writer") from error
-                raise
-        elif self._table is None:
-            self._table = self._log.open_table()
-        table, user_metadata = self._table, json.dumps({"writer": self.writer})
-        latest = latest if latest >= 0 else table.version()
-        if s3:
-            return commit_exactly(self._log_path, table, rows, latest, user_metadata)
-        if append_locally(self._log_path, table, latest + 1, rows, {"userMetadata": user_metadata}):
-            return True  # by `append_files`, with the checkpoint that fell due
-        if table.version() != latest:
-            table.update_incremental()  # to the latest commit: the one this append follows
-        write_deltalake(
-            table,
-            rows,
-            mode="append",
-            commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
-        )
-        return False
 
     # -- reads: the index's, once it has caught up ----------------------------------------------
 
@@ -591,14 +575,16 @@ class ServingIndexStatus:
     bytes: int
 
 
-def refresh_serving_index(lake: Lake, progress: Callable[[str], None] | None = None) -> ServingIndexStatus:
+def refresh_serving_index(
+    lake: Lake, progress: Callable[[str], None] | None = None, hot_window_s: float | None = None
+) -> ServingIndexStatus:
     """Bring the lake's serving index to the latest versions of the raw log and the tombstones
     (built when there is none), with the bytes of deleted rows off the disk: what the pipeline
     runs after every change, so that a service's open never pays a build.
 
         refresh_serving_index(Lake("/data/lake")).raw_log_version
     """
-    with DeltaRsEventLog(lake, writer="serving-index", progress=progress) as log:
+    with DeltaRsEventLog(lake, writer="serving-index", progress=progress, hot_window_s=hot_window_s) as log:
         stamp = log.refresh_index()
         index = log._store()
         return ServingIndexStatus(

@@ -9,8 +9,10 @@ whole log, as the Spark writer does). `serving_stamp` says which versions of raw
 tombstones it reflects; the stamp and the rows change in one transaction, so every process that
 opens the file agrees on what it holds (docs/decisions/0034-serving-index.md).
 
-Deleted rows are overwritten on disk (`secure_delete`): an erased event leaves the file's bytes,
-not only its pages' free lists.
+Deleted rows are overwritten on disk (`secure_delete`), but that zeroes a deleted cell, not the
+copies of cells a page rebuilt by a b-tree rebalance keeps in its unused area: so the index counts
+the events it deleted (`deleted_events`), and a file that deleted any is rewritten whole
+(`rewrite_into`: VACUUM INTO a new file) before an erasure is called done.
 
     index = ServingIndex.open("/data/lake/serving_index/index-3.sqlite")
     index.stamp().raw_log.version                # the raw log version it reflects
@@ -39,6 +41,15 @@ from databuild_assets.events.erasure_rule import (
     names_in_json_text,
 )
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
+from databuild_assets.log.serving.cold import COLD_TABLES, HOT_EVENTS_VIEW, SEGMENTS_FOLDER, ColdReads
+from databuild_assets.log.serving.evict import (
+    cold_build_requests_among,
+    cold_build_requests_holding,
+    cold_build_requests_matching,
+    cold_event_ids,
+    event_digest,
+    thaw,
+)
 from databuild_assets.log.sqlite.backend import (
     SqliteEventLog,
     build_event_indexes,
@@ -48,14 +59,40 @@ from databuild_assets.log.sqlite.backend import (
     refresh_dirty_projections,
     transaction,
 )
-from databuild_assets.log.sqlite.schema import DIRTY_TABLES, SCHEMA, SQLITE_SCHEMA_VERSION, select_listed_partitions
+from databuild_assets.log.sqlite.schema import (
+    _REFRESH_PARTITION_STATE,
+    DIRTY_TABLES,
+    REFRESHES,
+    SCHEMA,
+    SQLITE_SCHEMA_VERSION,
+    select_listed_partitions,
+)
 
 # The layout of the index's own tables (hidden_event_ids, serving_stamp) and of what it stores:
 # an index of another format is rebuilt, never read. Raise it with any change to that layout.
-# 2: serving_stamp.visible_events.
-INDEX_FORMAT = 2
+# 2: serving_stamp.visible_events. 3: the cold tier's tables (cold.py).
+INDEX_FORMAT = 3
 
-_INDEX_TABLES = """
+# partition_state.event_count counts the partition's events: those still in `events` and those a
+# segment holds (evict.py keeps their count; the pinned copies are in `events` and not counted).
+_EVENT_COUNT = "(SELECT COUNT(*) FROM events WHERE partition_ref = dirty.partition_ref) AS event_count"
+assert _EVENT_COUNT in _REFRESH_PARTITION_STATE, "the partition_state refresh SQL changed: update _EVENT_COUNT"
+_REFRESHES = tuple(
+    (
+        dirty,
+        key,
+        projection,
+        refresh.replace(
+            _EVENT_COUNT,
+            "((SELECT COUNT(*) FROM events WHERE partition_ref = dirty.partition_ref) + COALESCE((SELECT SUM(count)"
+            " FROM main.cold_partition_events WHERE partition_ref = dirty.partition_ref), 0)) AS event_count",
+        ),
+    )
+    for dirty, key, projection, refresh in REFRESHES
+)
+
+_INDEX_TABLES = (
+    """
 CREATE TABLE IF NOT EXISTS hidden_event_ids (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
 -- One row: the Delta versions of raw_event_log and tombstones the index reflects, and how to
 -- tell that a table at that path is still the one it followed (its Delta table id and the
@@ -75,6 +112,8 @@ CREATE TABLE IF NOT EXISTS serving_stamp (
     visible_events      INTEGER NOT NULL DEFAULT 0  -- kept with every change: no count of a large table
 );
 """
+    + COLD_TABLES
+)
 
 _ROW_COLUMNS = "event_id, timestamp, build_request_id, event_type, payload, partition_ref, job_run_id, status_code"
 
@@ -84,6 +123,12 @@ CREATE TEMP TABLE IF NOT EXISTS staged_events (
     event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
 );
 CREATE TEMP TABLE IF NOT EXISTS leaving (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+"""
+
+# The events deleted from the file (hidden or purged) since it was last written whole; made on the
+# first deletion, so that indexes of this format made before it need no rebuild.
+_DELETED_EVENTS = """
+CREATE TABLE IF NOT EXISTS main.deleted_events (one INTEGER PRIMARY KEY CHECK (one = 1), count INTEGER NOT NULL)
 """
 
 # The `events` row of each event (the SQLite backend's `event_row`, computed by DuckDB over Arrow):
@@ -235,7 +280,7 @@ def create_index_file(path: str) -> sqlite3.Connection:
     return connection
 
 
-class ServingIndex(SqliteEventLog):
+class ServingIndex(ColdReads, SqliteEventLog):
     """The SQLite reference backend on an index file, fed from a Delta raw log: see the module doc.
 
     Its reads are `SqliteEventLog`'s; `add`, `add_events`, `hide` and `remove` change it, inside
@@ -246,6 +291,14 @@ class ServingIndex(SqliteEventLog):
         self.path = path
         self.read_only = read_only
         self._connection = connection
+        # The folder of the lake's index, whose segments/ this index names (a private copy of
+        # the index lives elsewhere: the backend sets it).
+        self.index_folder = os.path.dirname(path)
+        connection.execute(HOT_EVENTS_VIEW)
+
+    @property
+    def segment_folder(self) -> str:
+        return os.path.join(self.index_folder, SEGMENTS_FOLDER)
 
     @classmethod
     def open(cls, path: str, read_only: bool = False) -> ServingIndex:
@@ -335,17 +388,31 @@ class ServingIndex(SqliteEventLog):
             for statement in _MARK_DIRTY:
                 connection.execute(statement.format(rows="main.events"))
             build_event_indexes(connection)
-            refresh_dirty_projections(connection)
+            refresh_dirty_projections(connection, _REFRESHES)
+        if connection.execute("SELECT COUNT(*) FROM main.hidden_event_ids").fetchone()[0]:
+            connection.execute("VACUUM")  # the hidden events' bytes, left in rebuilt pages, go
         connection.execute("PRAGMA journal_mode = WAL")
 
-    def copy_to(self, path: str) -> None:
-        """A consistent copy of the index at `path`, in WAL mode (SQLite's online backup)."""
+    def rewrite_into(self, path: str) -> None:
+        """A consistent copy of the index at `path` (a new or empty file), in WAL mode, written
+        whole: none of the bytes of rows this file deleted (VACUUM INTO reads rows, not pages)."""
+        self._connection.execute("VACUUM INTO ?", (path,))
         target = sqlite3.connect(path, isolation_level=None)
         try:
-            self._connection.backup(target)
+            if target.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
+                target.execute("DELETE FROM deleted_events")
             target.execute("PRAGMA journal_mode = WAL")
         finally:
             target.close()
+
+    def deleted_events(self) -> int:
+        """How many events were deleted from this file (hidden or purged) since it was written
+        whole: more than 0 means bytes of them may be left in its pages' unused areas."""
+        try:
+            row = self._connection.execute("SELECT count FROM main.deleted_events").fetchone()
+        except sqlite3.OperationalError:  # no deletion yet in this file
+            return 0
+        return row[0] if row else 0
 
     def checkpoint(self) -> bool:
         """Copy the write-ahead log into the file and empty it (the bytes of rows deleted since
@@ -376,6 +443,10 @@ class ServingIndex(SqliteEventLog):
         rule = tombstone_rule_sql(connection, hidden_by or {})
         insert = f"VALUES ({', '.join('?' * 8)})"
         with transaction(connection):
+            if self.has_cold():  # a late event of a cold build request: it comes back hot first
+                thaw(connection, self.index_folder, cold_build_requests_among(connection, {row[2] for row in rows}))
+                cold = cold_event_ids(connection, [row[0] for row in rows])
+                rows = [row for row in rows if row[0] not in cold]
             connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
             # EXISTS, not `event_id IN (SELECT event_id FROM main.events)`: SQLite runs that IN by
             # walking the whole index of events, a cost that would follow the history's size.
@@ -399,7 +470,7 @@ class ServingIndex(SqliteEventLog):
             for statement in _MARK_DIRTY:
                 connection.execute(statement.format(rows=added))
             connection.execute("DELETE FROM temp.staged_events")
-            refresh_dirty_projections(connection)
+            refresh_dirty_projections(connection, _REFRESHES)
         return accepted
 
     def add_events(self, events: list[dict[str, Any]], hidden_by: Mapping[str, Collection[str]]) -> None:
@@ -416,12 +487,19 @@ class ServingIndex(SqliteEventLog):
                 self._connection.executemany("INSERT OR IGNORE INTO main.hidden_event_ids VALUES (?)", hidden)
         if visible:
             with transaction(self._connection):
-                self._counted(insert_events(self._connection, visible, validate=False).accepted)
+                if self.has_cold():
+                    owners = {event["build_request_id"] for event in visible}
+                    thaw(self._connection, self.index_folder, cold_build_requests_among(self._connection, owners))
+                accepted = insert_events(self._connection, visible, validate=False, refreshes=_REFRESHES).accepted
+                self._counted(accepted)
 
     def hide(self, values_by_key: Mapping[str, Collection[str]]) -> int:
         """Hide every stored event that the tombstone values match; returns how many."""
         rule = tombstone_rule_sql(self._connection, values_by_key)
         with transaction(self._connection):
+            if self.has_cold():  # the cold build requests holding a matching event come back hot first
+                matching = cold_build_requests_matching(self._connection, self.index_folder, rule)
+                thaw(self._connection, self.index_folder, matching)
             self._connection.execute(
                 f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}"
             )
@@ -430,7 +508,11 @@ class ServingIndex(SqliteEventLog):
 
     def remove(self, event_ids: Iterable[str]) -> None:
         """Forget events that left the raw log (compaction purged them): visible or hidden."""
+        event_ids = list(event_ids)
         with transaction(self._connection):
+            if self.has_cold():
+                holding = cold_build_requests_holding(self._connection, self.index_folder, event_ids)
+                thaw(self._connection, self.index_folder, holding)
             self._connection.executemany("INSERT OR IGNORE INTO temp.leaving VALUES (?)", ((i,) for i in event_ids))
             self._connection.execute(
                 "DELETE FROM main.hidden_event_ids WHERE event_id IN (SELECT event_id FROM temp.leaving)"
@@ -453,8 +535,14 @@ class ServingIndex(SqliteEventLog):
         dropped = connection.execute(
             "DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM temp.leaving)"
         ).rowcount
+        if dropped:
+            connection.execute(_DELETED_EVENTS)
+            connection.execute(
+                "INSERT INTO main.deleted_events VALUES (1, ?) ON CONFLICT (one) DO UPDATE SET count = count + ?",
+                (dropped, dropped),
+            )
         connection.execute("DELETE FROM temp.leaving")
-        refresh_dirty_projections(connection)
+        refresh_dirty_projections(connection, _REFRESHES)
         return dropped
 
     def known_event_ids(self, event_ids: Iterable[str]) -> set[str]:
@@ -472,6 +560,18 @@ class ServingIndex(SqliteEventLog):
                     chunk + chunk,
                 )
             )
+        unknown = [event_id for event_id in wanted if event_id not in known]
+        if unknown and self.has_cold():  # the events of cold build requests, by their digests
+            for start in range(0, len(unknown), 500):
+                chunk = unknown[start : start + 500]
+                by_digest = {event_digest(event_id): event_id for event_id in chunk}
+                marks = ", ".join("?" * len(chunk))
+                known.update(
+                    by_digest[row[0]]
+                    for row in self._connection.execute(
+                        f"SELECT digest FROM main.cold_event_ids WHERE digest IN ({marks})", list(by_digest)
+                    )
+                )
         return known
 
     def stored_bytes(self) -> int:

@@ -218,7 +218,11 @@ def transaction(connection: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iter
 
 
 def insert_events(
-    connection: sqlite3.Connection, events: Iterable[Mapping[str, Any]], validate: bool, bulk: bool = False
+    connection: sqlite3.Connection,
+    events: Iterable[Mapping[str, Any]],
+    validate: bool,
+    bulk: bool = False,
+    refreshes: tuple = REFRESHES,
 ) -> AppendResult:
     """Insert `events` in one transaction and refresh the projections of the keys they touch.
 
@@ -245,7 +249,7 @@ def insert_events(
         if build_indexes_after:
             build_event_indexes(connection)
         if accepted:
-            _refresh_projections(connection, dirty)
+            _refresh_projections(connection, dirty, refreshes)
     return AppendResult(accepted=accepted, duplicates=offered - accepted)
 
 
@@ -269,16 +273,17 @@ def build_event_indexes(connection: sqlite3.Connection) -> None:
     connection.execute(LIST_PARTITIONS_TRIGGER)
 
 
-def _refresh_projections(connection: sqlite3.Connection, dirty: _DirtyKeys) -> None:
+def _refresh_projections(connection: sqlite3.Connection, dirty: _DirtyKeys, refreshes: tuple = REFRESHES) -> None:
     for dirty_table, keys in dirty.by_table().items():
         connection.executemany(f"INSERT OR IGNORE INTO temp.{dirty_table} VALUES (?)", ((value,) for value in keys))
-    refresh_dirty_projections(connection)
+    refresh_dirty_projections(connection, refreshes)
 
 
-def refresh_dirty_projections(connection: sqlite3.Connection) -> None:
+def refresh_dirty_projections(connection: sqlite3.Connection, refreshes: tuple = REFRESHES) -> None:
     """Recompute the projection rows of every key in the temp.dirty_* tables from the events
-    now stored (a key left with no events loses its row), then empty those tables."""
-    for dirty_table, key, projection, refresh in REFRESHES:
+    now stored (a key left with no events loses its row), then empty those tables. `refreshes`:
+    the statements (the serving index adds its cold events' counts, log/serving/index.py)."""
+    for dirty_table, key, projection, refresh in refreshes:
         if connection.execute(f"SELECT NOT EXISTS (SELECT 1 FROM temp.{dirty_table})").fetchone()[0]:
             continue
         connection.execute(f"DELETE FROM {projection} WHERE {key} IN (SELECT {key} FROM temp.{dirty_table})")
@@ -441,6 +446,9 @@ class SqliteEventLog(BuildEventLog):
             summaries.append(BuildRequestSummary(**fields))
         return summaries
 
+    def _total_events(self) -> int:
+        return self._connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
     def _counts_by_build_request(self, sql: str, ids_json: str) -> dict[str, dict[int, int]]:
         counts: dict[str, dict[int, int]] = {}
         for build_request_id, status_code, count in self._connection.execute(sql, (ids_json,)):
@@ -468,7 +476,7 @@ class SqliteEventLog(BuildEventLog):
     def get_activity_summary(self) -> ActivitySummary:
         connection = self._connection
         with transaction(connection, "DEFERRED"):
-            total_events = connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            total_events = self._total_events()
             build_requests = dict(connection.execute("SELECT status_code, COUNT(*) FROM build_requests GROUP BY 1"))
             partitions = dict(connection.execute("SELECT status_code, COUNT(*) FROM partition_state GROUP BY 1"))
             job_runs = dict(connection.execute("SELECT status_code, COUNT(*) FROM job_runs GROUP BY 1"))

@@ -1,0 +1,411 @@
+"""The serving index's cold tier: the events of old, finished build requests in immutable Parquet
+segments beside the index, and the reads that answer from them (docs/decisions/0051).
+
+A segment is two files under `<index folder>/segments/`: `segment-<n>.parquet`, the index's flat
+`events` rows of the build requests it holds, sorted by (build_request_id, timestamp, event_id),
+and `segment-<n>.by-partition.parquet`, one row per (partition_ref, event) for the events that
+carry or list a partition (the rows `event_listed_partitions` and `events.partition_ref` give),
+sorted by partition_ref. Both are zstd with row groups of `ROWS_PER_GROUP` rows, so a key's
+events are read from the row groups whose min/max holds it; footers are read once per process.
+
+`ColdReads` is mixed into the serving index: with no cold build request it answers as the
+reference does; with some, the index's rows of cold build requests (the pinned copies kept for
+the projections' refresh, evict.py) are left out and the segments' rows merged in.
+
+    rows = read_segment_rows(segments_folder, 3, "build_request_id", {"br-1"})
+    [event_from_row(row) for row in rows]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
+from databuild_assets.log.sqlite.backend import _event_from_row, transaction
+from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
+from databuild_assets.runtime.durable import fsync_file, fsync_folder
+from databuild_assets.runtime.file_modes import file_mode, make_folders
+
+SEGMENTS_FOLDER = "segments"
+ROWS_PER_GROUP = 4096
+ROW_COLUMNS = (
+    "event_id", "timestamp", "build_request_id", "event_type", "payload", "partition_ref", "job_run_id", "status_code",
+)  # fmt: skip
+SEGMENT_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("timestamp", pa.int64()),
+        ("build_request_id", pa.string()),
+        ("event_type", pa.string()),
+        ("payload", pa.string()),
+        ("partition_ref", pa.string()),
+        ("job_run_id", pa.string()),
+        ("status_code", pa.int64()),
+    ]
+)
+BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
+_LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
+
+# The cold tables of the index (with INDEX_FORMAT 3): see evict.py for what each row says.
+COLD_TABLES = """
+CREATE TABLE IF NOT EXISTS cold_segments (
+    segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, min_timestamp INTEGER NOT NULL,
+    max_timestamp INTEGER NOT NULL, stale INTEGER NOT NULL DEFAULT 0  -- 1: a build request came back hot
+);
+CREATE TABLE IF NOT EXISTS cold_build_requests (
+    build_request_id TEXT PRIMARY KEY, segment INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cold_build_requests_by_segment ON cold_build_requests (segment);
+CREATE TABLE IF NOT EXISTS cold_partition_events (
+    partition_ref TEXT NOT NULL, segment INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (partition_ref, segment)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cold_job_runs (
+    job_run_id TEXT NOT NULL, build_request_id TEXT NOT NULL, PRIMARY KEY (job_run_id, build_request_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cold_build_request_partition_counts (
+    build_request_id TEXT NOT NULL, status_code INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (build_request_id, status_code)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cold_event_ids (digest BLOB PRIMARY KEY) WITHOUT ROWID;
+"""
+
+# The index's events of hot build requests: every read of events goes through it once any
+# build request is cold (a cold one's pinned rows stay in `events` for the refresh SQL only).
+HOT_EVENTS_VIEW = """
+CREATE TEMP VIEW IF NOT EXISTS hot_events AS SELECT * FROM main.events
+WHERE build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requests)
+"""
+
+
+def segment_paths(folder: str, segment: int) -> tuple[str, str]:
+    """The files of segment `segment`: its events by build request, and by partition."""
+    base = os.path.join(folder, f"segment-{segment}")
+    return base + ".parquet", base + ".by-partition.parquet"
+
+
+def listed_partitions(event_type: str, payload: str) -> set[str]:
+    """The partition refs an event row lists (sqlite/schema.py `select_listed_partitions`)."""
+    field = _LISTS.get(event_type)
+    if field is None:
+        return set()
+    listed = json.loads(payload).get(field)
+    return {ref for ref in listed if isinstance(ref, str)} if isinstance(listed, list) else set()
+
+
+def _write_parquet(path: str, table: pa.Table) -> None:
+    """`table` at `path`, made 0600 (file_modes) through a temporary name, fsynced."""
+    building = path + ".building"
+    descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+    os.fchmod(descriptor, file_mode())
+    with os.fdopen(descriptor, "wb") as file:
+        pq.write_table(table, file, row_group_size=ROWS_PER_GROUP, compression="zstd")
+    fsync_file(building)
+    os.replace(building, path)
+
+
+def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, int]:
+    """Write segment `segment` of `rows` (index `events` rows, sorted by build_request_id,
+    timestamp, event_id) and its by-partition companion; returns their (min, max) timestamp."""
+    make_folders(folder)
+    table = pa.Table.from_pylist([dict(zip(ROW_COLUMNS, row, strict=True)) for row in rows], schema=SEGMENT_SCHEMA)
+    by_partition = []
+    for row in rows:
+        keys = listed_partitions(row[3], row[4])
+        if row[5] is not None:
+            keys.add(row[5])
+        by_partition.extend((key, *row) for key in keys)
+    by_partition.sort(key=lambda row: (row[0], row[2], row[1]))
+    companion = pa.Table.from_pylist(
+        [dict(zip(BY_PARTITION_SCHEMA.names, row, strict=True)) for row in by_partition], schema=BY_PARTITION_SCHEMA
+    )
+    main, partitions = segment_paths(folder, segment)
+    _write_parquet(partitions, companion)
+    _write_parquet(main, table)
+    fsync_folder(folder)
+    stamps = table.column("timestamp")
+    return pc.min(stamps).as_py(), pc.max(stamps).as_py()
+
+
+_footers: dict[tuple[str, int, int], pq.FileMetaData] = {}
+_footers_lock = threading.Lock()
+
+
+def parquet_file(path: str) -> pq.ParquetFile:
+    """The file with its footer read once per process (keyed by its inode and size: a name never
+    names two segments at once, but a rebuilt index may reuse it)."""
+    status = os.stat(path)
+    key = (path, status.st_ino, status.st_size)
+    with _footers_lock:
+        metadata = _footers.get(key)
+    file = pq.ParquetFile(path, metadata=metadata)
+    if metadata is None:
+        with _footers_lock:
+            _footers[key] = file.metadata
+    return file
+
+
+def read_segment_rows(
+    folder: str, segment: int, column: str, values: Collection[Any] | None = None, by_partition: bool = False
+) -> pa.Table:
+    """The rows of a segment (its by-partition companion with `by_partition`) whose `column` is
+    in `values` (every row when None), read from the row groups whose min/max can hold one."""
+    file = parquet_file(segment_paths(folder, segment)[1 if by_partition else 0])
+    if values is None:
+        return file.read()
+    values = sorted(set(values))
+    if not values:
+        return file.schema_arrow.empty_table()
+    position = file.schema_arrow.get_field_index(column)
+    groups = []
+    for number in range(file.metadata.num_row_groups):
+        statistics = file.metadata.row_group(number).column(position).statistics
+        if statistics is None or not statistics.has_min_max:
+            groups.append(number)
+        elif any(statistics.min <= value <= statistics.max for value in values):
+            groups.append(number)
+    table = file.read_row_groups(groups) if groups else file.schema_arrow.empty_table()
+    return table.filter(pc.is_in(table.column(column), value_set=pa.array(values, table.schema.field(column).type)))
+
+
+def event_from_row(row: tuple) -> dict[str, Any]:
+    """The event of a segment row, exactly as the reference backend returns it."""
+    return _event_from_row(row[:5])
+
+
+def _in_order(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(events, key=lambda event: (event["timestamp"], event["event_id"]))
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    columns = [table.column(name).to_pylist() for name in ROW_COLUMNS]
+    return list(zip(*columns, strict=True))
+
+
+class ColdReads:
+    """The reads of a serving index that has cold build requests (mixed into ServingIndex, before
+    SqliteEventLog): the reference's answers over hot rows and segment rows together."""
+
+    _connection: Any
+    segment_folder: str
+
+    def has_cold(self) -> bool:
+        return bool(self._connection.execute("SELECT EXISTS (SELECT 1 FROM main.cold_segments)").fetchone()[0])
+
+    def _live(self, segment: int, table: pa.Table) -> pa.Table:
+        """The rows of `table` (of `segment`) whose build request is still cold there: a stale
+        segment still holds the rows of build requests that came back hot."""
+        stale = self._connection.execute(
+            "SELECT stale FROM main.cold_segments WHERE segment = ?", (segment,)
+        ).fetchone()
+        if stale is None:
+            return table.slice(0, 0)
+        if not stale[0]:
+            return table
+        cold = [
+            row[0]
+            for row in self._connection.execute(
+                "SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?", (segment,)
+            )
+        ]
+        return table.filter(pc.is_in(table.column("build_request_id"), value_set=pa.array(cold, pa.string())))
+
+    def _segment_rows(self, segment: int, column: str, values=None, by_partition: bool = False) -> list[tuple]:
+        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition)
+        return _rows(self._live(segment, table))
+
+    def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, list[str]]:
+        by_segment: dict[int, list[str]] = {}
+        for build_request_id in build_request_ids:
+            row = self._connection.execute(
+                "SELECT segment FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,)
+            ).fetchone()
+            if row is not None:
+                by_segment.setdefault(row[0], []).append(build_request_id)
+        return by_segment
+
+    # -- the reference's reads, hot rows only, then merged with the segments' ------------------
+
+    def _events(self, sql: str, parameters: Any = ()) -> list[dict[str, Any]]:
+        if self.has_cold():
+            sql = sql.replace("FROM events", "FROM temp.hot_events")
+        return super()._events(sql, parameters)  # type: ignore[misc]
+
+    def _with_cold(self, read):
+        """`read()`, once more if a segment it read was removed meanwhile (a refresh rewrote it)."""
+        try:
+            return read()
+        except FileNotFoundError:
+            return read()
+
+    def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
+        cold = self._cold_of([build_request_id]) if self.has_cold() else {}
+        if not cold:
+            return super().get_build_request_events(build_request_id, since_ns)  # type: ignore[misc]
+
+        def read() -> list[dict[str, Any]]:
+            (segment,) = cold
+            rows = self._segment_rows(segment, "build_request_id", [build_request_id])
+            return [event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns]
+
+        return self._with_cold(read)
+
+    def get_job_run_events(self, job_run_id: str) -> list[dict[str, Any]]:
+        hot = super().get_job_run_events(job_run_id)  # type: ignore[misc]
+        if not self.has_cold():
+            return hot
+        owners = [
+            row[0]
+            for row in self._connection.execute(
+                "SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = ?", (job_run_id,)
+            )
+        ]
+
+        def read() -> list[dict[str, Any]]:
+            cold = []
+            for segment, build_request_ids in self._cold_of(owners).items():
+                rows = self._segment_rows(segment, "build_request_id", build_request_ids)
+                cold.extend(event_from_row(row) for row in rows if row[6] == job_run_id)
+            return _in_order(hot + cold)
+
+        return self._with_cold(read)
+
+    def get_partition_events(self, partition_ref: str, since_ns: int | None = None) -> list[dict[str, Any]]:
+        hot = super().get_partition_events(partition_ref, since_ns)  # type: ignore[misc]
+        if not self.has_cold():
+            return hot
+        segments = [
+            row[0]
+            for row in self._connection.execute(
+                "SELECT segment FROM main.cold_partition_events WHERE partition_ref = ?", (partition_ref,)
+            )
+        ]
+
+        def read() -> list[dict[str, Any]]:
+            cold = []
+            for segment in segments:
+                rows = self._segment_rows(segment, "key", [partition_ref], by_partition=True)
+                cold.extend(event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns)
+            return _in_order(hot + cold)
+
+        return self._with_cold(read)
+
+    def _overlapping(self, start_ns: int, end_ns: int) -> list[int]:
+        return [
+            row[0]
+            for row in self._connection.execute(
+                "SELECT segment FROM main.cold_segments WHERE max_timestamp >= ? AND min_timestamp < ?"
+                " ORDER BY segment",
+                (start_ns, end_ns),
+            )
+        ]
+
+    def get_events_in_range(self, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
+        hot = super().get_events_in_range(start_ns, end_ns)  # type: ignore[misc]
+        if not self.has_cold():
+            return hot
+
+        def read() -> list[dict[str, Any]]:
+            cold = []
+            for segment in self._overlapping(start_ns, end_ns):
+                rows = self._segment_rows(segment, "timestamp")
+                cold.extend(event_from_row(row) for row in rows if start_ns <= row[1] < end_ns)
+            return _in_order(hot + cold)
+
+        return self._with_cold(read)
+
+    def list_events(self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000) -> EventPage:
+        page = super().list_events(since, filter, limit)  # type: ignore[misc]
+        if not self.has_cold():
+            return page
+        check_page(limit)
+        after = decode_cursor(since) if since is not None else None
+
+        def read() -> list[dict[str, Any]]:
+            if filter is not None and filter.build_request_ids is not None:
+                by_segment = self._cold_of(filter.build_request_ids)
+            else:
+                start = after[0] if after is not None else -(2**63)
+                by_segment = dict.fromkeys(self._overlapping(start, 2**63 - 1))
+            cold = []
+            for segment, build_request_ids in by_segment.items():
+                if build_request_ids is None:
+                    rows = self._segment_rows(segment, "timestamp")
+                else:
+                    rows = self._segment_rows(segment, "build_request_id", build_request_ids)
+                listing = set()
+                if filter is not None and filter.partition_refs is not None:
+                    listing = {
+                        row[0] for row in self._segment_rows(segment, "key", filter.partition_refs, by_partition=True)
+                    }
+                cold.extend(event_from_row(row) for row in rows if _passes(row, after, filter, listing))
+            return _in_order(cold)[: limit + 1]
+
+        merged = _in_order(page.events + self._with_cold(read))
+        events = merged[:limit]
+        has_more = page.has_more or len(merged) > limit
+        next_cursor = encode_cursor(events[-1]["timestamp"], events[-1]["event_id"]) if events else since
+        return EventPage(events=events, next_cursor=next_cursor, has_more=has_more)
+
+    def get_active_builds_for_partition(self, partition_ref: str) -> list[str]:
+        active = super().get_active_builds_for_partition(partition_ref)  # type: ignore[misc]
+        if not active or not self.has_cold():
+            return active
+        return [build_request_id for build_request_id in active if not self._cold_of([build_request_id])]
+
+    def _counts_by_build_request(self, sql: str, ids_json: str) -> dict[str, dict[int, int]]:
+        if sql != PARTITION_COUNTS_OF_BUILD_REQUESTS or not self.has_cold():
+            return super()._counts_by_build_request(sql, ids_json)  # type: ignore[misc]
+        counts = super()._counts_by_build_request(sql.replace("FROM events", "FROM temp.hot_events"), ids_json)  # type: ignore[misc]
+        for build_request_id, status_code, count in self._connection.execute(
+            "SELECT build_request_id, status_code, count FROM main.cold_build_request_partition_counts"
+            " WHERE build_request_id IN (SELECT value FROM json_each(?))",
+            (ids_json,),
+        ):
+            counts.setdefault(build_request_id, {})[status_code] = count
+        return counts
+
+    def _total_events(self) -> int:
+        return self._connection.execute("SELECT visible_events FROM serving_stamp").fetchone()[0]
+
+    def cold_facts(self) -> dict[str, int]:
+        """How many segments, cold build requests and cold event ids the index holds."""
+        with transaction(self._connection, "DEFERRED"):
+            return {
+                table: self._connection.execute(f"SELECT COUNT(*) FROM main.{table}").fetchone()[0]
+                for table in ("cold_segments", "cold_build_requests", "cold_event_ids")
+            }
+
+
+def _passes(row: tuple, after: tuple[int, str] | None, filter: EventFilter | None, listing: set[str]) -> bool:
+    """Whether a segment row is on a list_events page after `after` that `filter` selects."""
+    if after is not None and (row[1], row[0]) <= after:
+        return False
+    if filter is None:
+        return True
+    if filter.event_types is not None and row[3] not in filter.event_types:
+        return False
+    if filter.build_request_ids is not None and row[2] not in filter.build_request_ids:
+        return False
+    if filter.job_run_ids is not None and row[6] not in filter.job_run_ids:
+        return False
+    if filter.partition_refs is not None and row[5] not in filter.partition_refs and row[0] not in listing:
+        return False
+    return True
+
+
+__all__ = [
+    "COLD_TABLES",
+    "ColdReads",
+    "HOT_EVENTS_VIEW",
+    "SEGMENTS_FOLDER",
+    "event_from_row",
+    "listed_partitions",
+    "read_segment_rows",
+    "segment_paths",
+    "write_segment",
+]

@@ -1,0 +1,398 @@
+"""Moving finished build requests out of the serving index into segments (cold.py), and back.
+
+`evict` runs in the pipeline's refresh only, under the index folder's build lock: the build
+requests that are terminal and whose last event is older than the log's newest event minus the
+hot window are written to a new segment, then in one transaction recorded cold and their events
+deleted from the index, except the pinned ones. For each partition and job run their events
+touch, the events the projections' refresh SQL picks among them (the latest of each kind, the
+first job event) stay in `events`, so a later refresh over what remains gives the reference's
+answer: the max over what remains is the max over all. What the SQL would count over the
+evicted events is kept per key (`cold_partition_events`, `cold_build_request_partition_counts`),
+and a 16-byte digest of every evicted event id, so an append still dedupes against the whole log.
+
+`thaw` brings cold build requests back hot (their rows read back, their counts taken off), before
+a late event of theirs is added or a tombstone hides one of their events; their segment is then
+stale, and the next `evict` writes what it still holds into a new segment and drops it.
+
+    with folder.build_lock():
+        evict(index, folder_path, window_ns=3_600 * 10**9)
+        sweep_segments(index, folder_path)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sqlite3
+from collections.abc import Collection, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, PartitionStatus
+from databuild_assets.log.serving.cold import (
+    ROW_COLUMNS,
+    SEGMENTS_FOLDER,
+    listed_partitions,
+    parquet_file,
+    read_segment_rows,
+    segment_paths,
+    write_segment,
+)
+from databuild_assets.log.serving.store import IndexFolder
+from databuild_assets.log.sqlite.backend import transaction
+from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
+
+# A segment holds about this many events at most: the rows of one eviction's transaction are in
+# memory while it is written.
+SEGMENT_EVENTS = 262_144
+HOT_WINDOW_ENV = "DATABUILD_SERVING_HOT_WINDOW_S"
+_TERMINAL = ", ".join(str(int(code)) for code in sorted(TERMINAL_BUILD_REQUEST_STATUSES))
+_COLUMNS = ", ".join(ROW_COLUMNS)
+_SEGMENT_FILE = re.compile(r"^segment-(\d+)\.(?:by-partition\.)?parquet(?:\.building)?$")
+
+
+def event_digest(event_id: str) -> bytes:
+    """The 16 bytes kept for a cold event id (an append's dedupe): BLAKE2b of its UTF-8."""
+    return hashlib.blake2b(event_id.encode("utf-8"), digest_size=16).digest()
+
+
+def hot_window_ns(window_s: float | None = None) -> int | None:
+    """The hot window in nanoseconds of log time: `window_s`, else DATABUILD_SERVING_HOT_WINDOW_S,
+    else None (nothing is evicted). A value that is not a number of seconds, 0 or more, is refused."""
+    if window_s is None:
+        text = os.environ.get(HOT_WINDOW_ENV, "").strip()
+        if not text:
+            return None
+        try:
+            window_s = float(text)
+        except ValueError:
+            window_s = None
+        if window_s is None or not window_s >= 0:
+            raise ValueError(
+                f"{HOT_WINDOW_ENV}={text!r} is not a number of seconds: set the hot window of the serving index "
+                "(0 or more; unset keeps every event in the index)"
+            )
+    if not window_s >= 0 or window_s == float("inf"):
+        raise ValueError(f"the hot window must be a number of seconds, 0 or more, got {window_s!r}")
+    return round(window_s * 1e9)
+
+
+_WORK = """
+CREATE TEMP TABLE IF NOT EXISTS freezing (build_request_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS pinned (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS thawing (
+    event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL,
+    event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
+);
+"""
+
+_FROZEN = "(SELECT * FROM main.events WHERE build_request_id IN (SELECT build_request_id FROM temp.freezing))"
+# The events the refresh SQL of partition_state and job_runs would pick among the frozen ones.
+_PICKS = (
+    ("partition_ref", "1", "DESC"),
+    ("partition_ref", "event_type = 'partition_event'", "DESC"),
+    ("partition_ref", "event_type = 'partition_event' AND job_run_id IS NOT NULL", "DESC"),
+    ("partition_ref", "event_type = 'partition_event' AND status_code = {available}", "DESC"),
+    ("partition_ref", "event_type = 'delegation_event'", "DESC"),
+    ("partition_ref", "event_type = 'partition_invalidation_event'", "DESC"),
+    ("job_run_id", "event_type IN ('job_event', 'task_cancel_event')", "ASC"),
+    ("job_run_id", "event_type = 'job_event'", "DESC"),
+    ("job_run_id", "event_type = 'task_cancel_event'", "DESC"),
+)
+
+
+def _pin(connection: sqlite3.Connection) -> None:
+    available = int(PartitionStatus.PARTITION_AVAILABLE)
+    for key, condition, order in _PICKS:
+        connection.execute(
+            "INSERT OR IGNORE INTO temp.pinned SELECT event_id FROM (SELECT event_id, ROW_NUMBER() OVER"
+            f" (PARTITION BY {key} ORDER BY timestamp {order}, event_id {order}) AS n FROM {_FROZEN}"
+            f" WHERE {key} IS NOT NULL AND {condition.format(available=available)}) WHERE n = 1"
+        )
+
+
+def _next_segment(connection: sqlite3.Connection, folder: str) -> int:
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    on_disk = [int(m.group(1)) for name in names if (m := _SEGMENT_FILE.match(name))]
+    recorded = connection.execute("SELECT MAX(segment) FROM main.cold_segments").fetchone()[0] or 0
+    return max([recorded, *on_disk]) + 1
+
+
+def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | None) -> int:
+    """Rewrite the stale segments, then move the build requests cold by `window_ns` (None: none)
+    into new segments; returns how many events left the index. Under the build lock."""
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    _work_tables(connection)
+    stale = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments WHERE stale")]
+    for segment in stale:  # its build requests come back hot, and are evicted again below
+        with transaction(connection):
+            thaw(connection, index_folder, _cold_in(connection, segment))
+            connection.execute("DELETE FROM main.cold_partition_events WHERE segment = ?", (segment,))
+            connection.execute("DELETE FROM main.cold_segments WHERE segment = ?", (segment,))
+    if window_ns is None:
+        return 0
+    evicted = 0
+    while True:
+        with transaction(connection):
+            moved = _evict_one(connection, folder, window_ns)
+        if not moved:
+            return evicted
+        evicted += moved
+
+
+def evict_under_lock(folder: IndexFolder, connection: sqlite3.Connection, window_ns: int | None, marker) -> None:
+    """`evict` and `sweep_segments` under the folder's build lock, unless the generation in use is
+    no longer `marker`'s (another process published one: the next refresh evicts)."""
+    with folder.build_lock():
+        if folder.marker() == marker:
+            evict(connection, folder.path, window_ns)
+            sweep_segments(connection, folder.path)
+
+
+def _cold_in(connection: sqlite3.Connection, segment: int) -> list[str]:
+    return [
+        row[0]
+        for row in connection.execute(
+            "SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?", (segment,)
+        )
+    ]
+
+
+def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> int:
+    """One segment's worth of cold build requests, inside the caller's transaction."""
+    newest = connection.execute(
+        "SELECT MAX(t) FROM (SELECT MAX(timestamp) AS t FROM main.events"
+        " UNION ALL SELECT MAX(max_timestamp) FROM main.cold_segments)"
+    ).fetchone()[0]
+    if newest is None:
+        return 0
+    chosen, total = [], 0
+    for build_request_id, count in connection.execute(
+        f"SELECT build_request_id, event_count FROM main.build_requests WHERE status_code IN ({_TERMINAL})"
+        " AND updated_at <= ? AND build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requests)"
+        " ORDER BY build_request_id",
+        (newest - window_ns,),
+    ):
+        if chosen and total + count > SEGMENT_EVENTS:
+            break
+        chosen.append(build_request_id)
+        total += count
+    if not chosen:
+        return 0
+    connection.execute("DELETE FROM temp.freezing")
+    connection.execute("DELETE FROM temp.pinned")
+    connection.executemany("INSERT INTO temp.freezing VALUES (?)", ((i,) for i in chosen))
+    rows = connection.execute(
+        f"SELECT {_COLUMNS} FROM {_FROZEN} ORDER BY build_request_id, timestamp, event_id"
+    ).fetchall()
+    segment = _next_segment(connection, folder)
+    low, high = write_segment(folder, segment, rows)
+    _pin(connection)
+    connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
+    connection.execute("INSERT INTO main.cold_build_requests SELECT build_request_id, ? FROM temp.freezing", (segment,))
+    # partition_state.event_count counts the events carrying the ref: those deleted here are kept
+    # as a count; a ref only listed gets a row of 0, its pointer to this segment.
+    listed = {}
+    for row in rows:
+        for ref in listed_partitions(row[3], row[4]):
+            listed[ref] = 0
+    connection.executemany(
+        "INSERT OR IGNORE INTO main.cold_partition_events VALUES (?, ?, 0)", ((ref, segment) for ref in listed)
+    )
+    connection.execute(
+        "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
+        f" SELECT partition_ref, ?, COUNT(*) FILTER (WHERE event_id NOT IN (SELECT event_id FROM temp.pinned))"
+        f" FROM {_FROZEN} WHERE partition_ref IS NOT NULL GROUP BY partition_ref"
+        " ON CONFLICT (partition_ref, segment) DO UPDATE SET count = excluded.count",
+        (segment,),
+    )
+    connection.execute(
+        f"INSERT OR IGNORE INTO main.cold_job_runs SELECT DISTINCT job_run_id, build_request_id FROM {_FROZEN}"
+        " WHERE job_run_id IS NOT NULL"
+    )
+    counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
+        "build_request_id IN (SELECT value FROM json_each(?))",
+        "build_request_id IN (SELECT build_request_id FROM temp.freezing)",
+    )
+    connection.execute(f"INSERT INTO main.cold_build_request_partition_counts {counts}")
+    connection.executemany(
+        "INSERT OR IGNORE INTO main.cold_event_ids VALUES (?)", ((event_digest(row[0]),) for row in rows)
+    )
+    leaving = f"SELECT event_id FROM {_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
+    connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN ({leaving})")
+    deleted = connection.execute(f"DELETE FROM main.events WHERE event_id IN ({leaving})").rowcount
+    _count_deleted(connection, deleted)
+    return len(rows)
+
+
+def _count_deleted(connection: sqlite3.Connection, deleted: int) -> None:
+    """Evicted rows leave bytes in the index's pages like hidden ones: the refresh writes the
+    file whole (index.py `deleted_events`), which also gives their pages back."""
+    if deleted:
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS main.deleted_events"
+            " (one INTEGER PRIMARY KEY CHECK (one = 1), count INTEGER NOT NULL)"
+        )
+        connection.execute(
+            "INSERT INTO main.deleted_events VALUES (1, ?) ON CONFLICT (one) DO UPDATE SET count = count + ?",
+            (deleted, deleted),
+        )
+
+
+def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
+    """Bring cold build requests back into `events` (their segment marked stale); returns how many
+    were cold. Inside the caller's write transaction."""
+    by_segment: dict[int, list[str]] = {}
+    for build_request_id in dict.fromkeys(build_request_ids):
+        row = connection.execute(
+            "SELECT segment FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,)
+        ).fetchone()
+        if row is not None:
+            by_segment.setdefault(row[0], []).append(build_request_id)
+    if not by_segment:
+        return 0
+    _work_tables(connection)
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    thawed = 0
+    for segment, ids in by_segment.items():
+        table = read_segment_rows(folder, segment, "build_request_id", ids)
+        rows = list(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
+        connection.execute("DELETE FROM temp.thawing")
+        connection.executemany(f"INSERT INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
+        new = "temp.thawing AS t WHERE NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
+        connection.execute(
+            "UPDATE main.cold_partition_events SET count = count - (SELECT COUNT(*) FROM"
+            f" {new} AND t.partition_ref = cold_partition_events.partition_ref)"
+            " WHERE segment = ? AND partition_ref IN (SELECT partition_ref FROM temp.thawing)",
+            (segment,),
+        )
+        connection.execute(f"INSERT INTO main.events ({_COLUMNS}) SELECT {_COLUMNS} FROM {new}")
+        connection.execute(
+            "DELETE FROM main.cold_job_runs WHERE (job_run_id, build_request_id) IN"
+            " (SELECT job_run_id, build_request_id FROM temp.thawing WHERE job_run_id IS NOT NULL)"
+        )
+        connection.executemany(
+            "DELETE FROM main.cold_event_ids WHERE digest = ?", ((event_digest(row[0]),) for row in rows)
+        )
+        for build_request_id in ids:
+            connection.execute(
+                "DELETE FROM main.cold_build_request_partition_counts WHERE build_request_id = ?", (build_request_id,)
+            )
+            connection.execute("DELETE FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,))
+        connection.execute("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", (segment,))
+        connection.execute("DELETE FROM temp.thawing")
+        thawed += len(ids)
+    return thawed
+
+
+def _work_tables(connection: sqlite3.Connection) -> None:
+    for statement in _WORK.strip().split(";"):
+        if statement.strip():
+            connection.execute(statement)
+
+
+def cold_build_requests_among(connection: sqlite3.Connection, build_request_ids: Iterable[str]) -> list[str]:
+    """Which of `build_request_ids` are cold."""
+    return [
+        i
+        for i in dict.fromkeys(build_request_ids)
+        if connection.execute("SELECT 1 FROM main.cold_build_requests WHERE build_request_id = ?", (i,)).fetchone()
+    ]
+
+
+def cold_build_requests_holding(
+    connection: sqlite3.Connection, index_folder: str, event_ids: Collection[str]
+) -> list[str]:
+    """The cold build requests whose segments hold any of `event_ids` (their digests say which
+    ids are cold; the segments, which build requests hold them)."""
+    digests = [event_id for event_id in event_ids if _is_cold_id(connection, event_id)]
+    if not digests:
+        return []
+    found: set[str] = set()
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
+        table = read_segment_rows(folder, segment, "event_id")
+        table = table.filter(pc.is_in(table.column("event_id"), value_set=pa.array(digests, pa.string())))
+        found.update(table.column("build_request_id").to_pylist())
+    return cold_build_requests_among(connection, found)
+
+
+def _is_cold_id(connection: sqlite3.Connection, event_id: str) -> bool:
+    return bool(
+        connection.execute("SELECT 1 FROM main.cold_event_ids WHERE digest = ?", (event_digest(event_id),)).fetchone()
+    )
+
+
+def cold_event_ids(connection: sqlite3.Connection, event_ids: Iterable[str]) -> set[str]:
+    """Which of `event_ids` are events of cold build requests."""
+    return {event_id for event_id in event_ids if _is_cold_id(connection, event_id)}
+
+
+def cold_build_requests_matching(connection: sqlite3.Connection, index_folder: str, rule: str) -> list[str]:
+    """The cold build requests holding an event the tombstone rule `rule` (index.py
+    `tombstone_rule_sql` over a row `e`) matches: every segment's rows, through the rule's SQL."""
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    _work_tables(connection)
+    found: set[str] = set()
+    for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
+        table = read_segment_rows(folder, segment, "event_id")
+        for batch in table.to_batches(max_chunksize=8192):
+            rows = list(zip(*(batch.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
+            connection.execute("DELETE FROM temp.thawing")
+            connection.executemany(f"INSERT OR IGNORE INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
+            found.update(
+                row[0]
+                for row in connection.execute(f"SELECT DISTINCT build_request_id FROM temp.thawing AS e WHERE {rule}")
+            )
+    connection.execute("DELETE FROM temp.thawing")
+    return cold_build_requests_among(connection, found)
+
+
+def sweep_segments(connection: sqlite3.Connection, index_folder: str) -> list[str]:
+    """Remove the segment files the index does not name (rewritten, or of a dead eviction);
+    under the build lock. Returns the paths removed."""
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    if not os.path.isdir(folder):
+        return []
+    named = {row[0] for row in connection.execute("SELECT segment FROM main.cold_segments")}
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        match = _SEGMENT_FILE.match(name)
+        if match and (int(match.group(1)) not in named or name.endswith(".building")):
+            os.unlink(os.path.join(folder, name))
+            removed.append(os.path.join(folder, name))
+    return removed
+
+
+def segment_files(index_folder: str, connection: sqlite3.Connection) -> list[str]:
+    """The files of the segments the index names."""
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    return [
+        path
+        for (segment,) in connection.execute("SELECT segment FROM main.cold_segments")
+        for path in segment_paths(folder, segment)
+    ]
+
+
+def visible_values(index_folder: str, connection: sqlite3.Connection) -> Mapping[str, pa.Table]:
+    """Each named segment file's rows (for a scan of the values they hold)."""
+    return {path: parquet_file(path).read() for path in segment_files(index_folder, connection)}
+
+
+__all__ = [
+    "HOT_WINDOW_ENV",
+    "SEGMENT_EVENTS",
+    "cold_build_requests_among",
+    "cold_build_requests_holding",
+    "cold_build_requests_matching",
+    "cold_event_ids",
+    "event_digest",
+    "evict",
+    "evict_under_lock",
+    "hot_window_ns",
+    "segment_files",
+    "sweep_segments",
+    "thaw",
+]

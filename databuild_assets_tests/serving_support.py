@@ -1,0 +1,57 @@
+"""Helpers for the serving index's tests: tombstones committed without Spark, and what the
+index folder's files hold."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import deltalake
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
+from databuild_assets.runtime.delta_tables import table_properties
+from databuild_assets.runtime.lake import TOMBSTONES, Lake
+
+
+def request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) -> None:
+    """'requested' tombstone records of `value` (or of each of a list, in one commit), committed by
+    delta-rs with the table's own properties."""
+    path = lake.table_path(TOMBSTONES)
+    schema = deltalake.Schema.from_json(TOMBSTONES.schema.json())
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        deltalake.DeltaTable.create(
+            path, schema=schema, configuration=table_properties(TOMBSTONES), raise_if_key_not_exists=False
+        )
+    records = []
+    for one in [value] if isinstance(value, str) else value:
+        record = {"tombstone_id": f"t-{one}", "record": "requested", "key": key, "value": one, "actor": "test"}
+        record |= {"reason": "a test", "requested_at": datetime.now(UTC), "applied_at": None}
+        records.append(record | {"applied_log_version": None})
+    deltalake.write_deltalake(path, pa.Table.from_pylist(records, schema=pa.schema(schema.to_arrow())), mode="append")
+
+
+def serving_files(lake: Lake) -> list[Path]:
+    """Every file under the lake's serving_index/ folder, segments included."""
+    root = Path(lake.path(SERVING_INDEX_FOLDER))
+    return sorted(path for path in root.rglob("*") if path.is_file())
+
+
+def files_holding(lake: Lake, value: str) -> list[str]:
+    """The serving files whose bytes hold `value`, or, for Parquet (zstd pages hide bytes),
+    whose values do."""
+    found = []
+    for path in serving_files(lake):
+        data = path.read_bytes()
+        if value.encode() in data:
+            found.append(path.name)
+        elif path.suffix == ".parquet" and any(value in str(row) for row in pq.read_table(path).to_pylist()):
+            found.append(path.name)
+    return found
+
+
+def folder_bytes(lake: Lake) -> int:
+    """The bytes of every file under serving_index/."""
+    return sum(path.stat().st_size for path in serving_files(lake))

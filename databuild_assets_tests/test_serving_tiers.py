@@ -1,0 +1,187 @@
+"""The serving index's cold tier (docs/decisions/0051): finished build requests older than the hot
+window leave the index for Parquet segments at the pipeline's refresh, answers stay the
+reference's, a late event or a tombstone brings a build request back, and an erased value leaves
+every file of serving_index/ once the pipeline refreshes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
+from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log import SqliteEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.runtime.lake import Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests import bel_cases
+from databuild_assets_tests.serving_support import files_holding, folder_bytes, request_erasure_without_spark
+from databuild_assets_tests.support import REPO_ROOT
+
+
+def _reference_answers(events: list[dict[str, Any]]) -> dict[str, Any]:
+    with SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        return bel_cases.answers(reference, *bel_cases.keys_of(events))
+
+
+def _cold(lake: Lake) -> dict[str, int]:
+    with DeltaRsEventLog(lake) as log:
+        return log._store().cold_facts()
+
+
+def _terminal_request(events: list[dict[str, Any]]) -> str:
+    terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
+    return next(
+        e["build_request_id"]
+        for e in events
+        if e["event_type"] == "build_request_event" and e["build_request_event"]["status_code"] in terminal
+    )
+
+
+def _only_matching_events_name(events: list[dict[str, Any]], key: str, value: str) -> bool:
+    return all(matches(e, {key: {value}}) for e in events if value in json.dumps(e, default=str))
+
+
+def test_finished_build_requests_leave_the_index_for_segments_and_every_answer_stays_the_references(
+    lake: Lake,
+) -> None:
+    events = list(generate_events(3000, seed=3))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:1500])
+    refresh_serving_index(lake, hot_window_s=0)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[1500:])  # late events of cold build requests among them
+    refresh_serving_index(lake, hot_window_s=0)
+    cold = _cold(lake)
+    assert cold["cold_build_requests"] > 50 and cold["cold_event_ids"] > 1000
+    with DeltaRsEventLog(lake) as log:
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == _reference_answers(events)
+        assert log._store().event_count() == len(events)
+
+
+def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segment_is_rewritten(lake: Lake) -> None:
+    events = list(generate_events(1200, seed=4))
+    request = _terminal_request(events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    segments_before = {name for name in files_holding(lake, request) if name.startswith("segment-")}
+    assert segments_before
+    late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events([late])
+        with log._store()._connection as connection:
+            assert not connection.execute(
+                "SELECT 1 FROM cold_build_requests WHERE build_request_id = ?", (request,)
+            ).fetchone()
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == _reference_answers(events + [late])
+    refresh_serving_index(lake, hot_window_s=0)  # cold again, in a new segment; the stale one is gone
+    assert not segments_before & set(files_holding(lake, request))
+    with DeltaRsEventLog(lake) as log:
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == _reference_answers(events + [late])
+
+
+def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
+    events = list(generate_events(600, seed=6))
+    request = _terminal_request(events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    cold_one = next(e for e in events if e["build_request_id"] == request)
+    with DeltaRsEventLog(lake) as log:
+        assert log.known_event_ids([cold_one["event_id"], "never-seen"]) == {cold_one["event_id"]}
+        again = dict(cold_one, build_request_id="someone-else")  # the same id, whatever it says
+        assert log.append_events([again]).duplicates == 1
+        assert log._store().cold_facts()["cold_build_requests"] > 0
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == _reference_answers(events)
+
+
+def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake) -> None:
+    events = list(generate_events(600, seed=7))
+    request = _terminal_request(events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    code = (
+        "import json, sys\n"
+        "from databuild_assets.log import open_event_log\n"
+        "with open_event_log(sys.argv[1]) as log:\n"
+        "    print(json.dumps([e['event_id'] for e in log.get_build_request_events(sys.argv[2])]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"delta://{lake.root}", request],
+        capture_output=True, text=True, cwd=REPO_ROOT, check=True,
+    )  # fmt: skip
+    expected = [e["event_id"] for e in sorted(events, key=lambda e: (e["timestamp"], e["event_id"]))]
+    assert json.loads(done.stdout) == [i for i in expected if any(
+        e["event_id"] == i and e["build_request_id"] == request for e in events
+    )]  # fmt: skip
+
+
+def test_a_tombstone_of_each_key_reaches_cold_build_requests_and_leaves_no_byte_in_serving_files(
+    lake: Lake,
+) -> None:
+    events = list(generate_events(3000, seed=5))
+    # Values no event names outside the rule's fields (a partition event's message may say
+    # "Delegated to build request <id>": the rule keeps that event visible, as Spark does).
+    terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
+    requests = [
+        e["build_request_id"]
+        for e in events
+        if e["event_type"] == "build_request_event" and e["build_request_event"]["status_code"] in terminal
+    ]
+    runs = [e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"]
+    refs = [e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"]
+    values: dict[str, list[str]] = {}
+    for key, candidates in (("build_request_id", requests), ("job_run_id", runs), ("partition_ref", refs)):
+        values[key] = [  # one that hides events no earlier value hid
+            next(
+                value
+                for value in candidates
+                if _only_matching_events_name(events, key, value)
+                and not any(matches(e, {key: {value}}) and matches(e, values) for e in events)
+            )
+        ]
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    assert _cold(lake)["cold_build_requests"] > 50
+    assert "segment-1.parquet" in files_holding(lake, values["build_request_id"][0])  # cold
+    hidden: list[dict] = []
+    for key, erased in values.items():
+        request_erasure_without_spark(lake, key, erased)
+        newly = [e for e in events if matches(e, {key: set(erased)}) and e not in hidden]
+        assert newly
+        hidden += newly
+        visible = [e for e in events if e not in hidden]
+        with DeltaRsEventLog(lake) as log:  # a new process: its first read catches up
+            assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == _reference_answers(visible)
+        refresh_serving_index(lake, hot_window_s=0)
+        assert [(value, files_holding(lake, value)) for value in erased] == [(value, []) for value in erased]
+        with DeltaRsEventLog(lake) as log:
+            assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == _reference_answers(visible)
+
+
+def test_the_index_keeps_only_hot_events_with_the_window_at_0(lake: Lake, capsys) -> None:
+    events = list(generate_events(50_000, seed=1))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    whole = refresh_serving_index(lake)
+    whole_bytes = folder_bytes(lake)
+    tiered = refresh_serving_index(lake, hot_window_s=0)
+    tiered_bytes = folder_bytes(lake)
+    with DeltaRsEventLog(lake) as log:
+        segment_bytes = sum(path.stat().st_size for path in Path(log._store().segment_folder).iterdir())
+        cold = log._store().cold_facts()
+    n = len(events)
+    with capsys.disabled():
+        print(
+            f"\n{n:,} events: unset: index {whole.bytes:,} B ({whole.bytes / n:.0f} B/event), folder {whole_bytes:,}"
+            f"; window 0: index {tiered.bytes:,} B ({tiered.bytes / n:.0f} B/event), segments {segment_bytes:,} B"
+            f" ({segment_bytes / n:.0f} B/event), folder {tiered_bytes:,} B ({tiered_bytes / n:.0f} B/event); {cold}"
+        )
+    assert tiered_bytes < whole_bytes / 2
