@@ -175,28 +175,33 @@ def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) ->
             env=env,
         )
     )
-    landing = generate_events(STREAM, seed=7)
-    landed: list[str] = []
-    erasures_at = [seconds * (k + 1) / (args.erasures + 1) for k in range(args.erasures)]
-    erased: list[str] = []
-    started, minutes = time.time(), []
-    minute = 0
-    while time.time() - started < seconds:
-        time.sleep(max(0.0, started + (minute + 1) * 60 - time.time()))
-        minute += 1
-        events = [next(landing) for _ in range(40)]
-        write_landing_file(Path(lake.landing), f"soak-{minute:04d}.jsonl", events, [], 0)
-        landed += [e["event_id"] for e in events]
-        if erasures_at and time.time() - started >= erasures_at[0]:
-            erasures_at.pop(0)
-            sent = _records(workdir / "append-0.jsonl")
-            value = sent[len(sent) // 2]["requests"][0]
-            config = {"key": "build_request_id", "value": value, "actor": "soak", "reason": "bench.soak"}
-            deployment.launch_run("erase_job", {"ops": {"tombstones": {"config": config}}})
-            erased.append(value)
-        minutes.append(_minute(deployment, workdir, minute, time.time() - 60, time.time()))
-    for process in processes:
-        process.wait(timeout=600)
+    try:
+        landing = generate_events(STREAM, seed=7)
+        landed: list[str] = []
+        erasures_at = [seconds * (k + 1) / (args.erasures + 1) for k in range(args.erasures)]
+        erased: list[str] = []
+        started, minutes = time.time(), []
+        minute = 0
+        while time.time() - started < seconds:
+            time.sleep(max(0.0, started + (minute + 1) * 60 - time.time()))
+            minute += 1
+            events = [next(landing) for _ in range(40)]
+            write_landing_file(Path(lake.landing), f"soak-{minute:04d}.jsonl", events, [], 0)
+            landed += [e["event_id"] for e in events]
+            if erasures_at and time.time() - started >= erasures_at[0]:
+                erasures_at.pop(0)
+                sent = _records(workdir / "append-0.jsonl")
+                value = sent[len(sent) // 2]["requests"][0]
+                config = {"key": "build_request_id", "value": value, "actor": "soak", "reason": "bench.soak"}
+                deployment.launch_run("erase_job", {"ops": {"tombstones": {"config": config}}})
+                erased.append(value)
+            minutes.append(_minute(deployment, workdir, minute, time.time() - 60, time.time()))
+        for process in processes:
+            process.wait(timeout=600)
+    finally:
+        for process in processes:  # on an error, the load must not outlive the bench
+            if process.poll() is None:
+                process.kill()
     return {"minutes": minutes, "landed_ids": landed, "erased": erased}
 
 
