@@ -72,8 +72,9 @@ python_313 := 3.13
 
 test-pythons: test-py312 test-py313
 
+test-py312: .venv-3.12/.installed
+test-py313: .venv-3.13/.installed
 test-py312 test-py313: test-py%: setup
-	@$(MAKE) --no-print-directory .venv-$(python_$*)/.installed
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; mkdir "$$tmp/home"; cp dagster.yaml "$$tmp/home/"; \
 	echo "Python $(python_$*): the demo ($(PYTHON_DEMO_EVENTS) events) on a lake of its own"; \
 	DAGSTER_HOME="$$tmp/home" DATABUILD_LAKE_ROOT="$$tmp/lake" .venv-$(python_$*)/bin/databuild-assets demo --events $(PYTHON_DEMO_EVENTS)
