@@ -10,6 +10,7 @@
 #   make s3-test  the lakehouse on an S3 server on loopback (minutes; skipped by `make test`)
 #   make deploy-test  Dagster as deployed: a code server, the daemon and the webserver as processes (minutes; skipped by `make test`)
 #   make long-test  every long target above, one after the other, then which passed and which failed
+#   make test-pythons  on Python 3.12 and 3.13 (make test-py312, make test-py313): the demo and a fast subset (.ci/run)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -17,7 +18,8 @@ BIN := $(VENV)/bin
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: setup postgres-setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test deploy-test long-test bench clean-lake
+.PHONY: setup postgres-setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test deploy-test long-test bench clean-lake \
+	test-pythons test-py312 test-py313
 
 # A virtual environment with the pinned packages, Delta's jars from Maven Central, and the class
 # archive the Spark driver's JVM starts from (runtime/jvm_startup.py: a small demo, about a minute).
@@ -59,6 +61,42 @@ TEST_WORKERS ?= 2
 test: setup postgres-setup
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term
+
+# The other supported interpreters (requires-python): the suite runs whole on $(PYTHON) (make test);
+# on each of these, in a venv of its own (.venv-3.12, .venv-3.13) installed by uv (pinned in [test]:
+# a venv in seconds from a warm cache, where pip takes minutes; docs/decisions/0050-python-3-11-to-3-13.md),
+# a small demo (Spark, Dagster, Spark's Python workers on that interpreter) and PYTHON_FAST_TESTS.
+# The interpreter: python3.X on PATH, else pyenv's newest 3.X.
+PYTHON_FAST_TESTS := \
+	databuild_assets_tests/test_docs.py \
+	databuild_assets_tests/test_cli_input.py \
+	databuild_assets_tests/test_workload.py \
+	databuild_assets_tests/test_jvm_free_log.py::test_an_append_is_read_at_once_by_the_same_log_and_by_a_log_in_another_process \
+	databuild_assets_tests/test_jvm_free_log.py::test_a_read_with_a_staleness_bound_may_lag_other_writers_but_never_its_own_appends \
+	databuild_assets_tests/test_serving_index.py::test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp \
+	databuild_assets_tests/test_serving_index.py::test_a_torn_or_foreign_index_file_is_rebuilt_never_read \
+	databuild_assets_tests/test_definitions.py::test_materializing_the_event_log_reports_counts_that_reconcile_with_the_landed_lines
+PYTHON_DEMO_EVENTS ?= 5000
+python_312 := 3.12
+python_313 := 3.13
+
+test-pythons: test-py312 test-py313
+
+test-py312: .venv-3.12/.installed
+test-py313: .venv-3.13/.installed
+test-py312 test-py313: test-py%: setup
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; mkdir "$$tmp/home"; cp dagster.yaml "$$tmp/home/"; \
+	echo "Python $(python_$*): the demo ($(PYTHON_DEMO_EVENTS) events) on a lake of its own"; \
+	DAGSTER_HOME="$$tmp/home" DATABUILD_LAKE_ROOT="$$tmp/lake" .venv-$(python_$*)/bin/databuild-assets demo --events $(PYTHON_DEMO_EVENTS)
+	.venv-$(python_$*)/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTHON_FAST_TESTS)
+
+.venv-%/.installed: pyproject.toml $(VENV)/.installed
+	@py=$$(command -v python$* 2>/dev/null || ls -d $$HOME/.pyenv/versions/$*.*/bin/python$* 2>/dev/null | sort -V | tail -1); \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$*".split("."))))' 2>/dev/null; then \
+	  echo "no Python $* found (python$* on PATH, or pyenv's $$HOME/.pyenv/versions/$*.*): install it (apt-get install python$* python$*-venv, or pyenv install $*)" >&2; exit 1; fi; \
+	echo "Python $*: $$py"; rm -rf .venv-$*; "$$py" -m venv .venv-$*
+	VIRTUAL_ENV=$(CURDIR)/.venv-$* $(BIN)/uv pip install --quiet --python .venv-$*/bin/python -e ".[test]"
+	touch $@
 
 # Settings in [tool.ruff] (pyproject.toml). `make format` fixes what the formatter and the import sorter can.
 lint: setup
