@@ -41,6 +41,7 @@ from bench.query_path import percentile
 from databuild_assets.log import load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
+from databuild_assets.log.serving.cold import SEGMENT_SCHEMA
 from databuild_assets.log.serving.index import event_rows
 from databuild_assets.workload import generate_events
 
@@ -81,24 +82,12 @@ def _write(workdir: Path, events: int) -> pa.Table:
     return rows
 
 
-_FLAT_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("timestamp", pa.int64()),
-        ("build_request_id", pa.string()),
-        ("event_type", pa.string()),
-        ("payload", pa.string()),
-        ("partition_ref", pa.string()),
-        ("job_run_id", pa.string()),
-        ("status_code", pa.int32()),
-    ]
-)
-
-
 def _flat_rows(rows: pa.Table) -> pa.Table:
     """The serving index's `events` rows (the payload as JSON text): what a reader answers from."""
     flat = event_rows(rows)
-    return pa.Table.from_pylist([dict(zip(_FLAT_SCHEMA.names, row, strict=True)) for row in flat], schema=_FLAT_SCHEMA)
+    return pa.Table.from_pylist(
+        [dict(zip(SEGMENT_SCHEMA.names, row, strict=True)) for row in flat], schema=SEGMENT_SCHEMA
+    )
 
 
 def _partition_rows(rows: pa.Table) -> pa.Table:

@@ -14,11 +14,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 import deltalake
-import pyarrow as pa
 import pyarrow.parquet as pq
 from dagster import materialize
 
@@ -34,13 +32,12 @@ from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_servin
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
 from databuild_assets.maintenance.dagster_sqlite import unread_bytes
 from databuild_assets.maintenance.erasure_report import erasure_report
-from databuild_assets.runtime.delta_tables import table_properties
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.processes import process_alive
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import P, partition_event
-from databuild_assets_tests.serving_support import serving_files
+from databuild_assets_tests.serving_support import request_erasure_without_spark, serving_files
 from databuild_assets_tests.support import REPO_ROOT, lakehouse_for
 
 
@@ -258,8 +255,8 @@ def test_an_erased_value_leaves_the_free_space_of_the_index_pages_once_the_pipel
     assert any(event["build_request_id"] == erased_request for event in events)
     with DeltaRsEventLog(lake) as log:
         log.append_events(events)
-    _request_erasure_without_spark(lake, "partition_ref", erased_partition)
-    _request_erasure_without_spark(lake, "build_request_id", erased_request)
+    request_erasure_without_spark(lake, "partition_ref", erased_partition)
+    request_erasure_without_spark(lake, "build_request_id", erased_request)
     with DeltaRsEventLog(lake) as log:  # its open catches up: the events leave the index's rows
         assert log.get_build_request_events(erased_request) == []
         index_file = Path(log.index_path)
@@ -298,33 +295,11 @@ def test_the_erasure_report_reads_the_values_of_cold_segments_which_their_compre
         if request in "\t".join(map(str, row.values()))
     )
     assert in_segments > 3 and not [path for path in segments if request.encode() in path.read_bytes()]
-    _request_erasure_without_spark(lake, "build_request_id", request)  # requested: the index has not caught up
+    request_erasure_without_spark(lake, "build_request_id", request)  # requested: the index has not caught up
 
     [finding] = [f for f in erasure_report(spark, lake) if f.table == SERVING_INDEX_FOLDER]
 
     assert finding.rows_in_data_files >= in_segments
-
-
-def _request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) -> None:
-    """'requested' tombstone records of `value` (or of each of a list, in one commit), committed by
-    delta-rs with the table's own properties."""
-    path = lake.table_path(TOMBSTONES)
-    schema = deltalake.Schema.from_json(TOMBSTONES.schema.json())
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
-        deltalake.DeltaTable.create(
-            path, schema=schema, configuration=table_properties(TOMBSTONES), raise_if_key_not_exists=False
-        )
-    records = []
-    for one in [value] if isinstance(value, str) else value:
-        record = {"tombstone_id": f"t-{one}", "record": "requested", "key": key, "value": one, "actor": "test"}
-        record |= {
-            "reason": "a test",
-            "requested_at": datetime.now(UTC),
-            "applied_at": None,
-            "applied_log_version": None,
-        }
-        records.append(record)
-    deltalake.write_deltalake(path, pa.Table.from_pylist(records, schema=pa.schema(schema.to_arrow())), mode="append")
 
 
 def test_thousands_of_tombstones_are_honoured_by_a_build_a_catch_up_and_an_append(lake: Lake) -> None:
@@ -335,7 +310,7 @@ def test_thousands_of_tombstones_are_honoured_by_a_build_a_catch_up_and_an_appen
     assert hidden and any(e["event_type"] == "job_event" for e in hidden)  # fields, lists and job configs
     with DeltaRsEventLog(lake) as log:
         log.append_events(events[:300])
-        _request_erasure_without_spark(lake, "partition_ref", erased)
+        request_erasure_without_spark(lake, "partition_ref", erased)
         log.append_events(events[300:])  # read with the tombstones: hidden as they are added
         assert log.get_activity_summary().total_events == len(events) - len(hidden)
     shutil.rmtree(lake.path(SERVING_INDEX_FOLDER))
@@ -363,7 +338,7 @@ def test_a_tombstone_of_each_key_hides_on_catch_up_exactly_the_events_the_rule_m
         log.append_events(events)
     hidden: list[dict] = []
     for key, erased in values.items():
-        _request_erasure_without_spark(lake, key, erased)
+        request_erasure_without_spark(lake, key, erased)
         newly = [e for e in events if matches(e, {key: set(erased)}) and e not in hidden]
         assert newly
         hidden += newly
@@ -377,7 +352,7 @@ def test_events_arriving_after_a_tombstone_are_hidden_by_a_process_that_never_re
     secret = "data/customers/id=42"
     with DeltaRsEventLog(lake) as log:
         log.append_events([partition_event("e1", 100, "br-1", secret, P.PARTITION_AVAILABLE)])
-        _request_erasure_without_spark(lake, "partition_ref", secret)
+        request_erasure_without_spark(lake, "partition_ref", secret)
         assert log.get_partition_events(secret) == []  # the index now reflects the tombstone
         assert log._store().stamp().tombstones.version == 1  # create, then the request
 
