@@ -158,6 +158,11 @@ def _upload_new(s3: LoopbackS3, lake_root: Path, prefix: str) -> int:
     return uploaded
 
 
+def _built_at(log) -> str:
+    """When the serving index a JVM-free log reads was built (its stamp; a rewrite keeps it)."""
+    return log._store()._connection.execute("SELECT built_at FROM serving_stamp").fetchone()[0]
+
+
 def test_the_jvm_free_log_reads_and_follows_a_lake_on_the_bucket_as_it_reads_the_same_lake_on_disk(
     spark, s3, tmp_path, monkeypatch
 ):
@@ -188,14 +193,18 @@ def test_the_jvm_free_log_reads_and_follows_a_lake_on_the_bucket_as_it_reads_the
         assert remote.list_recent_partitions(limit=50) == writer.list_recent_partitions(limit=50)
 
         # New commits on the bucket are followed, not rebuilt: the next read sees them.
-        index_before = remote.index_path
+        index_before, built_at = remote.index_path, _built_at(remote)
         writer.append_events(events[1_500:])
         request_erasure(spark, local, "build_request_id", request, actor="alice", reason="s3 test")
         _upload_new(s3, tmp_path / "lake", "served")
         assert remote.get_activity_summary() == writer.get_activity_summary()
         assert remote.get_activity_summary().total_events < 2_000  # the tombstone hides its events
         assert remote.get_build_request_events(request) == []
-        assert remote.index_path == index_before
+        # Not built again (the stamp's build time is the first build's); the catch-up that hid the
+        # erased events wrote the cache whole, as a new generation, so no copy of their rows is
+        # left in its pages (decision 0034).
+        assert _built_at(remote) == built_at and remote.index_path != index_before
+        assert not os.path.exists(index_before)
 
         # An append through it is committed on the bucket and read back at once.
         extra = dict(events[-1], event_id="appended-on-the-bucket")
