@@ -264,6 +264,11 @@ def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
     finally:
         spark.stop()
     table = Path(lake.table_path(RAW_EVENT_LOG))
+    # An erased event may be purged already (a compaction ran after its erasure) or not yet: only
+    # the others count as lost.
+    present = set(_open(str(table)).to_pyarrow_table(columns=["event_id"])["event_id"].to_pylist())
+    verdict["lost"] = len((sent - erased_ids) - present)
+    verdict["erased_purged"] = len(erased_ids - present)
     as_is, checkpointed = _checkpointed_open(table)
     minutes = results["minutes"]
     first, last = minutes[: min(10, len(minutes))], minutes[-min(10, len(minutes)) :]
