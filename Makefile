@@ -91,8 +91,9 @@ test-py312 test-py313: test-py%: setup
 	.venv-$(python_$*)/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTHON_FAST_TESTS)
 
 .venv-%/.installed: pyproject.toml $(VENV)/.installed
-	@py=$$(command -v python$* 2>/dev/null || ls -d $$HOME/.pyenv/versions/$*.*/bin/python$* 2>/dev/null | sort -V | tail -1); \
-	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$*".split("."))))' 2>/dev/null; then \
+	@py=; for candidate in $$(command -v python$* 2>/dev/null) $$(ls -d $$HOME/.pyenv/versions/$*.*/bin/python$* 2>/dev/null | sort -rV); do \
+	  if "$$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$*".split("."))))' 2>/dev/null; then py=$$candidate; break; fi; done; \
+	if [ -z "$$py" ]; then \
 	  echo "no Python $* found (python$* on PATH, or pyenv's $$HOME/.pyenv/versions/$*.*): install it (apt-get install python$* python$*-venv, or pyenv install $*)" >&2; exit 1; fi; \
 	echo "Python $*: $$py"; rm -rf .venv-$*; "$$py" -m venv .venv-$*
 	VIRTUAL_ENV=$(CURDIR)/.venv-$* $(BIN)/uv pip install --quiet --python .venv-$*/bin/python -e ".[test]"
