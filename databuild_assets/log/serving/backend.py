@@ -243,12 +243,16 @@ class DeltaRsEventLog(BuildEventLog):
                     self._marker = marker
                     self._replace(index)
                     return
-            building = self._folder.new_building_path()
             log.info("%r: building the serving index (%s)", self, reason)
-            build_index(self.lake, building, self._progress)
-            final = self._folder.publish(building)
-            self._marker = self._folder.marker()
-            self._replace(ServingIndex.open(final))
+            self._publish_generation(lambda building: build_index(self.lake, building, self._progress))
+
+    def _publish_generation(self, write: Callable[[str], None]) -> None:
+        """Publish (under the build lock) a generation `write(path)` makes; older ones are removed."""
+        building = self._folder.new_building_path()
+        write(building)
+        final = self._folder.publish(building)
+        self._marker = self._folder.marker()
+        self._replace(ServingIndex.open(final))
 
     def _private_folder(self) -> PrivateFolder:
         if self._private is None:
@@ -436,11 +440,7 @@ class DeltaRsEventLog(BuildEventLog):
                 self._open()
                 if not self._store().deleted_events():
                     return self._store()
-            building = self._folder.new_building_path()
-            self._store().rewrite_into(building)
-            final = self._folder.publish(building)  # removes the old generation's files
-            self._marker = self._folder.marker()
-            self._replace(ServingIndex.open(final))
+            self._publish_generation(self._store().rewrite_into)
         return self._store()
 
     @property
