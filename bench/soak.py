@@ -11,8 +11,8 @@ build's events (--read-rate a second), a 40-event landing file lands every minut
 runs are submitted to the run queue at a third and two thirds of the time.
 
 Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
-checkpoint and live files, the lake's and the instance's size. At the end: every run's outcome and
-duration; every event sent stored once (erased ones hidden); the filtered log and the projections
+checkpoint, live files and the size of its log, the lake's and the instance's size. At the end:
+every run's outcome and duration; every event sent stored once (erased ones hidden); the filtered log and the projections
 equal to a rebuild (Spark, databuild_assets_tests.reliability_workers.verify_lake); the p95 of the
 last 10 minutes against the first 10; delta-rs's open of the raw log against a freshly
 checkpointed copy. Results also go to DIR/soak.json. Taken beside another Spark run, figures
@@ -221,6 +221,7 @@ def _minute(deployment: DagsterDeployment, workdir: Path, minute: int, since: fl
         "runs": runs,
         "commits_since_checkpoint": version - checkpoint,
         "raw_log_files": files,
+        "raw_log_log_mb": _size(deployment.lake_root / "tables" / RAW_EVENT_LOG.name / "_delta_log") / 1e6,
         "lake_mb": _size(deployment.lake_root) / 1e6,
     }
     print(json.dumps(row), flush=True)
@@ -282,6 +283,7 @@ def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
         "read_p95_ratio": p95_of(last, "read_p95_ms") / p95_of(first, "read_p95_ms"),
         "max_commits_since_checkpoint": max(m["commits_since_checkpoint"] for m in minutes),
         "max_raw_log_files": max(m["raw_log_files"] for m in minutes),
+        "max_raw_log_log_mb": max(m["raw_log_log_mb"] for m in minutes),
         "open_s": as_is,
         "open_checkpointed_s": checkpointed,
     }
@@ -302,6 +304,7 @@ def _summary(results: dict) -> None:
         "read_p95_ratio",
         "max_commits_since_checkpoint",
         "max_raw_log_files",
+        "max_raw_log_log_mb",
         "open_s",
         "open_checkpointed_s",
         "instance_bytes",

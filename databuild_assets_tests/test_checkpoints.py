@@ -5,6 +5,7 @@ Spark, delta-rs and our own log readers read, and that holds no erasable value."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.checkpoints import DEFAULT_CHECKPOINT_INTERVAL, FILES_PER_COMMIT, checkpoint_due
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
+from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
 from databuild_assets.runtime.delta_log import read_log
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
@@ -154,3 +156,33 @@ def test_the_interval_stretches_with_the_live_files_a_checkpoint_lists():
     assert checkpoint_due(599, 99, 50_000, {})
     assert checkpoint_due(149, 99, 0, {"delta.checkpointInterval": "50"})
     assert checkpoint_due(99, None, 0, {})  # versions 0 to 99, no checkpoint yet
+
+
+def test_old_checkpoints_are_thinned_to_one_an_hour_and_every_version_still_reads(spark, tmp_path: Path) -> None:
+    # A checkpoint every interval under a service's appends, each listing every live file, would
+    # keep gigabytes an hour for the log's retention: compaction keeps the first of each hour.
+    path = str(tmp_path / "table")
+    now = 1_800_000_000.0  # an hour boundary: 500,000 hours
+    ages = {1: 3 * 3600 - 10, 2: 3 * 3600 - 20, 3: 3 * 3600 - 30, 4: 2 * 3600 - 10, 5: 2 * 3600 - 20, 6: 60, 7: 30}
+    for version in range(8):
+        deltalake.write_deltalake(path, pa.table({"n": [version]}), mode="append")
+        if version in ages:
+            deltalake.DeltaTable(path).create_checkpoint()
+            os.utime(_checkpoint_file(path, version), (now - ages[version], now - ages[version]))
+    log_files = sorted(p.name for p in (Path(path) / "_delta_log").iterdir())
+
+    assert thin_checkpoints(path, now=now) == 3
+
+    kept = {v for v in ages if _checkpoint_file(path, v).exists()}
+    assert kept == {1, 4, 6, 7}  # the first of each old hour; the last ten minutes' ones
+    assert {p.name for p in (Path(path) / "_delta_log").iterdir()} == set(log_files) - {
+        _checkpoint_file(path, v).name for v in (2, 3, 5)
+    }
+    assert thin_checkpoints(path, now=now) == 0
+    for version in range(8):  # time travel to every version, by Spark and by delta-rs
+        expected = list(range(version + 1))
+        by_spark = spark.read.format("delta").option("versionAsOf", version).load(path).collect()
+        assert sorted(row["n"] for row in by_spark) == expected
+        assert sorted(deltalake.DeltaTable(path, version=version).to_pyarrow_table()["n"].to_pylist()) == expected
+    state = read_log(path)
+    assert (state.checkpoint, state.version, state.damage) == (7, 7, [])

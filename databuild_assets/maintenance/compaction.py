@@ -22,8 +22,9 @@ since their last refresh: their live files then no longer hold the values). Then
 closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
 small tables and the projections (whose refreshes leave a few small files each). Then every
 ingested landing file and archived landing file that holds a line any tombstone matches is
-rewritten without it (maintenance/landing_files.py). Last, exactly the tombstones this run
-purged are recorded as applied; one recorded while it ran stays pending for the next run.
+rewritten without it (maintenance/landing_files.py). Then exactly the tombstones this run
+purged are recorded as applied; one recorded while it ran stays pending for the next run. Last,
+old checkpoints of each local table are thinned to one an hour (maintenance/log_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.landing_files import LandingErasureResult, erase_from_landing_files
+from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
     lines_mentioning,
@@ -75,6 +77,7 @@ from databuild_assets.runtime.lake import (
     Lake,
     TableSpec,
 )
+from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +342,9 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     # applied may hold its values too. Before record_applied: if it fails, they stay pending.
     landing = erase_from_landing_files(spark, lake, tombstones)
     record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
+    if not is_s3(lake.root):
+        for spec in tables:
+            thin_checkpoints(lake.table_path(spec))
 
     raw_log_rows = purged.get(RAW_EVENT_LOG.name, Purge()).rows_per_tombstone
     per_tombstone = {t.tombstone_id: raw_log_rows.get(t.tombstone_id, 0) for t in to_purge}

@@ -32,7 +32,8 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name; group 1: its version
-_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+# a classic checkpoint file's name (single-file, or part 2 of 3); group 1: its version
+CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 # A log folder modified this recently when listed may change again within its mtime's resolution
 # unseen: it is listed again at the next check (the same rule as git's racy index entries).
 _RACY_NS = 2_000_000_000
@@ -261,7 +262,7 @@ def read_log(table_path: str) -> LogState:
     for name in sorted(os.listdir(folder)):
         if match := COMMIT_FILE.match(name):
             commits[int(match.group(1))] = folder / name
-        elif match := _CHECKPOINT.match(name):
+        elif match := CHECKPOINT_FILE.match(name):
             checkpoints.setdefault(int(match.group(1)), []).append(folder / name)
     state.newest_on_disk = max(commits, default=None)
     parsed: dict[int, _Commit] = {}
@@ -325,7 +326,7 @@ def _complete(parts: list[str]) -> bool:
     every part 1..n of a multi-part one."""
     numbered = set()
     for name in parts:
-        match = _CHECKPOINT.match(name)
+        match = CHECKPOINT_FILE.match(name)
         if match is None or match.group(2) is None:
             return True
         numbered.add((int(match.group(2)), int(match.group(3))))
@@ -527,7 +528,7 @@ def check_log_paths(table_path: str) -> int | None:
             checked = _Checked()
         checkpoints: dict[int, list[str]] = {}
         for name in names:
-            if match := _CHECKPOINT.match(name):
+            if match := CHECKPOINT_FILE.match(name):
                 checkpoints.setdefault(int(match.group(1)), []).append(name)
         # The newest *complete* checkpoint, as Delta picks it: a part of a multi-part one planted
         # alone must not hide the commits Spark replays from an older checkpoint instead.
