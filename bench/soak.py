@@ -12,9 +12,10 @@ runs are submitted to the run queue at a third and two thirds of the time.
 
 Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
 checkpoint, live files and the size of its log, the lake's and the instance's size. At the end:
-every run's outcome and duration; every event sent stored once (erased ones hidden); the filtered log and the projections
-equal to a rebuild (Spark, databuild_assets_tests.reliability_workers.verify_lake); the p95 of the
-last 10 minutes against the first 10; delta-rs's open of the raw log against a freshly
+every run's outcome and duration; every event sent stored once (erased ones hidden); the
+filtered log and the projections equal to a rebuild (Spark,
+databuild_assets_tests.reliability_workers.verify_lake); the p95 of the last 10 minutes against
+the first 10; delta-rs's open of the raw log against a freshly
 checkpointed copy. Results also go to DIR/soak.json. Taken beside another Spark run, figures
 are not comparable.
 """

@@ -18,7 +18,7 @@ from databuild_assets.log import SqliteEventLog
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import append_files, raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
-from databuild_assets.log.serving.checkpoints import DEFAULT_CHECKPOINT_INTERVAL, FILES_PER_COMMIT, checkpoint_due
+from databuild_assets.log.serving.checkpoints import CHECKPOINT_BASE, checkpoint_due, checkpoint_interval
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
@@ -71,9 +71,10 @@ def test_jvm_free_appends_keep_a_checkpoint_within_the_interval_that_spark_delta
         _append_in_batches(log, events[300:])
     newest = deltalake.DeltaTable(path).version()
     last = DeltaFollower(path).last_checkpoint()
+    interval = checkpoint_interval({}, len(deltalake.DeltaTable(path, version=last).file_uris()))
 
-    assert newest > DEFAULT_CHECKPOINT_INTERVAL  # the appends alone crossed the interval
-    assert last is not None and compacted < last <= newest < last + DEFAULT_CHECKPOINT_INTERVAL
+    assert newest - compacted > 3 * interval  # the appends alone crossed the interval, more than once
+    assert last is not None and compacted < last <= newest < last + interval
     assert _commit_info(path, last)["engineInfo"] == "databuild-assets"  # an append's, not Spark's
     checkpoint = pq.read_table(_checkpoint_file(path, last))
     assert checkpoint.column("remove").null_count < checkpoint.num_rows  # it holds the compaction's removes
@@ -104,12 +105,13 @@ def test_jvm_free_appends_keep_a_checkpoint_within_the_interval_that_spark_delta
 def test_a_checkpoint_another_writer_left_due_is_written_by_the_next_append(lake: Lake) -> None:
     # A writer that never checkpoints (or an appender that died before its checkpoint) commits
     # past the interval; the next append finds the log that far past `_last_checkpoint`.
-    events = list(generate_events(5 * (DEFAULT_CHECKPOINT_INTERVAL + 6), seed=22))
+    behind = 3 * CHECKPOINT_BASE
+    events = list(generate_events(5 * (behind + 6), seed=22))
     with DeltaRsEventLog(lake) as log:
         log.append_events(events[:5])
     path = lake.table_path(RAW_EVENT_LOG)
     columns = list(deltalake.DeltaTable(path).metadata().configuration["delta.dataSkippingStatsColumns"].split(","))
-    for version in range(2, DEFAULT_CHECKPOINT_INTERVAL + 6):
+    for version in range(2, behind + 6):
         rows = raw_log_rows(enumerate(canonical_event(e) for e in events[5 * (version - 1) : 5 * version]), "other")
         append_files(path, version, rows, ["event_date"], columns)
     assert DeltaFollower(path).last_checkpoint() is None
@@ -118,7 +120,7 @@ def test_a_checkpoint_another_writer_left_due_is_written_by_the_next_append(lake
         log.append_events(events[-5:])
 
     newest = deltalake.DeltaTable(path).version()
-    assert newest == DEFAULT_CHECKPOINT_INTERVAL + 6
+    assert newest == behind + 6
     assert DeltaFollower(path).last_checkpoint() == newest
     assert read_log(path).checkpoint == newest
 
@@ -126,7 +128,7 @@ def test_a_checkpoint_another_writer_left_due_is_written_by_the_next_append(lake
 def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake) -> None:
     # EVENTS.md, Tombstones: statistics only on columns no tombstone can name, in the log's
     # checkpoints too, since a checkpoint holds every live file's statistics.
-    events = list(generate_events(5 * (DEFAULT_CHECKPOINT_INTERVAL + 2), seed=23))
+    events = list(generate_events(5 * (CHECKPOINT_BASE + 2), seed=23))
     with DeltaRsEventLog(lake) as log:
         _append_in_batches(log, events)
     path = lake.table_path(RAW_EVENT_LOG)
@@ -136,7 +138,7 @@ def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake)
 
     assert "stats_parsed" not in _field_names(pa.struct(list(checkpoint.schema)))
     statistics = [json.loads(add["stats"]) for add in checkpoint.column("add").to_pylist() if add is not None]
-    assert len(statistics) >= DEFAULT_CHECKPOINT_INTERVAL
+    assert len(statistics) >= CHECKPOINT_BASE - 1  # every append but version 0, the create
     assert {
         name for stats in statistics for kind in ("minValues", "maxValues", "nullCount") for name in stats[kind]
     } <= set(RAW_EVENT_LOG.stats_columns)
@@ -146,16 +148,17 @@ def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake)
     assert sorted(value for value in values if value in text) == []
 
 
-def test_the_interval_stretches_with_the_live_files_a_checkpoint_lists():
-    # A checkpoint lists every live file: while compaction is behind, one every 100 commits would
-    # write far more checkpoint than commit bytes. One commit per FILES_PER_COMMIT live files.
-    assert FILES_PER_COMMIT == 100
-    assert checkpoint_due(199, 99, 5_000, {})  # 100 commits past, 5,000 files: the table's interval
-    assert not checkpoint_due(198, 99, 5_000, {})
-    assert not checkpoint_due(598, 99, 50_000, {})  # 50,000 files: due 500 commits past, not 499
-    assert checkpoint_due(599, 99, 50_000, {})
-    assert checkpoint_due(149, 99, 0, {"delta.checkpointInterval": "50"})
-    assert checkpoint_due(99, None, 0, {})  # versions 0 to 99, no checkpoint yet
+def test_the_interval_grows_with_the_live_files_a_checkpoint_lists():
+    # An open reads the checkpoint (a cost per live file) and replays the commits after it (a cost
+    # per commit): the interval keeps the replay within about the checkpoint's read.
+    assert checkpoint_due(15, None, 0, {})  # versions 0 to 15, no checkpoint yet
+    assert not checkpoint_due(14, None, 0, {})
+    assert checkpoint_due(99 + 16, 99, 100, {})  # 100 live files: still the base
+    assert not checkpoint_due(99 + 98, 99, 10_000, {})  # 10,000 files: due 99 commits past
+    assert checkpoint_due(99 + 99, 99, 10_000, {})
+    assert checkpoint_due(149, 99, 50_000, {"delta.checkpointInterval": "50"})  # the table's own
+    assert not checkpoint_due(148, 99, 0, {"delta.checkpointInterval": "50"})
+    assert checkpoint_due(99 + 16, 99, 0, {"delta.checkpointInterval": "x"})
 
 
 def test_old_checkpoints_are_thinned_to_one_an_hour_and_every_version_still_reads(spark, tmp_path: Path) -> None:

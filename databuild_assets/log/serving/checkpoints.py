@@ -5,16 +5,17 @@ and delta-rs only after its own commits (its post-commit hook, which `commit_exa
 S3); a commit file written by `append_files` triggers neither. A log grown by those appends alone
 would make every open by Spark or delta-rs replay every commit since the last checkpoint. So
 after an append commits a version, still under the table's commit lock, `checkpoint_if_due`
-writes a checkpoint of it when it is `delta.checkpointInterval` commits or more past the newest
-one (`_last_checkpoint`; 100 unless the table sets the interval, delta-rs's own default): a
+writes a checkpoint of it when it is far enough past the newest one (`_last_checkpoint`): a
 checkpoint missed by an appender that died is written by the next append.
 
-A checkpoint lists every live file (about 95 bytes each), and the log keeps every checkpoint for
-its retention (7 days). While compaction is behind, a raw log of many small files would so write
-gigabytes of checkpoints a day at a service's append rate. So the interval also stretches to one
-commit per `FILES_PER_COMMIT` live files of the last checkpoint: the checkpoint bytes written per
-commit stay below a few commit files' size, and an open replays at most a small share of what it
-reads in the checkpoint anyway.
+How far: an open reads the newest checkpoint, about 2 microseconds per live file it lists plus a
+few milliseconds, then replays each commit after it, about 0.17 ms each (delta-rs, local disk).
+So the interval grows with the live files: CHECKPOINT_BASE commits plus one per
+FILES_PER_COMMIT live files of the last checkpoint (16 commits with none, 99 at 10,000 files),
+which keeps an open within about 2x of a freshly checkpointed table's whatever the file count,
+and the checkpoint bytes written per commit within a few tens of KB (a checkpoint is ~450 bytes
+per live file; compaction thins old ones, maintenance/log_checkpoints.py). A table that sets
+`delta.checkpointInterval` gets that interval instead.
 
 The checkpoint is delta-rs's classic single-file one, which Spark, delta-rs and
 runtime/delta_log.py read. It copies each add's `stats` string as committed and writes no
@@ -37,31 +38,29 @@ from databuild_assets.runtime.delta_log import log_folder
 log = logging.getLogger(__name__)
 
 CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
-# delta-rs's default interval: the one its post-commit hook follows on the other append paths.
-DEFAULT_CHECKPOINT_INTERVAL = 100
-# A commit file of an append is a few KB, a checkpoint ~95 B per live file: one commit per this many
-# live files keeps the checkpoints' bytes per commit within a few commit files.
-FILES_PER_COMMIT = 100
+# An open's cost of replaying this many commits is about its cost of reading a checkpoint of no
+# files, and of FILES_PER_COMMIT live files about one more commit (bench figures: the module's
+# docstring).
+CHECKPOINT_BASE = 16
+FILES_PER_COMMIT = 120
 
 
-def checkpoint_interval(configuration: dict[str, str]) -> int:
-    """The table's `delta.checkpointInterval`, or DEFAULT_CHECKPOINT_INTERVAL when it sets none
-    (or one that is not a positive whole number)."""
+def checkpoint_interval(configuration: dict[str, str], live_files: int) -> int:
+    """The table's `delta.checkpointInterval` when it sets a positive whole number; else
+    CHECKPOINT_BASE commits plus one per FILES_PER_COMMIT live files."""
     try:
-        interval = int(configuration.get(CHECKPOINT_INTERVAL_PROPERTY, DEFAULT_CHECKPOINT_INTERVAL))
+        interval = int(configuration.get(CHECKPOINT_INTERVAL_PROPERTY, 0))
     except ValueError:
-        return DEFAULT_CHECKPOINT_INTERVAL
-    return interval if interval > 0 else DEFAULT_CHECKPOINT_INTERVAL
+        interval = 0
+    return interval if interval > 0 else CHECKPOINT_BASE + live_files // FILES_PER_COMMIT
 
 
 def checkpoint_due(version: int, last: int | None, live_files: int, configuration: dict[str, str]) -> bool:
-    """Whether `version` is far enough past the newest checkpoint `last` (holding `live_files`):
-    the table's interval, stretched to one commit per FILES_PER_COMMIT live files.
+    """Whether `version` is its interval past the newest checkpoint `last` (holding `live_files`).
 
-        checkpoint_due(100, None, 0, {})   # True: 101 commits and no checkpoint
+    checkpoint_due(15, None, 0, {})   # True: versions 0 to 15 and no checkpoint
     """
-    interval = max(checkpoint_interval(configuration), live_files // FILES_PER_COMMIT)
-    return version - (-1 if last is None else last) >= interval
+    return version - (-1 if last is None else last) >= checkpoint_interval(configuration, live_files)
 
 
 def checkpoint_if_due(table_path: str, table: deltalake.DeltaTable, version: int) -> int | None:
@@ -96,7 +95,7 @@ def _last_checkpoint(table_path: str) -> tuple[int | None, int]:
 
 
 __all__ = [
-    "DEFAULT_CHECKPOINT_INTERVAL",
+    "CHECKPOINT_BASE",
     "FILES_PER_COMMIT",
     "checkpoint_due",
     "checkpoint_if_due",
