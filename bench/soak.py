@@ -39,6 +39,7 @@ from deltalake.exceptions import DeltaError
 from bench.query_path import percentile
 from bench.soak_load import STREAM
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.spark import SparkSettings
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.dagster_deployment import DagsterDeployment
 from databuild_assets_tests.reliability_workers import write_landing_file
@@ -132,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     server, storage = _storage(args.storage)
     results: dict = {"settings": vars(args), "minutes": []}
     try:
-        with DagsterDeployment(workdir, storage=storage) as deployment:
+        # The product's Spark driver memory, not the deployment test's small one: a driver of 1 GB
+        # ran out of heap in a purge with 20k live raw-log files.
+        spark = {"DATABUILD_SPARK_DRIVER_MEMORY": SparkSettings.driver_memory}
+        with DagsterDeployment(workdir, storage=storage, settings=spark) as deployment:
             results["startup_s"] = {name: s.ready_after_s for name, s in deployment.services.items()}
             for sensor in SENSORS:
                 try:

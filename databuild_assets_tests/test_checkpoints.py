@@ -189,3 +189,23 @@ def test_old_checkpoints_are_thinned_to_one_an_hour_and_every_version_still_read
         assert sorted(deltalake.DeltaTable(path, version=version).to_pyarrow_table()["n"].to_pylist()) == expected
     state = read_log(path)
     assert (state.checkpoint, state.version, state.damage) == (7, 7, [])
+
+
+def test_an_appends_checkpoint_leaves_no_stale_hadoop_checksum_of_last_checkpoint(spark, lake: Lake) -> None:
+    # Spark keeps a checksum of `_last_checkpoint` beside it (Hadoop's local filesystem) and checks
+    # it at each read; delta-rs rewrites the file, not the checksum: Spark's every open then
+    # failed the check, slept, retried and listed the log instead.
+    events = list(generate_events(20, seed=24))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])
+    path = lake.table_path(RAW_EVENT_LOG)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1')")
+    checksum = Path(path) / "_delta_log" / "._last_checkpoint.crc"
+    assert checksum.exists()  # Spark's checkpoint of its own commit
+
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[5:])
+
+    assert DeltaFollower(path).last_checkpoint() == deltalake.DeltaTable(path).version()  # the append's
+    assert not checksum.exists()
+    assert spark.read.format("delta").load(path).count() == len(events)

@@ -72,6 +72,10 @@ def thin_checkpoints(
                 deleted += 1
             except FileNotFoundError:  # another compaction thinned it first
                 pass
+            try:  # the checksum Hadoop's local filesystem wrote beside a checkpoint of Spark's
+                os.unlink(folder / f".{part.name}.crc")
+            except FileNotFoundError:
+                pass
     if deleted:
         log.info("%s: %d old checkpoint files deleted (one an hour kept for time travel)", table_path, deleted)
     return deleted

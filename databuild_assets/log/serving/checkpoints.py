@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import deltalake
 import deltalake.exceptions
@@ -82,7 +83,19 @@ def checkpoint_if_due(table_path: str, table: deltalake.DeltaTable, version: int
             error,
         )
         return None
+    _drop_stale_checksum(table_path)
     return table.version()
+
+
+def _drop_stale_checksum(table_path: str) -> None:
+    """Spark writes `_last_checkpoint` through Hadoop's local filesystem, which keeps a checksum
+    of it in `._last_checkpoint.crc` and checks it at every read; delta-rs rewrites the file and
+    not that checksum. Spark would then fail the check, sleep and retry, and fall back to listing
+    the log at every open. Without the checksum file Hadoop reads the file unchecked."""
+    try:
+        os.unlink(log_folder(table_path) / "._last_checkpoint.crc")
+    except FileNotFoundError:
+        pass
 
 
 def _last_checkpoint(table_path: str) -> tuple[int | None, int]:
