@@ -1,5 +1,5 @@
-"""Helpers for the serving index's tests: tombstones committed without Spark, and what the
-index folder's files hold."""
+"""Helpers for the serving index's tests: tombstones committed without Spark, what the index
+folder's files hold, and the answers a reader gives against SQLite's."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import deltalake
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log import SqliteEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import TOMBSTONES, Lake
+from databuild_assets_tests import bel_cases
 
 
 def request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) -> None:
@@ -55,3 +59,32 @@ def files_holding(lake: Lake, value: str) -> list[str]:
 def folder_bytes(lake: Lake) -> int:
     """The bytes of every file under serving_index/."""
     return sum(path.stat().st_size for path in serving_files(lake))
+
+
+def reference_answers(events: list[dict]) -> dict:
+    """Every bel_cases answer over `events` of the reference backend (SQLite in memory)."""
+    with SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        return bel_cases.answers(reference, *bel_cases.keys_of(events))
+
+
+def erase_each_key_in_turn(lake: Lake, events: list[dict], values: dict[str, list[str]], after_each=None) -> list[dict]:
+    """A tombstone of each key's `values` in turn, committed without Spark. After each: it hid
+    events no earlier one did, and a new reader (its first read catches up) answers as the
+    reference over the events still visible; then `after_each(erased values)`. Returns the
+    events hidden."""
+    hidden: list[dict] = []
+    for key, erased in values.items():
+        request_erasure_without_spark(lake, key, erased)
+        newly = [e for e in events if matches(e, {key: set(erased)}) and e not in hidden]
+        assert newly
+        hidden += newly
+        visible = [e for e in events if e not in hidden]
+        with DeltaRsEventLog(lake) as log:
+            assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == reference_answers(visible)
+            assert log._store().event_count() == log.get_activity_summary().total_events  # kept, not counted
+        if after_each is not None:
+            after_each(erased)
+            with DeltaRsEventLog(lake) as log:
+                assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == reference_answers(visible)
+    return hidden

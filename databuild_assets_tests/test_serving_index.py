@@ -37,7 +37,7 @@ from databuild_assets.runtime.processes import process_alive
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import P, partition_event
-from databuild_assets_tests.serving_support import request_erasure_without_spark, serving_files
+from databuild_assets_tests.serving_support import erase_each_key_in_turn, request_erasure_without_spark, serving_files
 from databuild_assets_tests.support import REPO_ROOT, lakehouse_for
 
 
@@ -336,14 +336,7 @@ def test_a_tombstone_of_each_key_hides_on_catch_up_exactly_the_events_the_rule_m
     }
     with DeltaRsEventLog(lake) as log:
         log.append_events(events)
-    hidden: list[dict] = []
-    for key, erased in values.items():
-        request_erasure_without_spark(lake, key, erased)
-        newly = [e for e in events if matches(e, {key: set(erased)}) and e not in hidden]
-        assert newly
-        hidden += newly
-        with DeltaRsEventLog(lake) as log:  # a new process: its first read catches up
-            _answers_match_the_reference(log, [e for e in events if e not in hidden])
+    hidden = erase_each_key_in_turn(lake, events, values)
     assert delegation in hidden and delegation["build_request_id"] not in values["build_request_id"]
     assert any(e["event_type"] == "job_event" and an_input not in e["job_event"]["target_partitions"] for e in hidden)
 

@@ -13,19 +13,17 @@ from typing import Any
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
-from databuild_assets.log import SqliteEventLog
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
-from databuild_assets_tests.serving_support import files_holding, folder_bytes, request_erasure_without_spark
+from databuild_assets_tests.serving_support import (
+    erase_each_key_in_turn,
+    files_holding,
+    folder_bytes,
+    reference_answers,
+)
 from databuild_assets_tests.support import REPO_ROOT
-
-
-def _reference_answers(events: list[dict[str, Any]]) -> dict[str, Any]:
-    with SqliteEventLog(":memory:") as reference:
-        reference.append_events(events)
-        return bel_cases.answers(reference, *bel_cases.keys_of(events))
 
 
 def _cold(lake: Lake) -> dict[str, int]:
@@ -59,7 +57,7 @@ def test_finished_build_requests_leave_the_index_for_segments_and_every_answer_s
     cold = _cold(lake)
     assert cold["cold_build_requests"] > 50 and cold["cold_event_ids"] > 1000
     with DeltaRsEventLog(lake) as log:
-        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == _reference_answers(events)
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
         assert log._store().event_count() == len(events)
 
 
@@ -78,11 +76,11 @@ def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segmen
             assert not connection.execute(
                 "SELECT 1 FROM cold_build_requests WHERE build_request_id = ?", (request,)
             ).fetchone()
-        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == _reference_answers(events + [late])
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == reference_answers(events + [late])
     refresh_serving_index(lake, hot_window_s=0)  # cold again, in a new segment; the stale one is gone
     assert not segments_before & set(files_holding(lake, request))
     with DeltaRsEventLog(lake) as log:
-        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == _reference_answers(events + [late])
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == reference_answers(events + [late])
 
 
 def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
@@ -97,7 +95,7 @@ def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
         again = dict(cold_one, build_request_id="someone-else")  # the same id, whatever it says
         assert log.append_events([again]).duplicates == 1
         assert log._store().cold_facts()["cold_build_requests"] > 0
-        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == _reference_answers(events)
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
 def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake) -> None:
@@ -151,19 +149,12 @@ def test_a_tombstone_of_each_key_reaches_cold_build_requests_and_leaves_no_byte_
     refresh_serving_index(lake, hot_window_s=0)
     assert _cold(lake)["cold_build_requests"] > 50
     assert "segment-1.parquet" in files_holding(lake, values["build_request_id"][0])  # cold
-    hidden: list[dict] = []
-    for key, erased in values.items():
-        request_erasure_without_spark(lake, key, erased)
-        newly = [e for e in events if matches(e, {key: set(erased)}) and e not in hidden]
-        assert newly
-        hidden += newly
-        visible = [e for e in events if e not in hidden]
-        with DeltaRsEventLog(lake) as log:  # a new process: its first read catches up
-            assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == _reference_answers(visible)
+
+    def refreshed_without_a_byte_of(erased: list[str]) -> None:
         refresh_serving_index(lake, hot_window_s=0)
         assert [(value, files_holding(lake, value)) for value in erased] == [(value, []) for value in erased]
-        with DeltaRsEventLog(lake) as log:
-            assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == _reference_answers(visible)
+
+    erase_each_key_in_turn(lake, events, values, after_each=refreshed_without_a_byte_of)
 
 
 def test_the_index_keeps_only_hot_events_with_the_window_at_0(lake: Lake, capsys) -> None:
