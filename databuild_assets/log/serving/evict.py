@@ -6,7 +6,9 @@ hot window are written to a new segment, then in one transaction recorded cold a
 deleted from the index, except the pinned ones. For each partition and job run their events
 touch, the events the projections' refresh SQL picks among them (the latest of each kind, the
 first job event) stay in `events`, so a later refresh over what remains gives the reference's
-answer: the max over what remains is the max over all. What the SQL would count over the
+answer: the max over what remains is the max over all. A pinned partition or job event keeps
+an empty payload, which that SQL never reads, and no pinned event lists partitions (reads of a
+cold build request's events go to its segment). What the SQL would count over the
 evicted events is kept per key (`cold_partition_events`, `cold_build_request_partition_counts`),
 and a 16-byte digest of every evicted event id, so an append still dedupes against the whole log.
 
@@ -42,7 +44,7 @@ from databuild_assets.log.serving.cold import (
 )
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.sqlite.backend import transaction
-from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
+from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS, select_listed_partitions
 
 # A segment holds about this many events at most: the rows of one eviction's transaction are in
 # memory while it is written.
@@ -100,6 +102,15 @@ _PICKS = (
     ("job_run_id", "event_type IN ('job_event', 'task_cancel_event')", "ASC"),
     ("job_run_id", "event_type = 'job_event'", "DESC"),
     ("job_run_id", "event_type = 'task_cancel_event'", "DESC"),
+)
+
+
+# The refresh SQL reads no payload field of a partition or job event (only a delegation's, an
+# invalidation's and a cancel's): a pinned one keeps an empty payload while its build request is
+# cold. Its whole row is in the segment; `thaw` puts the payload back.
+_SLIM_PINNED = (
+    "UPDATE main.events SET payload = '{}' WHERE event_type IN ('partition_event', 'job_event')"
+    " AND event_id IN (SELECT event_id FROM temp.pinned)"
 )
 
 
@@ -190,6 +201,7 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
     segment = _next_segment(connection, folder)
     low, high = write_segment(folder, segment, rows)
     _pin(connection)
+    connection.execute(_SLIM_PINNED)
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
     connection.execute("INSERT INTO main.cold_build_requests SELECT build_request_id, ? FROM temp.freezing", (segment,))
     # partition_state.event_count counts the events carrying the ref: those deleted here are kept
@@ -220,8 +232,9 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
     connection.executemany(
         "INSERT OR IGNORE INTO main.cold_event_ids VALUES (?)", ((event_digest(row[0]),) for row in rows)
     )
+    # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
+    connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN (SELECT event_id FROM {_FROZEN})")
     leaving = f"SELECT event_id FROM {_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
-    connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN ({leaving})")
     deleted = connection.execute(f"DELETE FROM main.events WHERE event_id IN ({leaving})").rowcount
     _count_deleted(connection, deleted)
     return len(rows)
@@ -267,6 +280,17 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
             f" {new} AND t.partition_ref = cold_partition_events.partition_ref)"
             " WHERE segment = ? AND partition_ref IN (SELECT partition_ref FROM temp.thawing)",
             (segment,),
+        )
+        # The pinned rows get their payloads and listed partitions back (_SLIM_PINNED); the rest
+        # are inserted (the events table's trigger lists their partitions).
+        connection.execute(
+            "UPDATE main.events AS e SET payload = t.payload FROM temp.thawing AS t"
+            " WHERE e.event_id = t.event_id AND e.payload <> t.payload"
+        )
+        connection.execute(
+            "INSERT OR IGNORE INTO main.event_listed_partitions (partition_ref, timestamp, event_id)"
+            + select_listed_partitions("t", source="temp.thawing AS t, ")
+            + " AND EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
         )
         connection.execute(f"INSERT INTO main.events ({_COLUMNS}) SELECT {_COLUMNS} FROM {new}")
         connection.execute(
