@@ -254,6 +254,16 @@ def damage_of(error: BaseException, root: str) -> DamagedTableError | None:
     return None
 
 
+def is_listing_race(error: BaseException) -> bool:
+    """Whether `error` is Delta finding a gap in a log listing (DELTA_VERSIONS_NOT_CONTIGUOUS):
+    a directory read while commits are written may return a newer commit file and miss the one
+    before it (ext4 lists a large folder in hash order). Raised by `damage_reported` only when the
+    log shows no gap once read again: then it is that race, and reading again succeeds."""
+    return isinstance(error, (Py4JJavaError, CapturedException)) and "DELTA_VERSIONS_NOT_CONTIGUOUS" in _java_text(
+        error
+    )
+
+
 @contextmanager
 def damage_reported(root: str) -> Iterator[None]:
     """Run the block; a failure that is a damaged file of the lake at `root` is raised as its one
@@ -277,6 +287,7 @@ __all__ = [
     "DamagedTableError",
     "damage_of",
     "damage_reported",
+    "is_listing_race",
     "commit_damage",
     "data_file_damage",
     "log_damage",
