@@ -21,12 +21,11 @@ its tables; a lake on S3 is left as it is (delta-rs's post-commit hook checkpoin
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 
-from databuild_assets.runtime.delta_log import CHECKPOINT_FILE, LAST_CHECKPOINT, log_folder
+from databuild_assets.runtime.delta_log import CHECKPOINT_FILE, last_checkpoint, log_folder
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +52,9 @@ def thin_checkpoints(
                     checkpoints.setdefault(int(match.group(1)), []).append(entry)
     except FileNotFoundError:
         return 0
-    keep = {max(checkpoints, default=-1), _last_checkpoint(folder)}
+    keep = {max(checkpoints, default=-1), (last_checkpoint(table_path) or (-1, 0))[0]}
     first_of_window: dict[int, int] = {}
-    old: dict[int, float] = {}
+    old: dict[int, int] = {}  # version -> its window
     for version, parts in checkpoints.items():
         written = max(part.stat(follow_symlinks=False).st_mtime for part in parts)
         window = int(written // keep_one_per_s)
@@ -79,13 +78,6 @@ def thin_checkpoints(
     if deleted:
         log.info("%s: %d old checkpoint files deleted (one an hour kept for time travel)", table_path, deleted)
     return deleted
-
-
-def _last_checkpoint(folder) -> int:
-    try:
-        return int(json.loads((folder / LAST_CHECKPOINT).read_bytes())["version"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return -1
 
 
 __all__ = ["KEEP_ONE_PER_S", "KEEP_RECENT_S", "thin_checkpoints"]

@@ -159,6 +159,16 @@ def log_folder(table_path: str) -> Path:
     return Path(table_path.removeprefix("file://").removeprefix("file:")) / LOG
 
 
+def last_checkpoint(table_path: str) -> tuple[int, int] | None:
+    """(version, live files) of the checkpoint a local table's `_last_checkpoint` names; None when
+    there is none or it does not parse (a reader then lists the log)."""
+    try:
+        named = json.loads((log_folder(table_path) / LAST_CHECKPOINT).read_bytes())
+        return int(named["version"]), int(named.get("numOfAddFiles") or 0)
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
 def commit_path(table_path: str, version: int) -> Path:
     """Where commit `version` of the local table at `table_path` is (or would be)."""
     return log_folder(table_path) / f"{version:020d}.json"

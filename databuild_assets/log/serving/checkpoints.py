@@ -27,14 +27,13 @@ value (runtime/lake.py, COMMON_TABLE_PROPERTIES).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
 import deltalake
 import deltalake.exceptions
 
-from databuild_assets.runtime.delta_log import log_folder
+from databuild_assets.runtime.delta_log import last_checkpoint, log_folder
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ def checkpoint_if_due(table_path: str, table: deltalake.DeltaTable, version: int
     table's commit lock) is its interval past the newest checkpoint; `table` is brought up to
     date first. Returns the version checkpointed, or None. A failed checkpoint is logged, not
     raised: the commit before it stands, and the next append tries again."""
-    last, live_files = _last_checkpoint(table_path)
+    last, live_files = last_checkpoint(table_path) or (None, 0)
     if not checkpoint_due(version, last, live_files, table.metadata().configuration):
         return None
     try:
@@ -96,15 +95,6 @@ def _drop_stale_checksum(table_path: str) -> None:
         os.unlink(log_folder(table_path) / "._last_checkpoint.crc")
     except FileNotFoundError:
         pass
-
-
-def _last_checkpoint(table_path: str) -> tuple[int | None, int]:
-    """(version, live files) of the newest checkpoint `_last_checkpoint` names; (None, 0): none."""
-    try:
-        named = json.loads((log_folder(table_path) / "_last_checkpoint").read_bytes())
-        return int(named["version"]), int(named.get("numOfAddFiles") or 0)
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None, 0
 
 
 __all__ = [

@@ -27,7 +27,13 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage, outside_table_damage
-from databuild_assets.runtime.delta_log import COMMIT_FILE, OutsideTableError, resolve_in_table, table_relative
+from databuild_assets.runtime.delta_log import (
+    COMMIT_FILE,
+    OutsideTableError,
+    last_checkpoint,
+    resolve_in_table,
+    table_relative,
+)
 from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_local_table, schema_version_of
 from databuild_assets.runtime.object_store import arrow_filesystem, delta_rs_options, delta_rs_uri, is_s3
 
@@ -90,10 +96,8 @@ class DeltaFollower:
 
     def last_checkpoint(self) -> int | None:
         """The version of the table's newest checkpoint (`_last_checkpoint`), if any."""
-        try:
-            return int(json.loads((self._log_dir / "_last_checkpoint").read_text(encoding="utf-8"))["version"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return None
+        named = last_checkpoint(self.path)
+        return None if named is None else named[0]
 
     def open_table(self) -> deltalake.DeltaTable:
         """The table at its latest version, through delta-rs, checked to be followable; a log
