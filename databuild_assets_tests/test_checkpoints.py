@@ -22,8 +22,10 @@ from databuild_assets.log.serving.checkpoints import CHECKPOINT_BASE, checkpoint
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
-from databuild_assets.runtime.delta_log import read_log
+from databuild_assets.runtime.commit_lock import checkpoint_lock_path
+from databuild_assets.runtime.delta_log import last_checkpoint, read_log
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lock_files import lock_if_free
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 
@@ -71,13 +73,16 @@ def test_jvm_free_appends_keep_a_checkpoint_within_the_interval_that_spark_delta
         _append_in_batches(log, events[300:])
     newest = deltalake.DeltaTable(path).version()
     last = DeltaFollower(path).last_checkpoint()
-    interval = checkpoint_interval({}, len(deltalake.DeltaTable(path, version=last).file_uris()))
+    checkpoint = pq.read_table(_checkpoint_file(path, last))
+    removes = checkpoint.num_rows - checkpoint.column("remove").null_count
+    assert removes >= 60  # it holds the compaction's removes, kept as tombstones
+    # The interval counts every action an open reads, the tombstones too, not the live files only.
+    assert last_checkpoint(path) == (last, checkpoint.num_rows)
+    interval = checkpoint_interval({}, checkpoint.num_rows)
 
     assert newest - compacted > 3 * interval  # the appends alone crossed the interval, more than once
     assert last is not None and compacted < last <= newest < last + interval
     assert _commit_info(path, last)["engineInfo"] == "databuild-assets"  # an append's, not Spark's
-    checkpoint = pq.read_table(_checkpoint_file(path, last))
-    assert checkpoint.column("remove").null_count < checkpoint.num_rows  # it holds the compaction's removes
 
     # Our own log reader builds the state from that checkpoint, and it is delta-rs's.
     state = read_log(path)
@@ -125,6 +130,24 @@ def test_a_checkpoint_another_writer_left_due_is_written_by_the_next_append(lake
     assert read_log(path).checkpoint == newest
 
 
+def test_an_append_leaves_a_due_checkpoint_to_the_appender_already_writing_one(lake: Lake) -> None:
+    # The checkpoint is written beside the appends, not under the commit lock: while one process
+    # writes it (holding the checkpoint lock) the others commit and return without writing their own.
+    events = list(generate_events(5 * (CHECKPOINT_BASE + 2), seed=25))
+    path = lake.table_path(RAW_EVENT_LOG)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])  # creates the raw log
+        with lock_if_free(checkpoint_lock_path(path)) as held:
+            assert held
+            _append_in_batches(log, events[5:-5])
+            assert DeltaFollower(path).last_checkpoint() is None  # due since version 15, left to the holder
+        log.append_events(events[-5:])
+    newest = deltalake.DeltaTable(path).version()
+    assert newest == CHECKPOINT_BASE + 2  # the create, then one commit a batch
+    assert DeltaFollower(path).last_checkpoint() == newest  # written once the lock was free
+    assert oct(os.stat(checkpoint_lock_path(path)).st_mode & 0o777) == "0o600"
+
+
 def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake) -> None:
     # EVENTS.md, Tombstones: statistics only on columns no tombstone can name, in the log's
     # checkpoints too, since a checkpoint holds every live file's statistics.
@@ -148,13 +171,14 @@ def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake)
     assert sorted(value for value in values if value in text) == []
 
 
-def test_the_interval_grows_with_the_live_files_a_checkpoint_lists():
-    # An open reads the checkpoint (a cost per live file) and replays the commits after it (a cost
-    # per commit): the interval keeps the replay within about the checkpoint's read.
+def test_the_interval_grows_with_the_actions_a_checkpoint_holds():
+    # An open reads the checkpoint (a cost per action: live files and tombstones) and replays the
+    # commits after it (a cost per commit): the interval keeps the replay within about the
+    # checkpoint's read.
     assert checkpoint_due(15, None, 0, {})  # versions 0 to 15, no checkpoint yet
     assert not checkpoint_due(14, None, 0, {})
-    assert checkpoint_due(99 + 16, 99, 100, {})  # 100 live files: still the base
-    assert not checkpoint_due(99 + 98, 99, 10_000, {})  # 10,000 files: due 99 commits past
+    assert checkpoint_due(99 + 16, 99, 100, {})  # 100 actions: still the base
+    assert not checkpoint_due(99 + 98, 99, 10_000, {})  # 10,000 actions: due 99 commits past
     assert checkpoint_due(99 + 99, 99, 10_000, {})
     assert checkpoint_due(149, 99, 50_000, {"delta.checkpointInterval": "50"})  # the table's own
     assert not checkpoint_due(148, 99, 0, {"delta.checkpointInterval": "50"})

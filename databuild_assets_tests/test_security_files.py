@@ -4,6 +4,7 @@ umask it was started with (docs/security.md)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from databuild_assets.ingest.landing import ingest_landing_files
+from databuild_assets.log.serving.checkpoints import checkpoint_if_due
 from databuild_assets.log.serving.store import IndexFolder, index_folder_of
-from databuild_assets.runtime.commit_lock import commit_lock, lock_path
+from databuild_assets.runtime.commit_lock import checkpoint_lock_path, commit_lock, lock_path
 from databuild_assets.runtime.files import LocalFiles
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.private_folders import UnsafeFolderError
@@ -209,3 +211,21 @@ def test_a_landing_file_rewrite_is_made_for_its_owner_alone_whatever_the_umask(t
         os.umask(previous)
     for path in (tmp_path / "landing_archive", tmp_path / "landing_archive" / "events-00000.jsonl"):
         assert stat.S_IMODE(os.lstat(path).st_mode) & 0o077 == 0, path
+
+
+def test_a_link_planted_as_the_checkpoint_lock_is_not_followed(lake, caplog):
+    # The appends' checkpoint lock (log/serving/checkpoints.py) is opened as the commit lock is:
+    # a link there is refused and named, the file it leads to left as it was, no checkpoint written.
+    table = lake.table_path(RAW_EVENT_LOG)
+    Path(table).parent.mkdir(parents=True, exist_ok=True)
+    target = Path(lake.root).parent / "elsewhere"
+    target.write_text("not a lock file\n")
+    os.chmod(target, 0o644)
+    checkpoint_lock_path(table).symlink_to(target)
+
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint_if_due(table) is None
+
+    assert f"lock file {checkpoint_lock_path(table)} is a symbolic link" in caplog.text
+    assert target.read_text() == "not a lock file\n"
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o644

@@ -45,6 +45,14 @@ def lock_path(table_path: str) -> Path:
     return table.parent / f".{table.name}.commit-lock"
 
 
+def checkpoint_lock_path(table_path: str) -> Path:
+    """The lock file an appender holds while it writes the table's checkpoint, beside the commit
+    lock: the others skip the checkpoint meanwhile instead of writing one each
+    (log/serving/checkpoints.py)."""
+    commit = lock_path(table_path)
+    return commit.with_name(commit.name.removesuffix(".commit-lock") + ".checkpoint-lock")
+
+
 @contextmanager
 def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[None]:
     """Hold the commit lock of the table at `table_path` for the block (re-entrant within a
@@ -72,4 +80,4 @@ def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[Non
             held.discard(key)
 
 
-__all__ = ["commit_lock", "lock_path"]
+__all__ = ["checkpoint_lock_path", "commit_lock", "lock_path"]

@@ -160,11 +160,13 @@ def log_folder(table_path: str) -> Path:
 
 
 def last_checkpoint(table_path: str) -> tuple[int, int] | None:
-    """(version, live files) of the checkpoint a local table's `_last_checkpoint` names; None when
-    there is none or it does not parse (a reader then lists the log)."""
+    """(version, actions) of the checkpoint a local table's `_last_checkpoint` names: its `size`,
+    every action an open reads (live files, and the removes kept as tombstones), or its live files
+    when a writer left `size` out; None when there is none or it does not parse (a reader then
+    lists the log)."""
     try:
         named = json.loads((log_folder(table_path) / LAST_CHECKPOINT).read_bytes())
-        return int(named["version"]), int(named.get("numOfAddFiles") or 0)
+        return int(named["version"]), int(named.get("size") or named.get("numOfAddFiles") or 0)
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
 

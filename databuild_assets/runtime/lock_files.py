@@ -135,6 +135,30 @@ def held_lock(path: Path | str, what: str, timeout_s: float | None = None) -> It
         os.close(descriptor)
 
 
+@contextmanager
+def lock_if_free(path: Path | str) -> Iterator[bool]:
+    """Hold the lock file at `path` for the block if no one holds it (True), without waiting
+    (False): for work one process does on behalf of all, which the others then skip.
+
+        with lock_if_free(folder / ".raw_event_log.checkpoint-lock") as held:
+            if held:
+                ...
+    """
+    descriptor = open_lock_file(path)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+    finally:
+        os.close(descriptor)
+
+
 def lock_holder(descriptor: int) -> str:
     """Who holds a lock on the file open at `descriptor`: "pid N (user U: command line)", from
     /proc/locks (its `major:minor:inode` field) and /proc/<pid>; or why that is unknown."""
@@ -190,6 +214,7 @@ __all__ = [
     "UnsafeLockFileError",
     "acquire",
     "lock_holder",
+    "lock_if_free",
     "lock_timeout_s",
     "open_lock_file",
 ]

@@ -12,8 +12,8 @@ starts over from the log.
 
 It is used only for tables this code can write without a protocol feature: reader version 1,
 writer version 2 or lower, no invariants (`writable_by_fast_append`); anything else goes
-through delta-rs. `append_locally` also writes the checkpoint that falls due, since no other
-writer checkpoints a commit file it did not write (log/serving/checkpoints.py). On S3, where no
+through delta-rs. No other writer checkpoints a commit file it did not write, so the caller
+checkpoints the table as its commits make one due (log/serving/checkpoints.py). On S3, where no
 lock keeps writers apart, `commit_exactly` has delta-rs commit exactly the next version with S3's
 conditional write, or raise CommitConflictError; delta-rs's post-commit hook checkpoints there.
 
@@ -38,7 +38,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, PostCommitHookProperties, write_deltalake
 
-from databuild_assets.log.serving.checkpoints import checkpoint_if_due
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.runtime.delta_tables import table_properties
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
@@ -201,17 +200,15 @@ def append_files(
 def append_locally(
     table_path: str, table: deltalake.DeltaTable, version: int, rows: pa.Table, commit_info: Mapping[str, Any]
 ) -> bool:
-    """Commit `rows` as `version` of the local table at `table_path` by `append_files`, then
-    write the checkpoint that falls due (log/serving/checkpoints.py), when the table's protocol
-    allows a blind append and it names its statistics columns. False, with nothing written, when
-    it does not: the caller commits through delta-rs."""
+    """Commit `rows` as `version` of the local table at `table_path` by `append_files`, when the
+    table's protocol allows a blind append and it names its statistics columns. False, with
+    nothing written, when it does not: the caller commits through delta-rs."""
     configuration = table.metadata().configuration
     stats_columns = configuration.get("delta.dataSkippingStatsColumns")
     if not (stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json())):
         return False
     partition_by = table.metadata().partition_columns
     append_files(table_path, version, rows, partition_by, stats_columns.split(","), commit_info)
-    checkpoint_if_due(table_path, table, version)
     return True
 
 
@@ -267,7 +264,7 @@ def commit_append(
     if s3:
         return table, commit_exactly(log.path, table, rows, latest, user_metadata)
     if append_locally(log.path, table, latest + 1, rows, {"userMetadata": user_metadata}):
-        return table, True  # by `append_files`, with the checkpoint that fell due
+        return table, True  # by `append_files`
     if table.version() != latest:
         table.update_incremental()  # to the latest commit: the one this append follows
     write_deltalake(

@@ -54,6 +54,7 @@ from databuild_assets.log.interface import (
 )
 from databuild_assets.log.serving.append import CommitConflictError, commit_append, raw_log_rows
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
+from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
@@ -134,6 +135,7 @@ class DeltaRsEventLog(BuildEventLog):
         self._hidden_by: dict[str, set[str]] = {}
         self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
+        self._checkpoints = None if is_s3(lake.root) else Checkpointer(self._log_path)
         self._open()
         try:
             self._catch_up(fresh=True)
@@ -463,6 +465,7 @@ class DeltaRsEventLog(BuildEventLog):
             return AppendResult(0, 0)
         s3 = is_s3(self.lake.root)
         attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
+        committed = None
         with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
             for attempt in range(attempts):
                 index = self._catch_up(fresh=True)
@@ -479,6 +482,7 @@ class DeltaRsEventLog(BuildEventLog):
                     self._table, next_version = commit_append(
                         self._log, self._table, raw_log_rows(new.values(), self.writer), before.version, self.writer
                     )
+                    committed = before.version + 1 if next_version else self._table.version()
                 except CommitConflictError:
                     if attempt == attempts - 1:
                         raise
@@ -506,6 +510,9 @@ class DeltaRsEventLog(BuildEventLog):
                 else:
                     self._catch_up(fresh=True)
                 break
+        if committed is not None and self._checkpoints is not None and self._table is not None:
+            # Outside the lock: the other appenders commit while the checkpoint is written.
+            self._checkpoints.after_commit(committed, self._table.metadata().configuration)
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
     # -- reads: the index's, once it has caught up ----------------------------------------------
@@ -558,6 +565,8 @@ class DeltaRsEventLog(BuildEventLog):
         return self._store().stored_bytes()
 
     def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.wait()
         self._replace(None)
         private, self._private = self._private, None
         if private is not None:

@@ -4,86 +4,123 @@ Spark writes a checkpoint only when its own commit lands on a multiple of the ta
 and delta-rs only after its own commits (its post-commit hook, which `commit_exactly` keeps on
 S3); a commit file written by `append_files` triggers neither. A log grown by those appends alone
 would make every open by Spark or delta-rs replay every commit since the last checkpoint. So
-after an append commits a version, still under the table's commit lock, `checkpoint_if_due`
-writes a checkpoint of it when it is far enough past the newest one (`_last_checkpoint`): a
-checkpoint missed by an appender that died is written by the next append.
+after each append the appender compares its commit with the newest checkpoint
+(`_last_checkpoint`), and once it is the interval past it a `Checkpointer` thread writes a
+checkpoint of the table's latest version, after the commit lock is released: the append returns
+at once and the other appenders go on committing. One process writes at a time (a lock beside
+the commit lock, `tables/.raw_event_log.checkpoint-lock`, taken without waiting: the others skip
+it); a checkpoint an appender died before writing is written after the next append.
 
-How far: an open reads the newest checkpoint, about 2 microseconds per live file it lists plus a
+How far: an open reads the newest checkpoint, about 2 microseconds per action it holds plus a
 few milliseconds, then replays each commit after it, about 0.17 ms each (delta-rs, local disk).
-So the interval grows with the live files: CHECKPOINT_BASE commits plus one per
-FILES_PER_COMMIT live files of the last checkpoint (16 commits with none, 99 at 10,000 files),
-which keeps an open within about 2x of a freshly checkpointed table's whatever the file count,
-and the checkpoint bytes written per commit within a few tens of KB (a checkpoint is ~450 bytes
-per live file; compaction thins old ones, maintenance/log_checkpoints.py). A table that sets
-`delta.checkpointInterval` gets that interval instead.
+A checkpoint's actions are the live files and the files removed in the last
+`delta.deletedFileRetentionDuration` (kept as tombstones), so after a compaction a checkpoint
+of a few hundred live files can hold tens of thousands of removes. The interval grows with them:
+CHECKPOINT_BASE commits plus one per ACTIONS_PER_COMMIT actions of the last checkpoint (16
+commits with none, 99 at 10,000), which keeps an open within about 2x of a freshly checkpointed
+table's, and the checkpoint bytes written per commit within a few tens of KB (a checkpoint is a few hundred
+bytes per action; compaction thins old checkpoints, maintenance/log_checkpoints.py). A table
+that sets `delta.checkpointInterval` gets that interval instead.
 
 The checkpoint is delta-rs's classic single-file one, which Spark, delta-rs and
 runtime/delta_log.py read. It copies each add's `stats` string as committed and writes no
 `stats_parsed`, so it holds statistics of `delta.dataSkippingStatsColumns` only: no erasable
 value (runtime/lake.py, COMMON_TABLE_PROPERTIES).
 
-    checkpoint_if_due(table_path, table, version)
+    checkpoints = Checkpointer(table_path)
+    checkpoints.after_commit(version, table.metadata().configuration)
+    checkpoints.wait()  # before the process ends
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import deltalake
-import deltalake.exceptions
 
+from databuild_assets.runtime.commit_lock import checkpoint_lock_path
 from databuild_assets.runtime.delta_log import last_checkpoint, log_folder
+from databuild_assets.runtime.lock_files import lock_if_free
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
 # An open's cost of replaying this many commits is about its cost of reading a checkpoint of no
-# files, and of FILES_PER_COMMIT live files about one more commit (bench figures: the module's
+# actions, and of ACTIONS_PER_COMMIT actions about one more commit (bench figures: the module's
 # docstring).
 CHECKPOINT_BASE = 16
-FILES_PER_COMMIT = 120
+ACTIONS_PER_COMMIT = 120
 
 
-def checkpoint_interval(configuration: dict[str, str], live_files: int) -> int:
+def checkpoint_interval(configuration: dict[str, str], actions: int) -> int:
     """The table's `delta.checkpointInterval` when it sets a positive whole number; else
-    CHECKPOINT_BASE commits plus one per FILES_PER_COMMIT live files."""
+    CHECKPOINT_BASE commits plus one per ACTIONS_PER_COMMIT actions of the last checkpoint."""
     try:
         interval = int(configuration.get(CHECKPOINT_INTERVAL_PROPERTY, 0))
     except ValueError:
         interval = 0
-    return interval if interval > 0 else CHECKPOINT_BASE + live_files // FILES_PER_COMMIT
+    return interval if interval > 0 else CHECKPOINT_BASE + actions // ACTIONS_PER_COMMIT
 
 
-def checkpoint_due(version: int, last: int | None, live_files: int, configuration: dict[str, str]) -> bool:
-    """Whether `version` is its interval past the newest checkpoint `last` (holding `live_files`).
+def checkpoint_due(version: int, last: int | None, actions: int, configuration: dict[str, str]) -> bool:
+    """Whether `version` is its interval past the newest checkpoint `last` (holding `actions`).
 
     checkpoint_due(15, None, 0, {})   # True: versions 0 to 15 and no checkpoint
     """
-    return version - (-1 if last is None else last) >= checkpoint_interval(configuration, live_files)
+    return version - (-1 if last is None else last) >= checkpoint_interval(configuration, actions)
 
 
-def checkpoint_if_due(table_path: str, table: deltalake.DeltaTable, version: int) -> int | None:
-    """Write a checkpoint of the local table at `path` once `version` (just committed, under the
-    table's commit lock) is its interval past the newest checkpoint; `table` is brought up to
-    date first. Returns the version checkpointed, or None. A failed checkpoint is logged, not
-    raised: the commit before it stands, and the next append tries again."""
-    last, live_files = last_checkpoint(table_path) or (None, 0)
-    if not checkpoint_due(version, last, live_files, table.metadata().configuration):
-        return None
+def checkpoint_if_due(table_path: str) -> int | None:
+    """Write a checkpoint of the local table at `table_path`'s latest version if it is its
+    interval past the newest one and no other process is writing one. Returns the version
+    checkpointed, or None. A failed checkpoint is logged, not raised: the commits before it
+    stand, and the next append tries again."""
     try:
-        table.update_incremental()
-        table.create_checkpoint()
-    except Exception as error:  # noqa: BLE001 - the commit has landed: an append must not report it failed
-        log.warning(
-            "%s: v%d is committed; its checkpoint failed and the next append retries it (%s)",
-            table_path,
-            version,
-            error,
-        )
+        with lock_if_free(checkpoint_lock_path(table_path)) as held:
+            if not held:
+                return None  # another appender is writing it
+            table = deltalake.DeltaTable(table_path)
+            last, actions = last_checkpoint(table_path) or (None, 0)
+            if not checkpoint_due(table.version(), last, actions, table.metadata().configuration):
+                return None  # written by another process since the append looked
+            table.create_checkpoint()
+            _drop_stale_checksum(table_path)
+            return table.version()
+    except Exception as error:  # noqa: BLE001 - in a thread beside the appends, which must go on
+        log.warning("%s: its checkpoint failed and the next append retries it (%s)", table_path, error)
         return None
-    _drop_stale_checksum(table_path)
-    return table.version()
+
+
+class Checkpointer:
+    """Writes the checkpoints a local table's appends make due, in a thread of this process
+    (`checkpoint_if_due`), one at a time; `wait` before the process ends, or the interpreter
+    waits for it at exit."""
+
+    def __init__(self, table_path: str) -> None:
+        self.table_path = table_path
+        self._thread: threading.Thread | None = None
+
+    def after_commit(self, version: int, configuration: dict[str, str]) -> bool:
+        """Start writing a checkpoint when `version` (just committed) is the interval past the
+        newest one and none is being written here; whether one was started."""
+        last, actions = last_checkpoint(self.table_path) or (None, 0)
+        if not checkpoint_due(version, last, actions, configuration):
+            return False
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._thread = threading.Thread(
+            target=checkpoint_if_due, args=(self.table_path,), name=f"checkpoint {self.table_path}"
+        )
+        self._thread.start()
+        return True
+
+    def wait(self) -> None:
+        """Until the checkpoint being written, if any, is done."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _drop_stale_checksum(table_path: str) -> None:
@@ -98,8 +135,9 @@ def _drop_stale_checksum(table_path: str) -> None:
 
 
 __all__ = [
+    "ACTIONS_PER_COMMIT",
     "CHECKPOINT_BASE",
-    "FILES_PER_COMMIT",
+    "Checkpointer",
     "checkpoint_due",
     "checkpoint_if_due",
     "checkpoint_interval",
