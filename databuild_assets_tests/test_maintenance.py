@@ -20,7 +20,7 @@ from databuild_assets.defs.maintenance.jobs import (
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.ingest.landing import ensure_ingest_tables
 from databuild_assets.ingest.writer import append_events
-from databuild_assets.maintenance.compaction import PurgeVerificationError, compact, purge_events
+from databuild_assets.maintenance.compaction import PurgeVerificationError, bin_pack, compact, purge_events
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.tombstones import (
@@ -244,6 +244,29 @@ def test_compaction_packs_the_small_files_that_refreshes_leave_in_the_projection
     [packed] = [table for table in result.tables if table.table == "partition_state"]
     assert (packed.files_compacted, packed.after.num_files) == (files, 1)
     assert sorted(map(str, spark.read.format("delta").load(path).collect())) == rows
+
+
+def test_a_bin_pack_leaves_the_files_already_packed_to_size_and_packs_only_the_small_ones(spark, lake):
+    # A service's raw log is bin-packed every ~10,000 appends: with Delta's default (files under
+    # 1 GB are packed) each bin-pack would rewrite the day so far, under the commit lock.
+    path = lake.table_path(RAW_EVENT_LOG)
+    for n in range(4):
+        append_events(spark, lake, one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n))
+    bin_pack(spark, lake, RAW_EVENT_LOG, None)
+    [packed] = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").collect()
+    assert packed["numFiles"] == 1
+    first = set(spark.read.format("delta").load(path).inputFiles())
+    for n in range(4, 7):
+        append_events(spark, lake, one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n))
+
+    rewritten = bin_pack(spark, lake, RAW_EVENT_LOG, None, packed_bytes=packed["sizeInBytes"])
+
+    files = set(spark.read.format("delta").load(path).inputFiles())
+    assert first <= files  # the packed file stays as it is
+    assert rewritten == 3 and len(files) == 2  # the three small ones became one
+    assert spark.read.format("delta").load(path).count() == sum(
+        len(one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n)) for n in range(7)
+    )
 
 
 def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_purges_them(spark, two_builds):

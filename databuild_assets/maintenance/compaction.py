@@ -81,6 +81,13 @@ from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 
+# OPTIMIZE packs the files smaller than this and leaves the others (Delta's default is 1 GB: every
+# file of a date under it is rewritten at each bin-pack, so a service's raw log, bin-packed by
+# file count every ~10,000 appends, would rewrite the whole day so far each time, under the commit
+# lock). A packed file grows to this size over a few bin-packs, then stays.
+PACKED_FILE_BYTES = 64 * 2**20
+_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
+
 EVENT_TABLES = (RAW_EVENT_LOG, FILTERED_EVENT_LOG)
 PROJECTION_TABLES = tuple(projection_spec(projection) for projection in PROJECTIONS.values())
 
@@ -263,15 +270,22 @@ def purge_quarantine(spark: SparkSession, lake: Lake, tombstones: list[Tombstone
     return int(metrics["num_deleted_rows"])
 
 
-def bin_pack(spark: SparkSession, lake: Lake, spec: TableSpec, closed_before: date | None) -> int:
+def bin_pack(
+    spark: SparkSession,
+    lake: Lake,
+    spec: TableSpec,
+    closed_before: date | None,
+    packed_bytes: int = PACKED_FILE_BYTES,
+) -> int:
     """OPTIMIZE the table's closed date partitions (the whole table when unpartitioned, or when
-    `closed_before` is None). Redone on a conflict: a projection's refresh may replace rows of the
-    files it packs."""
+    `closed_before` is None), packing the files under `packed_bytes`. Redone on a conflict: a
+    projection's refresh may replace rows of the files it packs."""
     path = lake.table_path(spec)
+    session = spark.newSession()  # the setting stays off other threads' work
 
     def optimize() -> int:
-        with commit_lock(path):
-            builder = DeltaTable.forPath(spark, path).optimize()
+        with commit_lock(path), session_settings(session, {_MIN_FILE_SIZE: str(packed_bytes)}):
+            builder = DeltaTable.forPath(session, path).optimize()
             if "event_date" in spec.partition_by and closed_before is not None:
                 builder = builder.where(f"event_date < '{closed_before.isoformat()}'")
             metrics = builder.executeCompaction().select("metrics.numFilesRemoved").first()
