@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,12 @@ from databuild_assets.log import SqliteEventLog
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import append_files, raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
-from databuild_assets.log.serving.checkpoints import CHECKPOINT_BASE, checkpoint_due, checkpoint_interval
+from databuild_assets.log.serving.checkpoints import (
+    CHECKPOINT_BASE,
+    checkpoint_due,
+    checkpoint_if_due,
+    checkpoint_interval,
+)
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
@@ -131,8 +138,8 @@ def test_a_checkpoint_another_writer_left_due_is_written_by_the_next_append(lake
 
 
 def test_an_append_leaves_a_due_checkpoint_to_the_appender_already_writing_one(lake: Lake) -> None:
-    # The checkpoint is written beside the appends, not under the commit lock: while one process
-    # writes it (holding the checkpoint lock) the others commit and return without writing their own.
+    # While one process writes a checkpoint (holding the checkpoint lock) the others commit and
+    # return without writing their own; the next append after it is released writes one.
     events = list(generate_events(5 * (CHECKPOINT_BASE + 2), seed=25))
     path = lake.table_path(RAW_EVENT_LOG)
     with DeltaRsEventLog(lake) as log:
@@ -140,12 +147,44 @@ def test_an_append_leaves_a_due_checkpoint_to_the_appender_already_writing_one(l
         with lock_if_free(checkpoint_lock_path(path)) as held:
             assert held
             _append_in_batches(log, events[5:-5])
+            log._checkpoints.wait()
             assert DeltaFollower(path).last_checkpoint() is None  # due since version 15, left to the holder
         log.append_events(events[-5:])
     newest = deltalake.DeltaTable(path).version()
     assert newest == CHECKPOINT_BASE + 2  # the create, then one commit a batch
     assert DeltaFollower(path).last_checkpoint() == newest  # written once the lock was free
     assert oct(os.stat(checkpoint_lock_path(path)).st_mode & 0o777) == "0o600"
+
+
+def test_the_appends_checkpoint_is_written_while_another_process_holds_the_commit_lock(lake: Lake, monkeypatch) -> None:
+    # The checkpoint is written beside the appends: it never waits for the commit lock, which an
+    # ingestion, a compaction or the other appenders hold meanwhile.
+    events = list(generate_events(5 * (CHECKPOINT_BASE + 1), seed=26))
+    path = lake.table_path(RAW_EVENT_LOG)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])
+    columns = deltalake.DeltaTable(path).metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
+    for version in range(2, CHECKPOINT_BASE + 2):
+        rows = raw_log_rows(enumerate(canonical_event(e) for e in events[5 * (version - 1) : 5 * version]), "other")
+        append_files(path, version, rows, ["event_date"], columns)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_COMMIT_LOCK, path], stdout=subprocess.PIPE, text=True)
+    monkeypatch.setenv("DATABUILD_LOCK_TIMEOUT_S", "5")  # a wait for the commit lock would fail, not hang
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert checkpoint_if_due(path, CHECKPOINT_BASE + 1) == CHECKPOINT_BASE + 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert DeltaFollower(path).last_checkpoint() == CHECKPOINT_BASE + 1
+
+
+_HOLD_COMMIT_LOCK = """
+import sys, time
+from databuild_assets.runtime.commit_lock import commit_lock
+with commit_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
 
 
 def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake) -> None:

@@ -4,7 +4,6 @@ umask it was started with (docs/security.md)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -23,6 +22,7 @@ from databuild_assets.log.serving.store import IndexFolder, index_folder_of
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path, commit_lock, lock_path
 from databuild_assets.runtime.files import LocalFiles
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lock_files import UnsafeLockFileError
 from databuild_assets.runtime.private_folders import UnsafeFolderError
 from databuild_assets_tests.support import (
     ONE_EVENT_OF_EACH_TYPE,
@@ -213,7 +213,7 @@ def test_a_landing_file_rewrite_is_made_for_its_owner_alone_whatever_the_umask(t
         assert stat.S_IMODE(os.lstat(path).st_mode) & 0o077 == 0, path
 
 
-def test_a_link_planted_as_the_checkpoint_lock_is_not_followed(lake, caplog):
+def test_a_link_planted_as_the_checkpoint_lock_is_not_followed(lake):
     # The appends' checkpoint lock (log/serving/checkpoints.py) is opened as the commit lock is:
     # a link there is refused and named, the file it leads to left as it was, no checkpoint written.
     table = lake.table_path(RAW_EVENT_LOG)
@@ -223,9 +223,10 @@ def test_a_link_planted_as_the_checkpoint_lock_is_not_followed(lake, caplog):
     os.chmod(target, 0o644)
     checkpoint_lock_path(table).symlink_to(target)
 
-    with caplog.at_level(logging.WARNING):
-        assert checkpoint_if_due(table) is None
+    with pytest.raises(
+        UnsafeLockFileError, match=f"lock file {re.escape(str(checkpoint_lock_path(table)))} is a symbolic link"
+    ):
+        checkpoint_if_due(table, 20)
 
-    assert f"lock file {checkpoint_lock_path(table)} is a symbolic link" in caplog.text
     assert target.read_text() == "not a lock file\n"
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o644

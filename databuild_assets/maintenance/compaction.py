@@ -275,12 +275,16 @@ def bin_pack(
     lake: Lake,
     spec: TableSpec,
     closed_before: date | None,
-    packed_bytes: int = PACKED_FILE_BYTES,
+    packed_bytes: int | None = None,
 ) -> int:
     """OPTIMIZE the table's closed date partitions (the whole table when unpartitioned, or when
-    `closed_before` is None), packing the files under `packed_bytes`. Redone on a conflict: a
-    projection's refresh may replace rows of the files it packs."""
+    `closed_before` is None), packing the files under `packed_bytes` (default: the Spark
+    configuration's spark.databricks.delta.optimize.minFileSize when the operator set one, else
+    PACKED_FILE_BYTES). Redone on a conflict: a projection's refresh may replace rows of the
+    files it packs."""
     path = lake.table_path(spec)
+    if packed_bytes is None:
+        packed_bytes = int(spark.sparkContext.getConf().get(_MIN_FILE_SIZE, str(PACKED_FILE_BYTES)))
     session = spark.newSession()  # the setting stays off other threads' work
 
     def optimize() -> int:

@@ -2,11 +2,12 @@
 service's appends.
 
 The JVM-free appends write a checkpoint every `delta.checkpointInterval` commits or more
-(log/serving/checkpoints.py), and every checkpoint lists every live file: under a service's
-append rate, with up to the file-count compaction's threshold of small files live, that is
-gigabytes of checkpoints an hour, which the log keeps for its retention (7 days) when nothing
-removes them. Only the newest checkpoint serves an open; an older one serves time travel to the
-versions after it, which any older checkpoint also serves, with more commits to replay.
+(log/serving/checkpoints.py), and every checkpoint lists every live file and every file removed
+in the tombstone retention (7 days): under a service's append rate, with up to the file-count
+compaction's threshold of small files live, that is gigabytes of checkpoints an hour, which the
+log keeps for its retention (7 days) when nothing removes them. Only the newest checkpoint
+serves an open; an older one serves time travel to the versions after it, which any older
+checkpoint also serves, with more commits to replay.
 
 So `thin_checkpoints` deletes every checkpoint older than `keep_recent_s` (by its file's
 modification time) but the first one of each hour: time travel to a version of the last 7 days

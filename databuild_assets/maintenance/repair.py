@@ -15,7 +15,8 @@
 - The derived tables (filtered_event_log, the projections) are rebuilt from the raw log in full
   (a damaged one is moved aside first), and the serving index gets a new generation.
 
-Each table is mended under its commit lock, so no writer of ours commits in between.
+Each table is mended under its commit lock (the raw log under its checkpoint lock too), so no
+writer of ours commits or checkpoints in between.
 
     result = repair_lake(spark, Lake("/data/lake"))
     print(format_repair(result))
@@ -23,6 +24,7 @@ Each table is mended under its commit lock, so no writer of ours commits in betw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -55,7 +57,7 @@ from databuild_assets.maintenance.check import (
 )
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.projections.refresh_all import refresh_all_projections
-from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.commit_lock import checkpoint_lock, commit_lock
 from databuild_assets.runtime.delta_log import (
     LAST_CHECKPOINT,
     LogState,
@@ -243,7 +245,9 @@ def _move(lake: Lake, path: str, aside: str, result: RepairResult) -> None:
 def _mend_source_table(lake: Lake, name: str, aside: str, result: RepairResult, say: Callable[[str], None]) -> int:
     """Restore one source table's log and remove its damaged files; the events (rows) it lost."""
     path = os.path.join(lake.path("tables"), name)
-    with commit_lock(path):
+    # The appends write the raw log's checkpoints beside its commit lock, under a lock of their own.
+    checkpoints = checkpoint_lock(path) if name == RAW_EVENT_LOG.name else contextlib.nullcontext()
+    with commit_lock(path), checkpoints:
         state = read_log(path)
         lost = _restore_log(lake, path, state, aside, result)
         state = read_log(path)

@@ -80,4 +80,16 @@ def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[Non
             held.discard(key)
 
 
-__all__ = ["checkpoint_lock_path", "commit_lock", "lock_path"]
+@contextmanager
+def checkpoint_lock(table_path: str, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold the table's checkpoint lock for the block, waiting for an appender writing a
+    checkpoint (as `commit_lock` waits): for work that must keep the appends' checkpoints out
+    too, such as `repair` restoring a log. A table on an object store takes no lock."""
+    if not is_local(table_path):
+        yield
+        return
+    with held_lock(checkpoint_lock_path(table_path), "the checkpoint lock", timeout_s):
+        yield
+
+
+__all__ = ["checkpoint_lock", "checkpoint_lock_path", "commit_lock", "lock_path"]

@@ -171,6 +171,11 @@ def last_checkpoint(table_path: str) -> tuple[int, int] | None:
         return None
 
 
+def checkpoint_path(table_path: str, version: int) -> Path:
+    """Where the single-file checkpoint of `version` of the local table at `table_path` is (or would be)."""
+    return log_folder(table_path) / f"{version:020d}.checkpoint.parquet"
+
+
 def commit_path(table_path: str, version: int) -> Path:
     """Where commit `version` of the local table at `table_path` is (or would be)."""
     return log_folder(table_path) / f"{version:020d}.json"

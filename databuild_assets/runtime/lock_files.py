@@ -1,5 +1,6 @@
-"""The lock files the project takes (a table's commit lock, a serving index's build lock): made
-0600 and this user's, never a symbolic link, and waited on for a bounded time.
+"""The lock files the project takes (a table's commit lock, the raw log's checkpoint lock, a
+serving index's build lock): made 0600 and this user's, never a symbolic link, and waited on for
+a bounded time, or not at all (`lock_if_free`: work one process does for all, skipped by the others).
 
 flock works through any descriptor, a read-only one too, so a lock file others can read is a lock
 others can hold, stalling every commit for as long as they like. So a lock file is created 0600

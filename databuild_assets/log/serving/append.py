@@ -228,15 +228,15 @@ def _put_if_absent(path: str, text: str) -> None:
 
 def commit_append(
     log: DeltaFollower, table: deltalake.DeltaTable | None, rows: pa.Table, latest: int, writer: str
-) -> tuple[deltalake.DeltaTable, bool]:
+) -> tuple[deltalake.DeltaTable, int | None]:
     """One append commit of `rows` as the raw log's next version (the raw log created first when
     the lake has none): by `append_locally` when the table's protocol allows, else delta-rs.
-    Returns the table as delta-rs sees it (the caller keeps it for the next append) and whether
-    the commit is exactly version `latest + 1` (delta-rs may retry past a commit of a writer that
-    ignores the lock). On S3, CommitConflictError when another writer created the log or took
-    that version first.
+    Returns the table as delta-rs sees it (the caller keeps it for the next append) and the
+    version committed when it is exactly the one after `latest` (the create's, for a new log), or
+    None (delta-rs may retry past a commit of a writer that ignores the lock). On S3,
+    CommitConflictError when another writer created the log or took that version first.
 
-        table, exact = commit_append(follower, None, raw_log_rows(events, "svc"), latest, "svc")
+        table, version = commit_append(follower, None, raw_log_rows(events, "svc"), latest, "svc")
     """
     s3 = is_s3(log.path)
     if latest < 0 and s3 and log.exists():
@@ -262,9 +262,9 @@ def commit_append(
     user_metadata = json.dumps({"writer": writer})
     latest = latest if latest >= 0 else table.version()
     if s3:
-        return table, commit_exactly(log.path, table, rows, latest, user_metadata)
+        return table, latest + 1 if commit_exactly(log.path, table, rows, latest, user_metadata) else None
     if append_locally(log.path, table, latest + 1, rows, {"userMetadata": user_metadata}):
-        return table, True  # by `append_files`
+        return table, latest + 1  # by `append_files`
     if table.version() != latest:
         table.update_incremental()  # to the latest commit: the one this append follows
     write_deltalake(
@@ -273,7 +273,7 @@ def commit_append(
         mode="append",
         commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
     )
-    return table, False
+    return table, None
 
 
 __all__ = [

@@ -465,7 +465,7 @@ class DeltaRsEventLog(BuildEventLog):
             return AppendResult(0, 0)
         s3 = is_s3(self.lake.root)
         attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
-        committed = None
+        committed: int | None = None
         with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
             for attempt in range(attempts):
                 index = self._catch_up(fresh=True)
@@ -479,10 +479,9 @@ class DeltaRsEventLog(BuildEventLog):
                 stamp = index.stamp()
                 before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
                 try:
-                    self._table, next_version = commit_append(
+                    self._table, committed = commit_append(
                         self._log, self._table, raw_log_rows(new.values(), self.writer), before.version, self.writer
                     )
-                    committed = before.version + 1 if next_version else self._table.version()
                 except CommitConflictError:
                     if attempt == attempts - 1:
                         raise
@@ -490,7 +489,7 @@ class DeltaRsEventLog(BuildEventLog):
                         time.sleep(random.uniform(*_S3_RETRY_PAUSE_S))
                     continue  # another writer committed first: dedupe again
                 applied = False
-                if before.version >= 0 and next_version and not index.read_only:
+                if before.version >= 0 and committed is not None and not index.read_only:
                     try:
                         with index.updating():
                             if index.stamp() == stamp:

@@ -6,10 +6,12 @@ S3); a commit file written by `append_files` triggers neither. A log grown by th
 would make every open by Spark or delta-rs replay every commit since the last checkpoint. So
 after each append the appender compares its commit with the newest checkpoint
 (`_last_checkpoint`), and once it is the interval past it a `Checkpointer` thread writes a
-checkpoint of the table's latest version, after the commit lock is released: the append returns
-at once and the other appenders go on committing. One process writes at a time (a lock beside
-the commit lock, `tables/.raw_event_log.checkpoint-lock`, taken without waiting: the others skip
-it); a checkpoint an appender died before writing is written after the next append.
+checkpoint of that version after the commit lock is released (Spark checkpoints only versions
+it committed, so the two never write the same file): the append returns at once and the other
+appenders go on committing. One process writes at a time (a lock beside the commit lock,
+`tables/.raw_event_log.checkpoint-lock`, taken without waiting: the others skip it); a
+checkpoint an appender died before writing is written after the next append. `repair` holds
+that lock too while it restores the log.
 
 How far: an open reads the newest checkpoint, about 2 microseconds per action it holds plus a
 few milliseconds, then replays each commit after it, about 0.17 ms each (delta-rs, local disk).
@@ -35,13 +37,15 @@ value (runtime/lake.py, COMMON_TABLE_PROPERTIES).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
+import time
 
 import deltalake
 
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
-from databuild_assets.runtime.delta_log import last_checkpoint, log_folder
+from databuild_assets.runtime.delta_log import checkpoint_path, last_checkpoint, log_folder
 from databuild_assets.runtime.lock_files import lock_if_free
 
 log = logging.getLogger(__name__)
@@ -72,54 +76,90 @@ def checkpoint_due(version: int, last: int | None, actions: int, configuration: 
     return version - (-1 if last is None else last) >= checkpoint_interval(configuration, actions)
 
 
-def checkpoint_if_due(table_path: str) -> int | None:
-    """Write a checkpoint of the local table at `table_path`'s latest version if it is its
-    interval past the newest one and no other process is writing one. Returns the version
-    checkpointed, or None. A failed checkpoint is logged, not raised: the commits before it
-    stand, and the next append tries again."""
-    try:
-        with lock_if_free(checkpoint_lock_path(table_path)) as held:
-            if not held:
-                return None  # another appender is writing it
-            table = deltalake.DeltaTable(table_path)
-            last, actions = last_checkpoint(table_path) or (None, 0)
-            if not checkpoint_due(table.version(), last, actions, table.metadata().configuration):
-                return None  # written by another process since the append looked
-            table.create_checkpoint()
-            _drop_stale_checksum(table_path)
-            return table.version()
-    except Exception as error:  # noqa: BLE001 - in a thread beside the appends, which must go on
-        log.warning("%s: its checkpoint failed and the next append retries it (%s)", table_path, error)
-        return None
+def checkpoint_if_due(table_path: str, version: int) -> int | None:
+    """Write a checkpoint of version `version` of the local table at `table_path` (a commit of
+    the JVM-free appends: Spark checkpoints only versions it committed, so the two never write
+    the same file) if it is still the interval past the newest checkpoint and no other process
+    is writing one. Returns `version` once written, or None. Raises what failed (a lock file
+    another user planted, a Delta error); the commits before it stand either way.
+
+        checkpoint_if_due(lake.table_path(RAW_EVENT_LOG), 1_234)
+    """
+    with lock_if_free(checkpoint_lock_path(table_path)) as held:
+        if not held:
+            return None  # another appender is writing one
+        last, actions = last_checkpoint(table_path) or (None, 0)
+        if last is not None and last >= version or checkpoint_path(table_path, version).exists():
+            return None
+        table = deltalake.DeltaTable(table_path, version=version)
+        if not checkpoint_due(version, last, actions, table.metadata().configuration):
+            return None  # written by another process since the append looked
+        table.create_checkpoint()
+        _drop_stale_checksum(table_path)
+        return version
 
 
 class Checkpointer:
     """Writes the checkpoints a local table's appends make due, in a thread of this process
-    (`checkpoint_if_due`), one at a time; `wait` before the process ends, or the interpreter
-    waits for it at exit."""
+    (`checkpoint_if_due`), one at a time. A failed one is logged and the appends go on; the next
+    is tried RETRY_AFTER_S later. `wait` before the process ends (the interpreter also waits for
+    it at exit)."""
+
+    RETRY_AFTER_S = 60.0
+    WAIT_S = 120.0
 
     def __init__(self, table_path: str) -> None:
         self.table_path = table_path
         self._thread: threading.Thread | None = None
+        self._retry_at = -math.inf
 
     def after_commit(self, version: int, configuration: dict[str, str]) -> bool:
-        """Start writing a checkpoint when `version` (just committed) is the interval past the
-        newest one and none is being written here; whether one was started."""
+        """Start writing a checkpoint of `version` (just committed by this process) when it is
+        the interval past the newest one and none is being written here; whether one was started."""
         last, actions = last_checkpoint(self.table_path) or (None, 0)
         if not checkpoint_due(version, last, actions, configuration):
             return False
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive() or time.monotonic() < self._retry_at:
             return False
         self._thread = threading.Thread(
-            target=checkpoint_if_due, args=(self.table_path,), name=f"checkpoint {self.table_path}"
+            target=self._write, args=(version, configuration), name=f"checkpoint {self.table_path}"
         )
         self._thread.start()
         return True
 
+    def _write(self, version: int, configuration: dict[str, str]) -> None:
+        try:
+            if checkpoint_if_due(self.table_path, version) is not None:
+                return
+        except Exception as error:  # noqa: BLE001 - in a thread beside the appends, which must go on
+            self._retry_at = time.monotonic() + self.RETRY_AFTER_S
+            log.warning(
+                "%s: the checkpoint of v%d failed; the appends go on and try again in %.0f s: %s",
+                self.table_path,
+                version,
+                self.RETRY_AFTER_S,
+                error,
+            )
+            return
+        last, actions = last_checkpoint(self.table_path) or (None, 0)
+        behind = version - (-1 if last is None else last)
+        if behind > 4 * checkpoint_interval(configuration, actions):  # left to a holder that is not writing it
+            self._retry_at = time.monotonic() + self.RETRY_AFTER_S
+            log.warning(
+                "%s: v%d is %d commits past the newest checkpoint and %s is held by another process; "
+                "every open replays those commits until it is released",
+                self.table_path,
+                version,
+                behind,
+                checkpoint_lock_path(self.table_path),
+            )
+
     def wait(self) -> None:
-        """Until the checkpoint being written, if any, is done."""
+        """Until the checkpoint being written, if any, is done (at most WAIT_S, then a warning)."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(self.WAIT_S)
+            if self._thread.is_alive():
+                log.warning("%s: a checkpoint is still being written after %.0f s", self.table_path, self.WAIT_S)
             self._thread = None
 
 
