@@ -247,8 +247,8 @@ def test_the_interval_grows_with_the_actions_a_checkpoint_holds():
     assert checkpoint_due(15, None, 0, {})  # versions 0 to 15, no checkpoint yet
     assert not checkpoint_due(14, None, 0, {})
     assert checkpoint_due(99 + 16, 99, 100, {})  # 100 actions: still the base
-    assert not checkpoint_due(99 + 98, 99, 10_000, {})  # 10,000 actions: due 99 commits past
-    assert checkpoint_due(99 + 99, 99, 10_000, {})
+    assert not checkpoint_due(99 + 65, 99, 10_000, {})  # 10,000 actions: due 66 commits past
+    assert checkpoint_due(99 + 66, 99, 10_000, {})
     assert checkpoint_due(149, 99, 50_000, {"delta.checkpointInterval": "50"})  # the table's own
     assert not checkpoint_due(148, 99, 0, {"delta.checkpointInterval": "50"})
     assert checkpoint_due(99 + 16, 99, 0, {"delta.checkpointInterval": "x"})

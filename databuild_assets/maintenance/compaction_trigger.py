@@ -32,7 +32,7 @@ COMPACT_AT_FILES_ENV = "DATABUILD_COMPACT_AT_FILES"
 # At ~13 appends/s (issue 43's service) about 13 minutes of appends, so compaction (7 s on an idle
 # lake, up to 111 s under that load) holds the one run slot a small share of the time; and at
 # 10k live files delta-rs opens the table from a checkpoint in ~30 ms, and the appends checkpoint
-# about every 100 commits plus one per 120 tombstones the checkpoint carries (decisions/0047).
+# about every 66 commits, plus one per 200 tombstones the checkpoint carries (decisions/0047).
 DEFAULT_COMPACT_AT_FILES = 10_000
 _CURSOR = re.compile(r"^v(\d+)@(\d+),files=(\d+),requested_at=(none|\d+)$")
 

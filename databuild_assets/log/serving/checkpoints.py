@@ -13,15 +13,16 @@ appenders go on committing. One process writes at a time (a lock beside the comm
 checkpoint an appender died before writing is written after the next append. `repair` holds
 that lock too while it restores the log.
 
-How far: an open reads the newest checkpoint, about 2 microseconds per action it holds plus a
-few milliseconds, then replays each commit after it, about 0.17 ms each (delta-rs, local disk).
-A checkpoint's actions are the live files and the files removed in the last
-`delta.deletedFileRetentionDuration` (kept as tombstones), so after a compaction a checkpoint
-of a few hundred live files can hold tens of thousands of removes. The interval grows with them:
-CHECKPOINT_BASE commits plus one per ACTIONS_PER_COMMIT actions of the last checkpoint (16
-commits with none, 99 at 10,000), which keeps an open within about 2x of a freshly checkpointed
-table's, and the checkpoint bytes written per commit within a few tens of KB (a checkpoint is a few hundred
-bytes per action; compaction thins old checkpoints, maintenance/log_checkpoints.py). A table
+How far: an open reads the newest checkpoint, about 2 microseconds per live file and 1 per
+tombstone plus a few milliseconds, then replays each commit after it, about 0.15-0.17 ms each
+(delta-rs, local disk). A checkpoint's actions are the live files and the files removed in the
+last `delta.deletedFileRetentionDuration` (kept as tombstones), so after a compaction a
+checkpoint of a few hundred live files can hold tens of thousands of removes. The interval grows
+with them: CHECKPOINT_BASE commits plus one per ACTIONS_PER_COMMIT actions of the last
+checkpoint (16 commits with none, 66 at 10,000, 246 at 46,000), which keeps an open within
+about 2x of a freshly checkpointed table's just before the next checkpoint falls due, and the
+checkpoint bytes written per commit within a few tens of KB (a checkpoint is ~100 bytes per
+action; compaction thins old checkpoints, maintenance/log_checkpoints.py). A table
 that sets `delta.checkpointInterval` gets that interval instead.
 
 The checkpoint is delta-rs's classic single-file one, which Spark, delta-rs and
@@ -55,7 +56,7 @@ CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
 # actions, and of ACTIONS_PER_COMMIT actions about one more commit (bench figures: the module's
 # docstring).
 CHECKPOINT_BASE = 16
-ACTIONS_PER_COMMIT = 120
+ACTIONS_PER_COMMIT = 200
 # delta-rs's errors for a log listing with a version missing: between two commits, or after the
 # newest checkpoint.
 _LISTING_GAPS = ("Expected contiguous commit files, but found gap", "Gap between checkpoint version")
