@@ -372,3 +372,17 @@ def test_the_serving_index_asset_reports_the_versions_it_reflects(lake: Lake) ->
     assert (metadata["raw_log_version"].value, metadata["events"].value) == (1, 50)
     assert metadata["tombstones_version"].value == -1
     assert not leftover.exists()
+
+
+def test_the_appends_leave_sqlites_log_copy_to_every_ten_thousand_pages(lake: Lake) -> None:
+    # At SQLite's default (a copy of the write-ahead log into the file every 1,000 pages, inside
+    # the commit that crossed it) the copy was in the appends' p95 over a large index; the log now
+    # grows to WAL_CHECKPOINT_PAGES before it is copied (log/serving/index.py).
+    events = list(generate_events(2_000, seed=41))
+    with DeltaRsEventLog(lake) as log:
+        for start in range(0, len(events), 5):
+            log.append_events(events[start : start + 5])
+        index = Path(log.index_path)
+        page_size = sqlite3.connect(index).execute("PRAGMA page_size").fetchone()[0]
+        wal = index.with_name(index.name + "-wal")
+        assert wal.stat().st_size > 1_200 * page_size  # past where the default would have wrapped it
