@@ -32,7 +32,7 @@ from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
-from databuild_assets.runtime.delta_log import last_checkpoint, read_log
+from databuild_assets.runtime.delta_log import checkpoint_path, last_checkpoint, read_log
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.lock_files import lock_if_free
 from databuild_assets.workload import generate_events
@@ -44,10 +44,6 @@ _ERASABLE_KEYS = ("event_id", "build_request_id", "job_run_id", "partition_ref",
 def _append_in_batches(log: DeltaRsEventLog, events: list[dict[str, Any]], size: int = 5) -> None:
     for start in range(0, len(events), size):
         log.append_events(events[start : start + size])
-
-
-def _checkpoint_file(path: str, version: int) -> Path:
-    return Path(path) / "_delta_log" / f"{version:020d}.checkpoint.parquet"
 
 
 def _commit_info(path: str, version: int) -> dict[str, Any]:
@@ -82,7 +78,7 @@ def test_jvm_free_appends_keep_a_checkpoint_within_the_interval_that_spark_delta
         _append_in_batches(log, events[300:])
     newest = deltalake.DeltaTable(path).version()
     last = DeltaFollower(path).last_checkpoint()
-    checkpoint = pq.read_table(_checkpoint_file(path, last))
+    checkpoint = pq.read_table(checkpoint_path(path, last))
     removes = checkpoint.num_rows - checkpoint.column("remove").null_count
     assert removes >= 60  # it holds the compaction's removes, kept as tombstones
     # The interval counts every action an open reads, the tombstones too, not the live files only.
@@ -226,7 +222,7 @@ def test_a_checkpoint_written_by_the_appends_holds_no_erasable_value(lake: Lake)
     path = lake.table_path(RAW_EVENT_LOG)
     last = DeltaFollower(path).last_checkpoint()
     assert last is not None
-    checkpoint = pq.read_table(_checkpoint_file(path, last))
+    checkpoint = pq.read_table(checkpoint_path(path, last))
 
     assert "stats_parsed" not in _field_names(pa.struct(list(checkpoint.schema)))
     statistics = [json.loads(add["stats"]) for add in checkpoint.column("add").to_pylist() if add is not None]
@@ -264,15 +260,15 @@ def test_old_checkpoints_are_thinned_to_one_an_hour_and_every_version_still_read
         deltalake.write_deltalake(path, pa.table({"n": [version]}), mode="append")
         if version in ages:
             deltalake.DeltaTable(path).create_checkpoint()
-            os.utime(_checkpoint_file(path, version), (now - ages[version], now - ages[version]))
+            os.utime(checkpoint_path(path, version), (now - ages[version], now - ages[version]))
     log_files = sorted(p.name for p in (Path(path) / "_delta_log").iterdir())
 
     assert thin_checkpoints(path, now=now) == 3
 
-    kept = {v for v in ages if _checkpoint_file(path, v).exists()}
+    kept = {v for v in ages if checkpoint_path(path, v).exists()}
     assert kept == {1, 4, 6, 7}  # the first of each old hour; the last ten minutes' ones
     assert {p.name for p in (Path(path) / "_delta_log").iterdir()} == set(log_files) - {
-        _checkpoint_file(path, v).name for v in (2, 3, 5)
+        checkpoint_path(path, v).name for v in (2, 3, 5)
     }
     assert thin_checkpoints(path, now=now) == 0
     for version in range(8):  # time travel to every version, by Spark and by delta-rs

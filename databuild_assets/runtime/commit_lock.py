@@ -41,16 +41,19 @@ _held = threading.local()
 def lock_path(table_path: str) -> Path:
     """The lock file of the table at `table_path`: hidden, beside the table's folder (not in
     it, where vacuum would see an unknown file)."""
-    table = Path(table_path.removeprefix("file://").removeprefix("file:"))
-    return table.parent / f".{table.name}.commit-lock"
+    return _beside(table_path, "commit-lock")
 
 
 def checkpoint_lock_path(table_path: str) -> Path:
     """The lock file an appender holds while it writes the table's checkpoint, beside the commit
     lock: the others skip the checkpoint meanwhile instead of writing one each
     (log/serving/checkpoints.py)."""
-    commit = lock_path(table_path)
-    return commit.with_name(commit.name.removesuffix(".commit-lock") + ".checkpoint-lock")
+    return _beside(table_path, "checkpoint-lock")
+
+
+def _beside(table_path: str, kind: str) -> Path:
+    table = Path(table_path.removeprefix("file://").removeprefix("file:"))
+    return table.parent / f".{table.name}.{kind}"
 
 
 @contextmanager
