@@ -14,6 +14,7 @@ from typing import Any
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
@@ -22,6 +23,7 @@ from databuild_assets_tests.serving_support import (
     files_holding,
     folder_bytes,
     reference_answers,
+    request_erasure_without_spark,
 )
 from databuild_assets_tests.support import REPO_ROOT
 
@@ -81,6 +83,56 @@ def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segmen
     assert not segments_before & set(files_holding(lake, request))
     with DeltaRsEventLog(lake) as log:
         assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == reference_answers(events + [late])
+
+
+def _job_runs(log: Any) -> list[tuple]:
+    return log._connection.execute("SELECT * FROM job_runs ORDER BY job_run_id").fetchall()
+
+
+def _reference_job_runs(events: list[dict[str, Any]]) -> list[tuple]:
+    with SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        return _job_runs(reference)
+
+
+def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_request_changes_it(lake: Lake) -> None:
+    events = list(generate_events(1200, seed=5))
+    request = _terminal_request(events)
+    job = next(e for e in events if e["build_request_id"] == request and e["event_type"] == "job_event")
+    job_run_id = job["job_event"]["job_run_id"]
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    with DeltaRsEventLog(lake) as log:
+        assert (
+            not log._store()
+            ._connection.execute(
+                "SELECT 1 FROM events WHERE job_run_id = ? AND event_type IN ('job_event', 'task_cancel_event')",
+                (job_run_id,),
+            )
+            .fetchone()
+        )
+    # Another build request reports a job event of that run before its first and a cancel before
+    # its last: the first names the other request, the status stays the cold request's last.
+    assert max(e["timestamp"] for e in events if e.get("job_event", {}).get("job_run_id") == job_run_id) > (
+        job["timestamp"] + 1
+    )
+    other = "another-build-request"
+    later = [
+        bel_cases.job_event("other-1", job["timestamp"] - 1, other, job_run_id, bel_cases.J.JOB_RUNNING),
+        bel_cases.task_cancel_event("other-2", job["timestamp"] + 1, other, job_run_id, "stop"),
+    ]
+    for event in later:  # each a JVM-free append: the job run's cold build request comes back first
+        with DeltaRsEventLog(lake) as log:
+            log.append_events([event])
+    with DeltaRsEventLog(lake) as log:
+        assert _job_runs(log._store()) == _reference_job_runs(events + later)
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + later)) == reference_answers(events + later)
+    refresh_serving_index(lake, hot_window_s=0)  # cold again, still pinning nothing of the job run
+    request_erasure_without_spark(lake, "build_request_id", other)  # its events leave: the first is the cold one's
+    with DeltaRsEventLog(lake) as log:
+        assert _job_runs(log._store()) == _reference_job_runs(events)
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
 def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:

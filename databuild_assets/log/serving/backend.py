@@ -57,7 +57,8 @@ from databuild_assets.log.serving.build import build_index, table_mark, tombston
 from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import follower_for
-from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp, event_rows
+from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp
+from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake

@@ -67,7 +67,9 @@ CREATE TABLE IF NOT EXISTS cold_partition_events (
     partition_ref TEXT NOT NULL, segment INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (partition_ref, segment)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cold_job_runs (
-    job_run_id TEXT NOT NULL, build_request_id TEXT NOT NULL, PRIMARY KEY (job_run_id, build_request_id)) WITHOUT ROWID;
+    job_run_id TEXT NOT NULL, build_request_id TEXT NOT NULL,
+    job_events INTEGER NOT NULL,  -- 1: the build request holds a job or cancel event of the job run
+    PRIMARY KEY (job_run_id, build_request_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cold_build_request_partition_counts (
     build_request_id TEXT NOT NULL, status_code INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (build_request_id, status_code)) WITHOUT ROWID;

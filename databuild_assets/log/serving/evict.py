@@ -3,14 +3,16 @@
 `evict` runs in the pipeline's refresh only, under the index folder's build lock: the build
 requests that are terminal and whose last event is older than the log's newest event minus the
 hot window are written to a new segment, then in one transaction recorded cold and their events
-deleted from the index, except the pinned ones. For each partition and job run their events
-touch, the events the projections' refresh SQL picks among them (the latest of each kind, the
-first job event) stay in `events`, so a later refresh over what remains gives the reference's
-answer: the max over what remains is the max over all. A pinned partition or job event keeps
-an empty payload, which that SQL never reads, and no pinned event lists partitions (reads of a
-cold build request's events go to its segment). What the SQL would count over the
-evicted events is kept per key (`cold_partition_events`, `cold_build_request_partition_counts`),
-and a 16-byte digest of every evicted event id, so an append still dedupes against the whole log.
+deleted from the index, except the pinned ones. For each partition their events touch, the
+events the partition_state refresh SQL picks among them (the latest of each kind) stay in
+`events`, so a later refresh over what remains gives the reference's answer: the max over what
+remains is the max over all. A pinned partition event keeps an empty payload, which that SQL
+never reads, and no pinned event lists partitions (reads of a cold build request's events go to
+its segment). A job run pins nothing (its job and cancel events live in one build request): its
+cold build requests come back hot before one of its job or cancel events is added or deleted
+(`thaw_job_runs`). What the SQL would count over the evicted events is kept per key
+(`cold_partition_events`, `cold_build_request_partition_counts`), and a 16-byte digest of every
+evicted event id, so an append still dedupes against the whole log.
 
 `thaw` brings cold build requests back hot (their rows read back, their counts taken off), before
 a late event of theirs is added or a tombstone hides one of their events; their segment is then
@@ -99,17 +101,18 @@ _PICKS = (
     ("partition_ref", "event_type = 'partition_event' AND status_code = {available}", "DESC"),
     ("partition_ref", "event_type = 'delegation_event'", "DESC"),
     ("partition_ref", "event_type = 'partition_invalidation_event'", "DESC"),
-    ("job_run_id", "event_type IN ('job_event', 'task_cancel_event')", "ASC"),
-    ("job_run_id", "event_type = 'job_event'", "DESC"),
-    ("job_run_id", "event_type = 'task_cancel_event'", "DESC"),
 )
+# A job run pins nothing: its job and cancel events come back hot together (`thaw_job_runs`)
+# before anything recomputes its row, so the refresh always sees all of them.
+JOB_RUN_EVENT_TYPES = ("job_event", "task_cancel_event")
+_JOB_RUN_TYPES_SQL = ", ".join(f"'{name}'" for name in JOB_RUN_EVENT_TYPES)
 
 
-# The refresh SQL reads no payload field of a partition or job event (only a delegation's, an
-# invalidation's and a cancel's): a pinned one keeps an empty payload while its build request is
-# cold. Its whole row is in the segment; `thaw` puts the payload back.
+# The refresh SQL reads no payload field of a partition event (only a delegation's and an
+# invalidation's): a pinned one keeps an empty payload while its build request is cold. Its whole
+# row is in the segment; `thaw` puts the payload back.
 _SLIM_PINNED = (
-    "UPDATE main.events SET payload = '{}' WHERE event_type IN ('partition_event', 'job_event')"
+    "UPDATE main.events SET payload = '{}' WHERE event_type = 'partition_event'"
     " AND event_id IN (SELECT event_id FROM temp.pinned)"
 )
 
@@ -221,8 +224,9 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
         (segment,),
     )
     connection.execute(
-        f"INSERT OR IGNORE INTO main.cold_job_runs SELECT DISTINCT job_run_id, build_request_id FROM {_FROZEN}"
-        " WHERE job_run_id IS NOT NULL"
+        "INSERT OR IGNORE INTO main.cold_job_runs SELECT job_run_id, build_request_id,"
+        f" MAX(event_type IN ({_JOB_RUN_TYPES_SQL})) FROM {_FROZEN} WHERE job_run_id IS NOT NULL"
+        " GROUP BY job_run_id, build_request_id"
     )
     counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
         "build_request_id IN (SELECT value FROM json_each(?))",
@@ -309,6 +313,22 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
         connection.execute("DELETE FROM temp.thawing")
         thawed += len(ids)
     return thawed
+
+
+def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, rows: Iterable[tuple]) -> int:
+    """Before `rows` (`events` rows) are added or deleted, bring back hot the cold build requests
+    holding a job or cancel event of a job run whose job or cancel event is among them: nothing of
+    a job run is pinned, so its row is recomputed only over all of its events. Inside the caller's
+    write transaction; returns how many build requests came back."""
+    holders: dict[str, None] = {}
+    for job_run_id in {row[6] for row in rows if row[3] in JOB_RUN_EVENT_TYPES}:
+        holders.update(
+            (row[0], None)
+            for row in connection.execute(
+                "SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = ? AND job_events", (job_run_id,)
+            )
+        )
+    return thaw(connection, index_folder, holders) if holders else 0
 
 
 def _work_tables(connection: sqlite3.Connection) -> None:
@@ -419,4 +439,5 @@ __all__ = [
     "segment_files",
     "sweep_segments",
     "thaw",
+    "thaw_job_runs",
 ]

@@ -29,9 +29,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import duckdb
-import pyarrow as pa
-
 from databuild_assets.events.erasure_rule import (
     ARRAY_FIELDS,
     JSON_TEXT_FIELDS,
@@ -40,7 +37,6 @@ from databuild_assets.events.erasure_rule import (
     matches,
     names_in_json_text,
 )
-from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
 from databuild_assets.log.serving.cold import COLD_TABLES, HOT_EVENTS_VIEW, SEGMENTS_FOLDER, ColdReads
 from databuild_assets.log.serving.evict import (
     cold_build_requests_among,
@@ -49,6 +45,7 @@ from databuild_assets.log.serving.evict import (
     cold_event_ids,
     event_digest,
     thaw,
+    thaw_job_runs,
 )
 from databuild_assets.log.sqlite.backend import (
     SqliteEventLog,
@@ -70,8 +67,9 @@ from databuild_assets.log.sqlite.schema import (
 
 # The layout of the index's own tables (hidden_event_ids, serving_stamp) and of what it stores:
 # an index of another format is rebuilt, never read. Raise it with any change to that layout.
-# 2: serving_stamp.visible_events. 3: the cold tier's tables (cold.py).
-INDEX_FORMAT = 3
+# 2: serving_stamp.visible_events. 3: the cold tier's tables (cold.py). 4: cold_job_runs.job_events
+# (a job run's events pinned no more).
+INDEX_FORMAT = 4
 
 # partition_state.event_count counts the partition's events: those still in `events` and those a
 # segment holds (evict.py keeps their count; the pinned copies are in `events` and not counted).
@@ -131,31 +129,6 @@ _DELETED_EVENTS = """
 CREATE TABLE IF NOT EXISTS main.deleted_events (one INTEGER PRIMARY KEY CHECK (one = 1), count INTEGER NOT NULL)
 """
 
-# The `events` row of each event (the SQLite backend's `event_row`, computed by DuckDB over Arrow):
-# the payload as JSON with every field of its struct, and the columns the lookups key on.
-_PAYLOAD_JSON = " ".join(f"WHEN '{name}' THEN to_json({name})" for name in PAYLOADS)
-_EVENT_ROWS_SQL = f"""
-SELECT
-    event_id, timestamp, build_request_id, event_type,
-    CASE event_type {_PAYLOAD_JSON} END AS payload,
-    CASE event_type
-        WHEN 'partition_event' THEN partition_event.partition_ref
-        WHEN 'delegation_event' THEN delegation_event.partition_ref
-        WHEN 'partition_invalidation_event' THEN partition_invalidation_event.partition_ref
-    END AS partition_ref,
-    CASE event_type
-        WHEN 'partition_event' THEN partition_event.job_run_id
-        WHEN 'job_event' THEN job_event.job_run_id
-        WHEN 'task_cancel_event' THEN task_cancel_event.job_run_id
-    END AS job_run_id,
-    CASE event_type
-        WHEN 'build_request_event' THEN build_request_event.status_code
-        WHEN 'partition_event' THEN partition_event.status_code
-        WHEN 'job_event' THEN job_event.status_code
-    END AS status_code
-FROM events
-"""
-
 # The keys whose projection rows an event touches, as the SQLite backend's `_DirtyKeys` notes them.
 _MARK_DIRTY = (
     "INSERT OR IGNORE INTO temp.dirty_partition_refs SELECT partition_ref FROM {rows} WHERE partition_ref IS NOT NULL",
@@ -163,24 +136,6 @@ _MARK_DIRTY = (
     " WHERE event_type IN ('job_event', 'task_cancel_event') AND job_run_id IS NOT NULL",
     "INSERT OR IGNORE INTO temp.dirty_build_requests SELECT build_request_id FROM {rows}",
 )
-
-
-# Below this many rows, converting in Python beats starting a DuckDB query.
-_VECTORIZED_FROM_ROWS = 5_000
-
-
-def event_rows(events: pa.Table) -> list[tuple]:
-    """The `events` rows of an Arrow table of events (columns of the event schema)."""
-    events = events.select(list(EVENT_COLUMNS))
-    if events.num_rows < _VECTORIZED_FROM_ROWS:
-        return [event_row(event) for event in events.to_pylist()]
-    connection = duckdb.connect()
-    try:
-        connection.register("events", events)
-        rows = connection.sql(_EVENT_ROWS_SQL).to_arrow_table()
-    finally:
-        connection.close()
-    return list(zip(*(column.to_pylist() for column in rows.columns), strict=True))
 
 
 def _json_path_value(path: str) -> str:
@@ -452,8 +407,9 @@ class ServingIndex(ColdReads, SqliteEventLog):
         rule = tombstone_rule_sql(connection, hidden_by or {})
         insert = f"VALUES ({', '.join('?' * 8)})"
         with transaction(connection):
-            if self.has_cold():  # a late event of a cold build request: it comes back hot first
+            if self.has_cold():  # a late event of a cold build request or job run: they come back hot first
                 thaw(connection, self.index_folder, cold_build_requests_among(connection, {row[2] for row in rows}))
+                thaw_job_runs(connection, self.index_folder, rows)
                 cold = cold_event_ids(connection, [row[0] for row in rows])
                 rows = [row for row in rows if row[0] not in cold]
             connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
@@ -499,6 +455,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
                 if self.has_cold():
                     owners = {event["build_request_id"] for event in visible}
                     thaw(self._connection, self.index_folder, cold_build_requests_among(self._connection, owners))
+                    thaw_job_runs(self._connection, self.index_folder, [event_row(e) for e in visible])
                 accepted = insert_events(self._connection, visible, validate=False, refreshes=_REFRESHES).accepted
                 self._counted(accepted)
 
@@ -533,6 +490,8 @@ class ServingIndex(ColdReads, SqliteEventLog):
         connection = self._connection
         # CROSS JOIN keeps SQLite from walking every event: temp.leaving first, then by event_id.
         joined = "temp.leaving AS l CROSS JOIN main.events AS e ON e.event_id = l.event_id"
+        if self.has_cold():  # the job runs losing a job or cancel event: all of theirs hot first
+            thaw_job_runs(connection, self.index_folder, connection.execute(f"SELECT e.* FROM {joined}").fetchall())
         for statement in _MARK_DIRTY:
             connection.execute(statement.format(rows=f"(SELECT e.* FROM {joined})"))
         # By event_listed_partitions' own key: the partitions the leaving events list.
@@ -596,6 +555,5 @@ __all__ = [
     "Stamp",
     "TableMark",
     "create_index_file",
-    "event_rows",
     "tombstone_rule_sql",
 ]
