@@ -11,11 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from deltalake import write_deltalake
+
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.sqlite.backend import SqliteEventLog
-from databuild_assets.runtime.lake import Lake
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.serving_support import (
@@ -100,36 +104,44 @@ def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_req
     request = _terminal_request(events)
     job = next(e for e in events if e["build_request_id"] == request and e["event_type"] == "job_event")
     job_run_id = job["job_event"]["job_run_id"]
+
+    def refreshed_and_cold() -> None:
+        refresh_serving_index(lake, hot_window_s=0)
+        with DeltaRsEventLog(lake) as log:
+            connection = log._store()._connection
+            cold = "SELECT 1 FROM cold_build_requests WHERE build_request_id = ?"
+            assert connection.execute(cold, (request,)).fetchone()
+            assert not connection.execute(
+                "SELECT 1 FROM events WHERE build_request_id = ? AND job_run_id = ?"
+                " AND event_type IN ('job_event', 'task_cancel_event')",
+                (request, job_run_id),
+            ).fetchone()  # nothing of the job run pinned
+
     with DeltaRsEventLog(lake) as log:
         log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
-    with DeltaRsEventLog(lake) as log:
-        assert (
-            not log._store()
-            ._connection.execute(
-                "SELECT 1 FROM events WHERE job_run_id = ? AND event_type IN ('job_event', 'task_cancel_event')",
-                (job_run_id,),
-            )
-            .fetchone()
-        )
+    refreshed_and_cold()
     # Another build request reports a job event of that run before its first and a cancel before
     # its last: the first names the other request, the status stays the cold request's last.
     assert max(e["timestamp"] for e in events if e.get("job_event", {}).get("job_run_id") == job_run_id) > (
         job["timestamp"] + 1
     )
     other = "another-build-request"
-    later = [
-        bel_cases.job_event("other-1", job["timestamp"] - 1, other, job_run_id, bel_cases.J.JOB_RUNNING),
-        bel_cases.task_cancel_event("other-2", job["timestamp"] + 1, other, job_run_id, "stop"),
-    ]
-    for event in later:  # each a JVM-free append: the job run's cold build request comes back first
-        with DeltaRsEventLog(lake) as log:
-            log.append_events([event])
+    report = bel_cases.job_event("other-1", job["timestamp"] - 1, other, job_run_id, bel_cases.J.JOB_RUNNING)
+    cancel = bel_cases.task_cancel_event("other-2", job["timestamp"] + 1, other, job_run_id, "stop")
+    with DeltaRsEventLog(lake) as log:  # this process's own append (add_events)
+        log.append_events([report])
+        assert _job_runs(log._store()) == _reference_job_runs(events + [report])
+    refreshed_and_cold()
+    # Another writer's commit, which a reader applies at its catch-up (add).
+    rows = raw_log_rows([(0, canonical_event(cancel))], "other")
+    write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
     with DeltaRsEventLog(lake) as log:
-        assert _job_runs(log._store()) == _reference_job_runs(events + later)
-        assert bel_cases.answers(log, *bel_cases.keys_of(events + later)) == reference_answers(events + later)
-    refresh_serving_index(lake, hot_window_s=0)  # cold again, still pinning nothing of the job run
-    request_erasure_without_spark(lake, "build_request_id", other)  # its events leave: the first is the cold one's
+        assert _job_runs(log._store()) == _reference_job_runs(events + [report, cancel])
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [report, cancel])) == reference_answers(
+            events + [report, cancel]
+        )
+    refreshed_and_cold()
+    request_erasure_without_spark(lake, "build_request_id", other)  # both leave (hide)
     with DeltaRsEventLog(lake) as log:
         assert _job_runs(log._store()) == _reference_job_runs(events)
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)

@@ -54,7 +54,7 @@ SEGMENT_SCHEMA = pa.schema(
 BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
 _LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
 
-# The cold tables of the index (with INDEX_FORMAT 3): see evict.py for what each row says.
+# The cold tables of the index (INDEX_FORMAT 3, 4 with cold_job_runs.job_events): see evict.py.
 COLD_TABLES = """
 CREATE TABLE IF NOT EXISTS cold_segments (
     segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, min_timestamp INTEGER NOT NULL,

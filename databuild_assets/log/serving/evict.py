@@ -15,8 +15,9 @@ cold build requests come back hot before one of its job or cancel events is adde
 evicted event id, so an append still dedupes against the whole log.
 
 `thaw` brings cold build requests back hot (their rows read back, their counts taken off), before
-a late event of theirs is added or a tombstone hides one of their events; their segment is then
-stale, and the next `evict` writes what it still holds into a new segment and drops it.
+a late event of theirs is added, a tombstone hides one of their events, a compaction purges one,
+or a job run of theirs changes (`thaw_job_runs`); their segment is then stale, and the next
+`evict` writes what it still holds into a new segment and drops it.
 
     with folder.build_lock():
         evict(index, folder_path, window_ns=3_600 * 10**9)
@@ -93,7 +94,7 @@ CREATE TEMP TABLE IF NOT EXISTS thawing (
 """
 
 _FROZEN = "(SELECT * FROM main.events WHERE build_request_id IN (SELECT build_request_id FROM temp.freezing))"
-# The events the refresh SQL of partition_state and job_runs would pick among the frozen ones.
+# The events the refresh SQL of partition_state would pick among the frozen ones.
 _PICKS = (
     ("partition_ref", "1", "DESC"),
     ("partition_ref", "event_type = 'partition_event'", "DESC"),
@@ -315,13 +316,18 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
     return thawed
 
 
-def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, rows: Iterable[tuple]) -> int:
-    """Before `rows` (`events` rows) are added or deleted, bring back hot the cold build requests
-    holding a job or cancel event of a job run whose job or cancel event is among them: nothing of
-    a job run is pinned, so its row is recomputed only over all of its events. Inside the caller's
-    write transaction; returns how many build requests came back."""
+def job_runs_of(rows: Iterable[tuple]) -> set[str]:
+    """The job runs whose job or cancel event is among `rows` (`events` rows)."""
+    return {row[6] for row in rows if row[3] in JOB_RUN_EVENT_TYPES and row[6] is not None}
+
+
+def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, job_run_ids: Iterable[str]) -> int:
+    """Bring back hot the cold build requests holding a job or cancel event of `job_run_ids`,
+    before a job or cancel event of theirs is added or deleted: nothing of a job run is pinned,
+    so its row is recomputed only over all of its events. Inside the caller's write transaction;
+    returns how many build requests came back."""
     holders: dict[str, None] = {}
-    for job_run_id in {row[6] for row in rows if row[3] in JOB_RUN_EVENT_TYPES}:
+    for job_run_id in job_run_ids:
         holders.update(
             (row[0], None)
             for row in connection.execute(
@@ -438,6 +444,7 @@ __all__ = [
     "hot_window_ns",
     "segment_files",
     "sweep_segments",
+    "job_runs_of",
     "thaw",
     "thaw_job_runs",
 ]

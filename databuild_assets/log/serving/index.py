@@ -39,11 +39,13 @@ from databuild_assets.events.erasure_rule import (
 )
 from databuild_assets.log.serving.cold import COLD_TABLES, HOT_EVENTS_VIEW, SEGMENTS_FOLDER, ColdReads
 from databuild_assets.log.serving.evict import (
+    JOB_RUN_EVENT_TYPES,
     cold_build_requests_among,
     cold_build_requests_holding,
     cold_build_requests_matching,
     cold_event_ids,
     event_digest,
+    job_runs_of,
     thaw,
     thaw_job_runs,
 )
@@ -51,7 +53,6 @@ from databuild_assets.log.sqlite.backend import (
     SqliteEventLog,
     build_event_indexes,
     drop_event_indexes,
-    event_row,
     insert_events,
     refresh_dirty_projections,
     transaction,
@@ -113,6 +114,7 @@ CREATE TABLE IF NOT EXISTS serving_stamp (
     + COLD_TABLES
 )
 
+_JOB_TYPES = f"({', '.join(repr(name) for name in JOB_RUN_EVENT_TYPES)})"
 _ROW_COLUMNS = "event_id, timestamp, build_request_id, event_type, payload, partition_ref, job_run_id, status_code"
 
 _WORK_TABLES = """
@@ -409,7 +411,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
         with transaction(connection):
             if self.has_cold():  # a late event of a cold build request or job run: they come back hot first
                 thaw(connection, self.index_folder, cold_build_requests_among(connection, {row[2] for row in rows}))
-                thaw_job_runs(connection, self.index_folder, rows)
+                thaw_job_runs(connection, self.index_folder, job_runs_of(rows))
                 cold = cold_event_ids(connection, [row[0] for row in rows])
                 rows = [row for row in rows if row[0] not in cold]
             connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
@@ -455,7 +457,10 @@ class ServingIndex(ColdReads, SqliteEventLog):
                 if self.has_cold():
                     owners = {event["build_request_id"] for event in visible}
                     thaw(self._connection, self.index_folder, cold_build_requests_among(self._connection, owners))
-                    thaw_job_runs(self._connection, self.index_folder, [event_row(e) for e in visible])
+                    job_runs = {
+                        e[e["event_type"]]["job_run_id"] for e in visible if e["event_type"] in JOB_RUN_EVENT_TYPES
+                    }
+                    thaw_job_runs(self._connection, self.index_folder, job_runs)
                 accepted = insert_events(self._connection, visible, validate=False, refreshes=_REFRESHES).accepted
                 self._counted(accepted)
 
@@ -491,7 +496,11 @@ class ServingIndex(ColdReads, SqliteEventLog):
         # CROSS JOIN keeps SQLite from walking every event: temp.leaving first, then by event_id.
         joined = "temp.leaving AS l CROSS JOIN main.events AS e ON e.event_id = l.event_id"
         if self.has_cold():  # the job runs losing a job or cancel event: all of theirs hot first
-            thaw_job_runs(connection, self.index_folder, connection.execute(f"SELECT e.* FROM {joined}").fetchall())
+            job_runs = connection.execute(
+                f"SELECT DISTINCT e.job_run_id FROM {joined} WHERE e.event_type IN {_JOB_TYPES}"
+                " AND e.job_run_id IS NOT NULL"
+            ).fetchall()
+            thaw_job_runs(connection, self.index_folder, [row[0] for row in job_runs])
         for statement in _MARK_DIRTY:
             connection.execute(statement.format(rows=f"(SELECT e.* FROM {joined})"))
         # By event_listed_partitions' own key: the partitions the leaving events list.
