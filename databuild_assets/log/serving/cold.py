@@ -22,6 +22,7 @@ import json
 import os
 import threading
 from collections.abc import Collection, Iterable
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -216,9 +217,18 @@ class ColdReads:
         ]
         return table.filter(pc.is_in(table.column("build_request_id"), value_set=pa.array(cold, pa.string())))
 
-    def _segment_rows(self, segment: int, column: str, values=None, by_partition: bool = False) -> list[tuple]:
-        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition)
-        return _rows(self._live(segment, table))
+    def _segment_rows(
+        self, segment: int, column: str, values=None, by_partition: bool = False, keep=None, first: int | None = None
+    ) -> list[tuple]:
+        """A segment's live rows whose `column` is in `values` (all when None), those `keep(table)`
+        (an Arrow mask) selects, the `first` of them in (timestamp, event_id) order when given:
+        filtered in Arrow, so a read of a whole segment converts only the rows it returns."""
+        table = self._live(segment, read_segment_rows(self.segment_folder, segment, column, values, by_partition))
+        if keep is not None:
+            table = table.filter(keep(table))
+        if first is not None:
+            table = table.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
+        return _rows(table)
 
     def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, list[str]]:
         by_segment: dict[int, list[str]] = {}
@@ -313,9 +323,13 @@ class ColdReads:
 
         def read() -> list[dict[str, Any]]:
             cold = []
+
+            def within(table: pa.Table) -> pa.Array:
+                stamps = table.column("timestamp")
+                return pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns))
+
             for segment in self._overlapping(start_ns, end_ns):
-                rows = self._segment_rows(segment, "timestamp")
-                cold.extend(event_from_row(row) for row in rows if start_ns <= row[1] < end_ns)
+                cold.extend(event_from_row(row) for row in self._segment_rows(segment, "timestamp", keep=within))
             return _in_order(hot + cold)
 
         return self._with_cold(read)
@@ -335,16 +349,15 @@ class ColdReads:
                 by_segment = dict.fromkeys(self._overlapping(start, 2**63 - 1))
             cold = []
             for segment, build_request_ids in by_segment.items():
-                if build_request_ids is None:
-                    rows = self._segment_rows(segment, "timestamp")
-                else:
-                    rows = self._segment_rows(segment, "build_request_id", build_request_ids)
-                listing = set()
+                listing: list[str] = []
                 if filter is not None and filter.partition_refs is not None:
-                    listing = {
+                    listing = [
                         row[0] for row in self._segment_rows(segment, "key", filter.partition_refs, by_partition=True)
-                    }
-                cold.extend(event_from_row(row) for row in rows if _passes(row, after, filter, listing))
+                    ]
+                column = "timestamp" if build_request_ids is None else "build_request_id"
+                keep = partial(_passes, after=after, filter=filter, listing=listing)
+                rows = self._segment_rows(segment, column, build_request_ids, keep=keep, first=limit + 1)
+                cold.extend(event_from_row(row) for row in rows)
             return _in_order(cold)[: limit + 1]
 
         merged = _in_order(page.events + self._with_cold(read))
@@ -383,21 +396,29 @@ class ColdReads:
             }
 
 
-def _passes(row: tuple, after: tuple[int, str] | None, filter: EventFilter | None, listing: set[str]) -> bool:
-    """Whether a segment row is on a list_events page after `after` that `filter` selects."""
-    if after is not None and (row[1], row[0]) <= after:
-        return False
+def _passes(table: pa.Table, after: tuple[int, str] | None, filter: EventFilter | None, listing: list[str]) -> pa.Array:
+    """Which segment rows of `table` are on a list_events page after `after` that `filter`
+    selects (`listing`: the event ids that list one of its partitions), as an Arrow mask."""
+
+    def among(column: str, values: Iterable[str]) -> pa.Array:
+        return pc.is_in(table.column(column), value_set=pa.array(list(values), pa.string()))
+
+    mask = pa.array([True] * table.num_rows, pa.bool_())
+    if after is not None:
+        stamps, ids = table.column("timestamp"), table.column("event_id")
+        later = pc.or_(pc.greater(stamps, after[0]), pc.and_(pc.equal(stamps, after[0]), pc.greater(ids, after[1])))
+        mask = pc.and_(mask, later)
     if filter is None:
-        return True
-    if filter.event_types is not None and row[3] not in filter.event_types:
-        return False
-    if filter.build_request_ids is not None and row[2] not in filter.build_request_ids:
-        return False
-    if filter.job_run_ids is not None and row[6] not in filter.job_run_ids:
-        return False
-    if filter.partition_refs is not None and row[5] not in filter.partition_refs and row[0] not in listing:
-        return False
-    return True
+        return mask
+    if filter.event_types is not None:
+        mask = pc.and_(mask, among("event_type", filter.event_types))
+    if filter.build_request_ids is not None:
+        mask = pc.and_(mask, among("build_request_id", filter.build_request_ids))
+    if filter.job_run_ids is not None:
+        mask = pc.and_(mask, among("job_run_id", filter.job_run_ids))
+    if filter.partition_refs is not None:
+        mask = pc.and_(mask, pc.or_(among("partition_ref", filter.partition_refs), among("event_id", listing)))
+    return mask
 
 
 __all__ = [

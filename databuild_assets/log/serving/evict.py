@@ -187,7 +187,7 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
     for build_request_id, count in connection.execute(
         f"SELECT build_request_id, event_count FROM main.build_requests WHERE status_code IN ({_TERMINAL})"
         " AND updated_at <= ? AND build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requests)"
-        " ORDER BY build_request_id",
+        " ORDER BY updated_at, build_request_id",  # a segment holds a stretch of time: ranges read one
         (newest - window_ns,),
     ):
         if chosen and total + count > SEGMENT_EVENTS:
