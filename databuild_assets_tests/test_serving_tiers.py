@@ -15,9 +15,11 @@ from deltalake import write_deltalake
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
-from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.interface import EventFilter, canonical_event
+from databuild_assets.log.serving import cold, evict
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.log.serving.cold import parquet_file
 from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
@@ -65,6 +67,49 @@ def test_finished_build_requests_leave_the_index_for_segments_and_every_answer_s
     with DeltaRsEventLog(lake) as log:
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
         assert log._store().event_count() == len(events)
+
+
+def _pages(log: Any, filter: EventFilter | None) -> list[list[str]]:
+    pages, cursor = [], None
+    while True:
+        page = log.list_events(since=cursor, filter=filter, limit=7)
+        pages.append(bel_cases.ids(page.events))
+        cursor = page.next_cursor
+        if not page.has_more:
+            return pages
+
+
+def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(lake: Lake, monkeypatch) -> None:
+    monkeypatch.setattr(cold, "ROWS_PER_GROUP", 50)  # segments of many row groups
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 700)  # and several segments, their times overlapping
+    events = list(generate_events(3000, seed=8))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    stamps = sorted(e["timestamp"] for e in events)
+    request = _terminal_request(events)
+    refs, requests, runs = bel_cases.keys_of(events)
+    filters = [
+        None,
+        EventFilter(event_types=("partition_event", "job_event")),
+        EventFilter(partition_refs=(refs[0], refs[-1])),
+        EventFilter(build_request_ids=(request, requests[-1])),
+        EventFilter(job_run_ids=(runs[0],)),
+    ]
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        assert (
+            parquet_file(
+                str(next(Path(log._store().segment_folder).glob("segment-*[0-9].parquet")))
+            ).metadata.num_row_groups
+            > 10
+        )
+        reference.append_events(events)
+        for start, end in ((stamps[0], stamps[100]), (stamps[1500], stamps[1510] + 1), (stamps[-60], stamps[-1] + 1)):
+            assert log.get_events_in_range(start, end) == reference.get_events_in_range(start, end)
+        for filter in filters:
+            assert _pages(log, filter) == _pages(reference, filter)
+        assert log.get_build_request_events(request) == reference.get_build_request_events(request)
+        assert log.get_job_run_events(runs[0]) == reference.get_job_run_events(runs[0])
 
 
 def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segment_is_rewritten(lake: Lake) -> None:

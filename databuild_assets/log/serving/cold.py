@@ -112,10 +112,12 @@ def _write_parquet(path: str, table: pa.Table) -> None:
 
 
 def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, int]:
-    """Write segment `segment` of `rows` (index `events` rows, sorted by build_request_id,
-    timestamp, event_id) and its by-partition companion; returns their (min, max) timestamp."""
+    """Write segment `segment` of `rows` (index `events` rows), sorted by (timestamp, event_id)
+    so a range or a page reads only the row groups of its time, and its by-partition companion
+    (sorted by ref); returns their (min, max) timestamp."""
     make_folders(folder)
-    table = pa.Table.from_pylist([dict(zip(ROW_COLUMNS, row, strict=True)) for row in rows], schema=SEGMENT_SCHEMA)
+    in_time = sorted(rows, key=lambda row: (row[1], row[0]))
+    table = pa.Table.from_pylist([dict(zip(ROW_COLUMNS, row, strict=True)) for row in in_time], schema=SEGMENT_SCHEMA)
     by_partition = []
     for row in rows:
         keys = listed_partitions(row[3], row[4])
@@ -152,27 +154,56 @@ def parquet_file(path: str) -> pq.ParquetFile:
     return file
 
 
+def _min_max(file: pq.ParquetFile, group: int, column: str) -> tuple[Any, Any] | None:
+    statistics = file.metadata.row_group(group).column(file.schema_arrow.get_field_index(column)).statistics
+    return (statistics.min, statistics.max) if statistics is not None and statistics.has_min_max else None
+
+
 def read_segment_rows(
-    folder: str, segment: int, column: str, values: Collection[Any] | None = None, by_partition: bool = False
+    folder: str,
+    segment: int,
+    column: str,
+    values: Collection[Any] | None = None,
+    by_partition: bool = False,
+    spans: Collection[tuple[int, int]] | None = None,
 ) -> pa.Table:
     """The rows of a segment (its by-partition companion with `by_partition`) whose `column` is
-    in `values` (every row when None), read from the row groups whose min/max can hold one."""
+    in `values` (every row when None), read from the row groups whose min/max can hold one and,
+    with `spans`, whose timestamps meet one of those (low, high) intervals (both ends included)."""
     file = parquet_file(segment_paths(folder, segment)[1 if by_partition else 0])
-    if values is None:
+    if values is not None:
+        values = sorted(set(values))
+        if not values:
+            return file.schema_arrow.empty_table()
+    if values is None and spans is None:
         return file.read()
-    values = sorted(set(values))
-    if not values:
-        return file.schema_arrow.empty_table()
-    position = file.schema_arrow.get_field_index(column)
     groups = []
     for number in range(file.metadata.num_row_groups):
-        statistics = file.metadata.row_group(number).column(position).statistics
-        if statistics is None or not statistics.has_min_max:
-            groups.append(number)
-        elif any(statistics.min <= value <= statistics.max for value in values):
-            groups.append(number)
+        held = _min_max(file, number, column) if values is not None else None
+        if held is not None and not any(held[0] <= value <= held[1] for value in values):
+            continue
+        stamps = _min_max(file, number, "timestamp") if spans is not None else None
+        if stamps is not None and not any(low <= stamps[1] and stamps[0] <= high for low, high in spans):
+            continue
+        groups.append(number)
     table = file.read_row_groups(groups) if groups else file.schema_arrow.empty_table()
+    if values is None:
+        return table
     return table.filter(pc.is_in(table.column(column), value_set=pa.array(values, table.schema.field(column).type)))
+
+
+def request_spans(connection: Any, build_request_ids: Iterable[str]) -> list[tuple[int, int]] | None:
+    """The (first, last) timestamps of each build request (its projection row): where its events
+    lie in a segment sorted by time. None when one has no row (read every row group then)."""
+    spans = []
+    for build_request_id in build_request_ids:
+        row = connection.execute(
+            "SELECT received_at, updated_at FROM main.build_requests WHERE build_request_id = ?", (build_request_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        spans.append((row[0], row[1]))
+    return spans
 
 
 def event_from_row(row: tuple) -> dict[str, Any]:
@@ -218,12 +249,14 @@ class ColdReads:
         return table.filter(pc.is_in(table.column("build_request_id"), value_set=pa.array(cold, pa.string())))
 
     def _segment_rows(
-        self, segment: int, column: str, values=None, by_partition: bool = False, keep=None, first: int | None = None
+        self, segment: int, column: str, values=None, by_partition=False, keep=None, first=None, spans=None
     ) -> list[tuple]:
-        """A segment's live rows whose `column` is in `values` (all when None), those `keep(table)`
-        (an Arrow mask) selects, the `first` of them in (timestamp, event_id) order when given:
-        filtered in Arrow, so a read of a whole segment converts only the rows it returns."""
-        table = self._live(segment, read_segment_rows(self.segment_folder, segment, column, values, by_partition))
+        """A segment's live rows whose `column` is in `values` (all when None) within `spans` of
+        time (read_segment_rows), those `keep(table)` (an Arrow mask) selects, the `first` of them
+        in (timestamp, event_id) order when given: filtered in Arrow, so only returned rows become
+        Python tuples."""
+        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition, spans)
+        table = self._live(segment, table)
         if keep is not None:
             table = table.filter(keep(table))
         if first is not None:
@@ -261,7 +294,8 @@ class ColdReads:
 
         def read() -> list[dict[str, Any]]:
             (segment,) = cold
-            rows = self._segment_rows(segment, "build_request_id", [build_request_id])
+            spans = request_spans(self._connection, [build_request_id])
+            rows = self._segment_rows(segment, "build_request_id", [build_request_id], spans=spans)
             return [event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns]
 
         return self._with_cold(read)
@@ -280,7 +314,8 @@ class ColdReads:
         def read() -> list[dict[str, Any]]:
             cold = []
             for segment, build_request_ids in self._cold_of(owners).items():
-                rows = self._segment_rows(segment, "build_request_id", build_request_ids)
+                spans = request_spans(self._connection, build_request_ids)
+                rows = self._segment_rows(segment, "build_request_id", build_request_ids, spans=spans)
                 cold.extend(event_from_row(row) for row in rows if row[6] == job_run_id)
             return _in_order(hot + cold)
 
@@ -329,7 +364,8 @@ class ColdReads:
                 return pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns))
 
             for segment in self._overlapping(start_ns, end_ns):
-                cold.extend(event_from_row(row) for row in self._segment_rows(segment, "timestamp", keep=within))
+                rows = self._segment_rows(segment, "timestamp", keep=within, spans=[(start_ns, end_ns - 1)])
+                cold.extend(event_from_row(row) for row in rows)
             return _in_order(hot + cold)
 
         return self._with_cold(read)
@@ -342,21 +378,23 @@ class ColdReads:
         after = decode_cursor(since) if since is not None else None
 
         def read() -> list[dict[str, Any]]:
-            if filter is not None and filter.build_request_ids is not None:
-                by_segment = self._cold_of(filter.build_request_ids)
-            else:
-                start = after[0] if after is not None else -(2**63)
-                by_segment = dict.fromkeys(self._overlapping(start, 2**63 - 1))
-            cold = []
-            for segment, build_request_ids in by_segment.items():
+            def keep_in(segment: int):
                 listing: list[str] = []
                 if filter is not None and filter.partition_refs is not None:
                     listing = [
                         row[0] for row in self._segment_rows(segment, "key", filter.partition_refs, by_partition=True)
                     ]
-                column = "timestamp" if build_request_ids is None else "build_request_id"
-                keep = partial(_passes, after=after, filter=filter, listing=listing)
-                rows = self._segment_rows(segment, column, build_request_ids, keep=keep, first=limit + 1)
+                return partial(_passes, after=after, filter=filter, listing=listing)
+
+            if filter is None or filter.build_request_ids is None:
+                start = after[0] if after is not None else -(2**63)
+                return [event_from_row(row) for row in self._first_rows(start, keep_in, limit + 1)]
+            cold = []
+            for segment, build_request_ids in self._cold_of(filter.build_request_ids).items():
+                spans = request_spans(self._connection, build_request_ids)
+                rows = self._segment_rows(
+                    segment, "build_request_id", build_request_ids, keep=keep_in(segment), first=limit + 1, spans=spans
+                )
                 cold.extend(event_from_row(row) for row in rows)
             return _in_order(cold)[: limit + 1]
 
@@ -365,6 +403,33 @@ class ColdReads:
         has_more = page.has_more or len(merged) > limit
         next_cursor = encode_cursor(events[-1]["timestamp"], events[-1]["event_id"]) if events else since
         return EventPage(events=events, next_cursor=next_cursor, has_more=has_more)
+
+    def _first_rows(self, start_ns: int, keep_in, first: int) -> list[tuple]:
+        """The `first` live segment rows at or after `start_ns` in (timestamp, event_id) order that
+        `keep_in(segment)` selects: row groups read in time order (segments are sorted by time)
+        until no later one can hold an earlier row."""
+        found = None
+        segments = self._connection.execute(
+            "SELECT segment, min_timestamp FROM main.cold_segments WHERE max_timestamp >= ? ORDER BY min_timestamp",
+            (start_ns,),
+        ).fetchall()
+        for segment, low in segments:
+            cut = found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
+            if cut is not None and low > cut:
+                break
+            file, keep = parquet_file(segment_paths(self.segment_folder, segment)[0]), keep_in(segment)
+            for group in range(file.metadata.num_row_groups):
+                stamps = _min_max(file, group, "timestamp")
+                if stamps is not None and stamps[1] < start_ns:
+                    continue
+                cut = found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
+                if stamps is not None and cut is not None and stamps[0] > cut:
+                    break
+                table = self._live(segment, file.read_row_group(group))
+                table = table.filter(keep(table))
+                found = table if found is None else pa.concat_tables([found, table])
+                found = found.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
+        return _rows(found) if found is not None else []
 
     def get_active_builds_for_partition(self, partition_ref: str) -> list[str]:
         active = super().get_active_builds_for_partition(partition_ref)  # type: ignore[misc]

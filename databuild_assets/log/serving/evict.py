@@ -42,6 +42,7 @@ from databuild_assets.log.serving.cold import (
     listed_partitions,
     parquet_file,
     read_segment_rows,
+    request_spans,
     segment_paths,
     write_segment,
 )
@@ -275,7 +276,7 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     thawed = 0
     for segment, ids in by_segment.items():
-        table = read_segment_rows(folder, segment, "build_request_id", ids)
+        table = read_segment_rows(folder, segment, "build_request_id", ids, spans=request_spans(connection, ids))
         rows = list(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
         connection.execute("DELETE FROM temp.thawing")
         connection.executemany(f"INSERT INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
