@@ -2,17 +2,19 @@
 segments beside the index, and the reads that answer from them (docs/decisions/0051).
 
 A segment is two files under `<index folder>/segments/`: `segment-<n>.parquet`, the index's flat
-`events` rows of the build requests it holds, sorted by (build_request_id, timestamp, event_id),
-and `segment-<n>.by-partition.parquet`, one row per (partition_ref, event) for the events that
-carry or list a partition (the rows `event_listed_partitions` and `events.partition_ref` give),
-sorted by partition_ref. Both are zstd with row groups of `ROWS_PER_GROUP` rows, so a key's
-events are read from the row groups whose min/max holds it; footers are read once per process.
+`events` rows of the build requests it holds, sorted by (timestamp, event_id), and
+`segment-<n>.by-partition.parquet`, one row per (partition_ref, event) for the events that carry
+or list a partition (the rows `event_listed_partitions` and `events.partition_ref` give), sorted
+by partition_ref. Both are zstd with row groups of `ROWS_PER_GROUP` rows: a partition's events
+are read from the row groups whose min/max holds it, a range's, a page's and a build request's
+(between its first and last timestamp) from those of their time; footers are read once per
+process.
 
 `ColdReads` is mixed into the serving index: with no cold build request it answers as the
 reference does; with some, the index's rows of cold build requests (the pinned copies kept for
 the projections' refresh, evict.py) are left out and the segments' rows merged in.
 
-    rows = read_segment_rows(segments_folder, 3, "build_request_id", {"br-1"})
+    rows = read_segment_rows(segments_folder, 3, "build_request_id", {"br-1"}, spans=[(t0, t1)])
     [event_from_row(row) for row in rows]
 """
 
