@@ -192,6 +192,19 @@ def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_req
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
+def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_time_span_says(lake: Lake, monkeypatch) -> None:
+    events = list(generate_events(600, seed=9))
+    request = _terminal_request(events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    monkeypatch.setattr(evict, "request_spans", lambda connection, ids: [(0, 0)])  # a span holding none
+    late = bel_cases.partition_event("late-9", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events([late])
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == reference_answers(events + [late])
+
+
 def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
     events = list(generate_events(600, seed=6))
     request = _terminal_request(events)

@@ -390,7 +390,8 @@ class ColdReads:
 
             if filter is None or filter.build_request_ids is None:
                 start = after[0] if after is not None else -(2**63)
-                return [event_from_row(row) for row in self._first_rows(start, keep_in, limit + 1)]
+                among = self._segments_holding(filter) if filter is not None else None
+                return [event_from_row(row) for row in self._first_rows(start, keep_in, limit + 1, among)]
             cold = []
             for segment, build_request_ids in self._cold_of(filter.build_request_ids).items():
                 spans = request_spans(self._connection, build_request_ids)
@@ -406,16 +407,34 @@ class ColdReads:
         next_cursor = encode_cursor(events[-1]["timestamp"], events[-1]["event_id"]) if events else since
         return EventPage(events=events, next_cursor=next_cursor, has_more=has_more)
 
-    def _first_rows(self, start_ns: int, keep_in, first: int) -> list[tuple]:
+    def _segments_holding(self, filter: EventFilter) -> set[int] | None:
+        """The segments that can hold an event of `filter`'s partitions and job runs (None: any)."""
+        among = None
+        for values, sql in (
+            (filter.partition_refs, "SELECT segment FROM main.cold_partition_events WHERE partition_ref = ?"),
+            (
+                filter.job_run_ids,
+                "SELECT c.segment FROM main.cold_job_runs AS j JOIN main.cold_build_requests AS c"
+                " ON c.build_request_id = j.build_request_id WHERE j.job_run_id = ?",
+            ),
+        ):
+            if values is not None:
+                held = {row[0] for value in values for row in self._connection.execute(sql, (value,))}
+                among = held if among is None else among & held
+        return among
+
+    def _first_rows(self, start_ns: int, keep_in, first: int, among: set[int] | None = None) -> list[tuple]:
         """The `first` live segment rows at or after `start_ns` in (timestamp, event_id) order that
-        `keep_in(segment)` selects: row groups read in time order (segments are sorted by time)
-        until no later one can hold an earlier row."""
+        `keep_in(segment)` selects, from the segments `among` (all when None): row groups read in
+        time order (segments are sorted by time) until no later one can hold an earlier row."""
         found = None
         segments = self._connection.execute(
             "SELECT segment, min_timestamp FROM main.cold_segments WHERE max_timestamp >= ? ORDER BY min_timestamp",
             (start_ns,),
         ).fetchall()
         for segment, low in segments:
+            if among is not None and segment not in among:
+                continue
             cut = found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
             if cut is not None and low > cut:
                 break
@@ -426,7 +445,7 @@ class ColdReads:
                     continue
                 cut = found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
                 if stamps is not None and cut is not None and stamps[0] > cut:
-                    break
+                    continue  # not `break`: a segment written in another order holds earlier rows later
                 table = self._live(segment, file.read_row_group(group))
                 table = table.filter(keep(table))
                 found = table if found is None else pa.concat_tables([found, table])

@@ -277,6 +277,9 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
     thawed = 0
     for segment, ids in by_segment.items():
         table = read_segment_rows(folder, segment, "build_request_id", ids, spans=request_spans(connection, ids))
+        expected = sum(_event_counts(connection, ids))
+        if table.num_rows != expected:  # the projection's span missed rows: never lose them, read all
+            table = read_segment_rows(folder, segment, "build_request_id", ids)
         rows = list(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
         connection.execute("DELETE FROM temp.thawing")
         connection.executemany(f"INSERT INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
@@ -336,6 +339,14 @@ def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, job_run_ids
             )
         )
     return thaw(connection, index_folder, holders) if holders else 0
+
+
+def _event_counts(connection: sqlite3.Connection, build_request_ids: Iterable[str]) -> list[int]:
+    return [
+        row[0]
+        for i in build_request_ids
+        for row in connection.execute("SELECT event_count FROM main.build_requests WHERE build_request_id = ?", (i,))
+    ]
 
 
 def _work_tables(connection: sqlite3.Connection) -> None:
