@@ -217,6 +217,11 @@ def _in_order(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(events, key=lambda event: (event["timestamp"], event["event_id"]))
 
 
+def _first_in_order(table: pa.Table, first: int) -> pa.Table:
+    """The `first` rows of `table` in (timestamp, event_id) order."""
+    return table.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
+
+
 def _rows(table: pa.Table) -> list[tuple]:
     columns = [table.column(name).to_pylist() for name in ROW_COLUMNS]
     return list(zip(*columns, strict=True))
@@ -262,7 +267,7 @@ class ColdReads:
         if keep is not None:
             table = table.filter(keep(table))
         if first is not None:
-            table = table.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
+            table = _first_in_order(table, first)
         return _rows(table)
 
     def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, list[str]]:
@@ -432,24 +437,25 @@ class ColdReads:
             "SELECT segment, min_timestamp FROM main.cold_segments WHERE max_timestamp >= ? ORDER BY min_timestamp",
             (start_ns,),
         ).fetchall()
+
+        def cut() -> int | None:  # the timestamp no row past the page can be earlier than
+            return found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
+
         for segment, low in segments:
             if among is not None and segment not in among:
                 continue
-            cut = found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
-            if cut is not None and low > cut:
+            if cut() is not None and low > cut():
                 break
             file, keep = parquet_file(segment_paths(self.segment_folder, segment)[0]), keep_in(segment)
             for group in range(file.metadata.num_row_groups):
                 stamps = _min_max(file, group, "timestamp")
                 if stamps is not None and stamps[1] < start_ns:
                     continue
-                cut = found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
-                if stamps is not None and cut is not None and stamps[0] > cut:
+                if stamps is not None and cut() is not None and stamps[0] > cut():
                     continue  # not `break`: a segment written in another order holds earlier rows later
                 table = self._live(segment, file.read_row_group(group))
                 table = table.filter(keep(table))
-                found = table if found is None else pa.concat_tables([found, table])
-                found = found.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
+                found = _first_in_order(table if found is None else pa.concat_tables([found, table]), first)
         return _rows(found) if found is not None else []
 
     def get_active_builds_for_partition(self, partition_ref: str) -> list[str]:
