@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -38,14 +39,14 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from bench.query_path import percentile
-from bench.soak_load import STREAM
+from bench.soak_load import soak_stream, stream_size
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings
-from databuild_assets.workload import generate_events
 from databuild_assets_tests.dagster_deployment import DagsterDeployment
 from databuild_assets_tests.reliability_workers import write_landing_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LANDING_EVENTS = 40  # a landing file a minute
 SENSORS = ("landing_files_sensor", "event_log_commits_sensor", "compaction_by_file_count_sensor")
 
 
@@ -182,7 +183,7 @@ def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) ->
         )
     )
     try:
-        landing = generate_events(STREAM, seed=7)
+        landing = soak_stream(7, LANDING_EVENTS * (math.ceil(seconds / 60) + 1))
         landed: list[str] = []
         erasures_at = [seconds * (k + 1) / (args.erasures + 1) for k in range(args.erasures)]
         erased: list[str] = []
@@ -191,7 +192,7 @@ def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) ->
         while time.time() - started < seconds:
             time.sleep(max(0.0, started + (minute + 1) * 60 - time.time()))
             minute += 1
-            events = [next(landing) for _ in range(40)]
+            events = list(islice(landing, LANDING_EVENTS))
             write_landing_file(Path(lake.landing), f"soak-{minute:04d}.jsonl", events, [], 0)
             landed += [e["event_id"] for e in events]
             if erasures_at and time.time() - started >= erasures_at[0]:
@@ -263,7 +264,9 @@ def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
     events = {}
     for n in range(results["settings"]["appenders"]):
         count = sum(len(r["ids"]) for r in _records(workdir / f"append-{n}.jsonl"))
-        events.update((e["event_id"], e) for e in islice(generate_events(STREAM, seed=100 + n), count))
+        settings = results["settings"]
+        stream = soak_stream(100 + n, stream_size(settings["rate"] / settings["appenders"], settings["minutes"] * 60))
+        events.update((e["event_id"], e) for e in islice(stream, count))
     erased_ids = {i for i, e in events.items() if any(matches_build_request(e, v) for v in erased)}
     spark = _worker_session()
     try:

@@ -11,16 +11,30 @@ is recorded with its error and the process goes on, as a service would retry its
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
+from collections.abc import Iterator
 from itertools import islice
 
 from databuild_assets.log import open_event_log
 from databuild_assets.workload import generate_events
 
 BATCH = 5
-STREAM = 10_000_000  # generate_events' size: it streams, only what is taken is made; the soak's oracle makes it again
+
+
+def soak_stream(seed: int, n_events: int) -> Iterator[dict]:
+    """The events one appender (or the landing files) sends: `n_events` spread over a day of log
+    time, so that the build requests it starts also finish within the soak, as a service's do
+    (a working day, compressed), and a hot window of log time bounds the serving index. The
+    soak's oracle makes it again."""
+    return generate_events(n_events, seed=seed, days=1)
+
+
+def stream_size(rate: float, seconds: float) -> int:
+    """The events an appender at `rate` batches a second sends in `seconds`, at most."""
+    return (math.ceil(rate * seconds) + 1) * BATCH
 
 
 def _paced(rate: float, seconds: float):
@@ -36,10 +50,12 @@ def _paced(rate: float, seconds: float):
 
 
 def append(uri: str, seed: int, rate: float, seconds: float, out: str) -> None:
-    stream = generate_events(STREAM, seed=seed)
+    stream = soak_stream(seed, stream_size(rate, seconds))
     with open_event_log(uri, writer=f"soak-{seed}") as log, open(out, "a", encoding="utf-8") as record:
         for _ in _paced(rate, seconds):
             events = list(islice(stream, BATCH))
+            if not events:
+                break
             started = time.perf_counter()
             line = {"at": time.time()}
             try:

@@ -75,7 +75,7 @@ class _RefreshedAfterEveryAppend(DeltaRsEventLog):
         return result
 
 
-def _delta_rs_tiered_log(window_s: float) -> BackendFactory:
+def _delta_rs_tiered_log(window_s: float | None) -> BackendFactory:
     def factory(request: pytest.FixtureRequest, directory: Path) -> BuildEventLog:
         (directory / "lake").mkdir()  # a lake it can write: its index is the lake's, which evicts
         return _RefreshedAfterEveryAppend(Lake(str(directory / "lake")), hot_window_s=window_s)
@@ -91,6 +91,8 @@ BACKEND_FACTORIES: dict[str, BackendFactory] = {
     # than the newest (the cases' timestamps are small integers).
     "delta-rs-cold-0": _delta_rs_tiered_log(0),
     "delta-rs-cold-40ns": _delta_rs_tiered_log(40e-9),
+    # The default window (an hour): every case's events are hot, and each append is refreshed.
+    "delta-rs-default-window": _delta_rs_tiered_log(None),
 }
 
 
@@ -248,8 +250,10 @@ def test_shared_case(event_log: BuildEventLog, case: Callable[[BuildEventLog], N
 # batch is a commit of seconds, so it takes one order in three batches; test_backend_parity.py
 # compares many more Delta batchings with SQLite.
 SHUFFLE_SEEDS = {"sqlite": range(3), "delta": range(1), "delta-rs": range(3)}
-SHUFFLE_SEEDS |= {"delta-rs-cold-0": range(3), "delta-rs-cold-40ns": range(2)}
-BATCH_SIZES = {"sqlite": 4, "delta": 10, "delta-rs": 4, "delta-rs-cold-0": 4, "delta-rs-cold-40ns": 4}
+SHUFFLE_SEEDS |= {"delta-rs-cold-0": range(3), "delta-rs-cold-40ns": range(2), "delta-rs-default-window": range(1)}
+BATCH_SIZES = {"sqlite": 4, "delta": 10, "delta-rs": 4} | dict.fromkeys(
+    ("delta-rs-cold-0", "delta-rs-cold-40ns", "delta-rs-default-window"), 4
+)
 
 
 def test_answers_do_not_depend_on_how_events_were_batched_or_in_what_order_they_arrived(
@@ -273,6 +277,8 @@ def test_answers_do_not_depend_on_how_events_were_batched_or_in_what_order_they_
         assert bel_cases.answers(log, *keys) == expected, f"shuffle seed {seed}"
         if backend == "delta-rs-cold-0":  # the finished build requests were read from segments
             assert log._store().cold_facts()["cold_build_requests"] == 3  # br-1, br-7, br-8
+        if backend == "delta-rs-default-window":  # the cases' nanoseconds are all within the hour
+            assert log._store().cold_facts()["cold_build_requests"] == 0
 
     # A few of those answers, written out.
     assert in_one_batch.get_active_builds_for_partition("data/x") == []  # br-7 FAILED, br-8 DELEGATED

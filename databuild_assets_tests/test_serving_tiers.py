@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from deltalake import write_deltalake
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
@@ -40,12 +41,12 @@ def _cold(lake: Lake) -> dict[str, int]:
 
 
 def _terminal_request(events: list[dict[str, Any]]) -> str:
+    return next(e["build_request_id"] for e in events if _is_terminal(e))
+
+
+def _is_terminal(event: dict[str, Any]) -> bool:
     terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
-    return next(
-        e["build_request_id"]
-        for e in events
-        if e["event_type"] == "build_request_event" and e["build_request_event"]["status_code"] in terminal
-    )
+    return event["event_type"] == "build_request_event" and event["build_request_event"]["status_code"] in terminal
 
 
 def _only_matching_events_name(events: list[dict[str, Any]], key: str, value: str) -> bool:
@@ -77,6 +78,35 @@ def _pages(log: Any, filter: EventFilter | None) -> list[list[str]]:
         cursor = page.next_cursor
         if not page.has_more:
             return pages
+
+
+def test_the_default_window_keeps_the_last_hour_of_log_time_hot_and_inf_keeps_everything(
+    lake: Lake, monkeypatch
+) -> None:
+    monkeypatch.delenv(evict.HOT_WINDOW_ENV, raising=False)
+    events = list(generate_events(3000, seed=3))  # three days of log time
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    newest = max(e["timestamp"] for e in events)
+    last_event: dict[str, int] = {}
+    for e in events:
+        last_event[e["build_request_id"]] = max(last_event.get(e["build_request_id"], 0), e["timestamp"])
+    terminal = {e["build_request_id"] for e in events if _is_terminal(e)}
+    old = {b for b in terminal if last_event[b] <= newest - evict.DEFAULT_HOT_WINDOW_S * 1e9}
+    assert old and old != terminal  # some finished within the hour: they stay hot
+
+    monkeypatch.setenv(evict.HOT_WINDOW_ENV, "inf")
+    refresh_serving_index(lake)
+    assert _cold(lake)["cold_build_requests"] == 0
+    monkeypatch.delenv(evict.HOT_WINDOW_ENV)
+    refresh_serving_index(lake)
+    assert _cold(lake)["cold_build_requests"] == len(old)
+    with DeltaRsEventLog(lake) as log:
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+    monkeypatch.setenv(evict.HOT_WINDOW_ENV, "an hour")
+    with pytest.raises(ValueError, match=r"DATABUILD_SERVING_HOT_WINDOW_S='an hour' is not a number of seconds"):
+        refresh_serving_index(lake)
 
 
 def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(lake: Lake, monkeypatch) -> None:
@@ -283,7 +313,7 @@ def test_the_index_keeps_only_hot_events_with_the_window_at_0(lake: Lake, capsys
     events = list(generate_events(50_000, seed=1))
     with DeltaRsEventLog(lake) as log:
         log.append_events(events)
-    whole = refresh_serving_index(lake)
+    whole = refresh_serving_index(lake, hot_window_s=float("inf"))  # every event hot
     whole_bytes = folder_bytes(lake)
     tiered = refresh_serving_index(lake, hot_window_s=0)
     tiered_bytes = folder_bytes(lake)
@@ -293,7 +323,7 @@ def test_the_index_keeps_only_hot_events_with_the_window_at_0(lake: Lake, capsys
     n = len(events)
     with capsys.disabled():
         print(
-            f"\n{n:,} events: unset: index {whole.bytes:,} B ({whole.bytes / n:.0f} B/event), folder {whole_bytes:,}"
+            f"\n{n:,} events: all hot: index {whole.bytes:,} B ({whole.bytes / n:.0f} B/event), folder {whole_bytes:,}"
             f"; window 0: index {tiered.bytes:,} B ({tiered.bytes / n:.0f} B/event), segments {segment_bytes:,} B"
             f" ({segment_bytes / n:.0f} B/event), folder {tiered_bytes:,} B ({tiered_bytes / n:.0f} B/event); {cold}"
         )

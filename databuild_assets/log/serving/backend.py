@@ -97,7 +97,7 @@ class DeltaRsEventLog(BuildEventLog):
     ("writer:<writer>"); `progress` receives a build's progress lines. `max_staleness` (seconds)
     is how old a read's view of other processes' commits may be: 0 asks the lake before every
     read; None means 0 on a local lake and `S3_MAX_STALENESS_S` on S3. This process's own
-    appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window.
+    appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window (None: the environment's or the default hour; inf: every event hot).
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)

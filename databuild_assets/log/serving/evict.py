@@ -54,6 +54,9 @@ from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUEST
 # memory while it is written.
 SEGMENT_EVENTS = 262_144
 HOT_WINDOW_ENV = "DATABUILD_SERVING_HOT_WINDOW_S"
+# An hour of log time: what a service reads again is recent, and an hour of it at a service's rate
+# (tens of events a second) is a hot set of some hundred thousand events, whatever the history.
+DEFAULT_HOT_WINDOW_S = 3_600.0
 _TERMINAL = ", ".join(str(int(code)) for code in sorted(TERMINAL_BUILD_REQUEST_STATUSES))
 _COLUMNS = ", ".join(ROW_COLUMNS)
 _SEGMENT_FILE = re.compile(r"^segment-(\d+)\.(?:by-partition\.)?parquet(?:\.building)?$")
@@ -66,22 +69,26 @@ def event_digest(event_id: str) -> bytes:
 
 def hot_window_ns(window_s: float | None = None) -> int | None:
     """The hot window in nanoseconds of log time: `window_s`, else DATABUILD_SERVING_HOT_WINDOW_S,
-    else None (nothing is evicted). A value that is not a number of seconds, 0 or more, is refused."""
+    else DEFAULT_HOT_WINDOW_S; None (nothing is evicted) for `inf`. A value that is not a number of
+    seconds, 0 or more, is refused."""
     if window_s is None:
         text = os.environ.get(HOT_WINDOW_ENV, "").strip()
         if not text:
-            return None
-        try:
-            window_s = float(text)
-        except ValueError:
-            window_s = None
-        if window_s is None or not window_s >= 0:
-            raise ValueError(
-                f"{HOT_WINDOW_ENV}={text!r} is not a number of seconds: set the hot window of the serving index "
-                "(0 or more; unset keeps every event in the index)"
-            )
-    if not window_s >= 0 or window_s == float("inf"):
+            window_s = DEFAULT_HOT_WINDOW_S
+        else:
+            try:
+                window_s = float(text)
+            except ValueError:
+                window_s = None
+            if window_s is None or not window_s >= 0:
+                raise ValueError(
+                    f"{HOT_WINDOW_ENV}={text!r} is not a number of seconds: set the hot window of the serving "
+                    f"index (0 or more; inf keeps every event in the index; unset is {DEFAULT_HOT_WINDOW_S:.0f})"
+                )
+    if not window_s >= 0:
         raise ValueError(f"the hot window must be a number of seconds, 0 or more, got {window_s!r}")
+    if window_s == float("inf"):
+        return None
     return round(window_s * 1e9)
 
 
@@ -444,6 +451,7 @@ def visible_values(index_folder: str, connection: sqlite3.Connection) -> Mapping
 
 
 __all__ = [
+    "DEFAULT_HOT_WINDOW_S",
     "HOT_WINDOW_ENV",
     "SEGMENT_EVENTS",
     "cold_build_requests_among",
