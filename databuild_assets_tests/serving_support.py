@@ -4,6 +4,7 @@ folder's files hold, and the answers a reader gives against SQLite's."""
 from __future__ import annotations
 
 import os
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,6 +36,20 @@ def request_erasure_without_spark(lake: Lake, key: str, value: str | list[str]) 
         record |= {"reason": "a test", "requested_at": datetime.now(UTC), "applied_at": None}
         records.append(record | {"applied_log_version": None})
     deltalake.write_deltalake(path, pa.Table.from_pylist(records, schema=pa.schema(schema.to_arrow())), mode="append")
+
+
+def without_write_access(lake: Lake, code: str) -> list[str]:
+    """The command that runs `code` (after `log = open_event_log(<the lake>)`) in a process that
+    cannot write the lake: the lake is made read-only here, and when the tests run as root (which
+    writes through any mode), the process starts without the capabilities that let root ignore
+    file modes."""
+    script = f"from databuild_assets.log import open_event_log\nlog = open_event_log('delta://{lake.root}')\n{code}"
+    for directory, _, files in os.walk(lake.root):
+        os.chmod(directory, 0o555)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o444)
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    return [*drop, sys.executable, "-c", script]
 
 
 def serving_files(lake: Lake) -> list[Path]:

@@ -42,6 +42,7 @@ from databuild_assets_tests.serving_support import (
     files_holding,
     request_erasure_without_spark,
     serving_files,
+    without_write_access,
 )
 from databuild_assets_tests.support import REPO_ROOT, lakehouse_for
 
@@ -178,16 +179,7 @@ def test_a_raw_log_replaced_at_the_same_path_is_never_answered_from_the_old_inde
 
 
 def _run_without_write_access(lake: Lake, code: str) -> subprocess.CompletedProcess:
-    """`code` in a process that cannot write the lake: the lake made read-only, and when the
-    tests run as root (which writes through any mode), the process started without the
-    capabilities that let root ignore file modes."""
-    script = f"from databuild_assets.log import open_event_log\nlog = open_event_log('delta://{lake.root}')\n{code}"
-    for directory, _, files in os.walk(lake.root):
-        os.chmod(directory, 0o555)
-        for name in files:
-            os.chmod(os.path.join(directory, name), 0o444)
-    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
-    return subprocess.run([*drop, sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True)
+    return subprocess.run(without_write_access(lake, code), cwd=REPO_ROOT, capture_output=True, text=True)
 
 
 def test_a_lake_this_process_cannot_write_still_opens_and_answers_with_every_commit(lake: Lake) -> None:

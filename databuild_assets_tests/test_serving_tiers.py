@@ -31,6 +31,7 @@ from databuild_assets_tests.serving_support import (
     folder_bytes,
     reference_answers,
     request_erasure_without_spark,
+    without_write_access,
 )
 from databuild_assets_tests.support import REPO_ROOT
 
@@ -142,6 +143,32 @@ def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(l
         assert log.get_job_run_events(runs[0]) == reference.get_job_run_events(runs[0])
 
 
+def test_refreshes_that_each_evict_a_few_build_requests_leave_merged_segments_not_one_each(
+    lake: Lake, monkeypatch
+) -> None:
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 4000)  # segments under 1,000 events are small
+    events = list(generate_events(3000, seed=3))
+    evicting = 0
+    for start in range(0, len(events), 100):  # a refresh after every 100 events, as a sensor would
+        with DeltaRsEventLog(lake) as log:
+            log.append_events(events[start : start + 100])
+        before = _cold(lake)["cold_build_requests"]
+        refresh_serving_index(lake, hot_window_s=0)
+        evicting += _cold(lake)["cold_build_requests"] > before
+    with DeltaRsEventLog(lake) as log:
+        connection = log._store()._connection
+        sizes = [row[0] for row in connection.execute("SELECT events FROM cold_segments ORDER BY segment")]
+        assert sum(sizes) == log._store().cold_facts()["cold_event_ids"]
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+    small = [size for size in sizes if size < 1000]
+    tiers = [len([size for size in small if low <= size < low * 4]) for low in (1, 4, 16, 64, 256)]
+    assert max(tiers) < evict.MERGE_FANIN, sizes  # every tier of MERGE_FANIN small ones was merged
+    assert evicting >= 20 and len(sizes) <= evicting / 2, sizes
+    assert [path.name for path in Path(lake.path("serving_index"), "segments").iterdir()] and len(
+        list(Path(lake.path("serving_index"), "segments").glob("segment-*.by-partition.parquet"))
+    ) == len(sizes)  # the merged segments' files are gone
+
+
 def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segment_is_rewritten(lake: Lake) -> None:
     events = list(generate_events(1200, seed=4))
     request = _terminal_request(events)
@@ -162,6 +189,35 @@ def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segmen
     assert not segments_before & set(files_holding(lake, request))
     with DeltaRsEventLog(lake) as log:
         assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == reference_answers(events + [late])
+
+
+def test_a_reader_that_cannot_write_the_lake_answers_after_the_lakes_refresh_rewrote_a_segment_it_named(
+    lake: Lake,
+) -> None:
+    events = list(generate_events(1200, seed=4))
+    request = _terminal_request(events)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    code = (
+        "import sys\n"
+        f"print(len(log.get_build_request_events({request!r})), flush=True)\n"
+        "sys.stdin.readline()\n"
+        f"print(len(log.get_build_request_events({request!r})), flush=True)\n"
+    )
+    reader = subprocess.Popen(
+        without_write_access(lake, code), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        count = int(reader.stdout.readline())  # its copy of the index names the segment
+        late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+        with DeltaRsEventLog(lake) as log:  # the pipeline, which can write the lake
+            log.append_events([late])
+        refresh_serving_index(lake, hot_window_s=0)  # the request cold again in a new segment, the old one removed
+        out, _ = reader.communicate("go\n", timeout=120)
+    finally:
+        reader.kill()
+    assert reader.returncode == 0 and out.split() == [str(count + 1)]
 
 
 def _job_runs(log: Any) -> list[tuple]:

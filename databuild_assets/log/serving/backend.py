@@ -38,20 +38,14 @@ import deltalake.exceptions
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from databuild_assets.events.enums import BuildRequestStatus
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.events.validation import require_valid
 from databuild_assets.log.interface import (
-    ActivitySummary,
     AppendResult,
     BuildEventLog,
-    BuildRequestSummary,
-    EventFilter,
-    EventPage,
-    PartitionStatusInfo,
-    PartitionSummary,
     canonical_event,
 )
+from databuild_assets.log.serving.answers import IndexAnswers
 from databuild_assets.log.serving.append import CommitConflictError, commit_append, raw_log_rows
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.checkpoints import Checkpointer
@@ -88,7 +82,7 @@ class _NotFollowable(Exception):
     """The index cannot be brought to the lake's latest versions commit by commit: rebuild it."""
 
 
-class DeltaRsEventLog(BuildEventLog):
+class DeltaRsEventLog(IndexAnswers, BuildEventLog):
     """The Build Event Log of a local lake, read and appended without a JVM (see the module doc).
 
     Opening it opens the lake's serving index (`<root>/serving_index/`), building it first when
@@ -97,7 +91,8 @@ class DeltaRsEventLog(BuildEventLog):
     ("writer:<writer>"); `progress` receives a build's progress lines. `max_staleness` (seconds)
     is how old a read's view of other processes' commits may be: 0 asks the lake before every
     read; None means 0 on a local lake and `S3_MAX_STALENESS_S` on S3. This process's own
-    appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window (None: the environment's or the default hour; inf: every event hot).
+    appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window
+    (None: the environment's, else an hour; inf: every event hot).
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
@@ -171,6 +166,11 @@ class DeltaRsEventLog(BuildEventLog):
         if index is None:
             self._rebuild(why)
 
+    def _reopen(self) -> None:
+        """Drop the index in hand for the lake's current one (a segment it named is gone)."""
+        log.info("%r: a segment %s names is gone (the lake's refresh rewrote it): reopening", self, self._store().path)
+        self._open()
+
     def _followable(self, path: str) -> tuple[ServingIndex | None, str]:
         """The index at `path` if it can be followed to the lake's latest versions, else None
         and why not. FileNotFoundError when the file is gone (a newer generation replaced it)."""
@@ -225,6 +225,8 @@ class DeltaRsEventLog(BuildEventLog):
         self._table = None  # its protocol or schema may have changed: opened again by the next append
         if old is not None and old is not index:
             old.close()
+            if self._private is not None and os.path.dirname(old.path) == self._private.path:
+                remove_index_files(old.path)  # a private copy no one else reads
 
     def _rebuild(self, reason: str) -> None:
         """A new generation of the index from the lake's snapshot, published for every process
@@ -514,43 +516,6 @@ class DeltaRsEventLog(BuildEventLog):
             # Outside the lock: the other appenders commit while the checkpoint is written.
             self._checkpoints.after_commit(committed, self._table.metadata().configuration)
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
-
-    # -- reads: the index's, once it has caught up ----------------------------------------------
-
-    def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
-        return self._catch_up().get_build_request_events(build_request_id, since_ns)
-
-    def get_partition_events(self, partition_ref: str, since_ns: int | None = None) -> list[dict[str, Any]]:
-        return self._catch_up().get_partition_events(partition_ref, since_ns)
-
-    def get_job_run_events(self, job_run_id: str) -> list[dict[str, Any]]:
-        return self._catch_up().get_job_run_events(job_run_id)
-
-    def get_events_in_range(self, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
-        return self._catch_up().get_events_in_range(start_ns, end_ns)
-
-    def list_events(self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000) -> EventPage:
-        return self._catch_up().list_events(since, filter, limit)
-
-    def get_latest_partition_status(self, partition_ref: str) -> PartitionStatusInfo | None:
-        return self._catch_up().get_latest_partition_status(partition_ref)
-
-    def get_active_builds_for_partition(self, partition_ref: str) -> list[str]:
-        return self._catch_up().get_active_builds_for_partition(partition_ref)
-
-    def get_build_request_for_available_partition(self, partition_ref: str) -> str | None:
-        return self._catch_up().get_build_request_for_available_partition(partition_ref)
-
-    def list_build_requests(
-        self, limit: int = 100, offset: int = 0, status: BuildRequestStatus | int | None = None
-    ) -> list[BuildRequestSummary]:
-        return self._catch_up().list_build_requests(limit, offset, status)
-
-    def list_recent_partitions(self, limit: int = 100, offset: int = 0) -> list[PartitionSummary]:
-        return self._catch_up().list_recent_partitions(limit, offset)
-
-    def get_activity_summary(self) -> ActivitySummary:
-        return self._catch_up().get_activity_summary()
 
     # -- lifecycle ------------------------------------------------------------------------------
 

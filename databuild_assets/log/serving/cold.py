@@ -57,7 +57,8 @@ SEGMENT_SCHEMA = pa.schema(
 BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
 _LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
 
-# The cold tables of the index (INDEX_FORMAT 3, 4 with cold_job_runs.job_events): see evict.py.
+# The cold tables of the index (INDEX_FORMAT 3; 4 cold_job_runs.job_events; 5 cold_job_runs only
+# for build requests other than the job run's own): see evict.py.
 COLD_TABLES = """
 CREATE TABLE IF NOT EXISTS cold_segments (
     segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, min_timestamp INTEGER NOT NULL,
@@ -69,7 +70,7 @@ CREATE INDEX IF NOT EXISTS cold_build_requests_by_segment ON cold_build_requests
 CREATE TABLE IF NOT EXISTS cold_partition_events (
     partition_ref TEXT NOT NULL, segment INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (partition_ref, segment)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS cold_job_runs (
+CREATE TABLE IF NOT EXISTS cold_job_runs (  -- a cold build request with events of another's job run
     job_run_id TEXT NOT NULL, build_request_id TEXT NOT NULL,
     job_events INTEGER NOT NULL,  -- 1: the build request holds a job or cancel event of the job run
     PRIMARY KEY (job_run_id, build_request_id)) WITHOUT ROWID;
@@ -78,6 +79,13 @@ CREATE TABLE IF NOT EXISTS cold_build_request_partition_counts (
     PRIMARY KEY (build_request_id, status_code)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cold_event_ids (digest BLOB PRIMARY KEY) WITHOUT ROWID;
 """
+
+# The build requests holding events of job run :j: its own (job_runs.build_request_id, that of its
+# first job or cancel event) and any other one listed cold (a hot one is found in `events`).
+JOB_RUN_HOLDERS = (
+    "SELECT build_request_id FROM main.job_runs WHERE job_run_id = :j"
+    " UNION SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = :j"
+)
 
 # The index's events of hot build requests: every read of events goes through it once any
 # build request is cold (a cold one's pinned rows stay in `events` for the refresh SQL only).
@@ -311,12 +319,7 @@ class ColdReads:
         hot = super().get_job_run_events(job_run_id)  # type: ignore[misc]
         if not self.has_cold():
             return hot
-        owners = [
-            row[0]
-            for row in self._connection.execute(
-                "SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = ?", (job_run_id,)
-            )
-        ]
+        owners = [row[0] for row in self._connection.execute(JOB_RUN_HOLDERS, {"j": job_run_id})]
 
         def read() -> list[dict[str, Any]]:
             cold = []
@@ -419,8 +422,8 @@ class ColdReads:
             (filter.partition_refs, "SELECT segment FROM main.cold_partition_events WHERE partition_ref = ?"),
             (
                 filter.job_run_ids,
-                "SELECT c.segment FROM main.cold_job_runs AS j JOIN main.cold_build_requests AS c"
-                " ON c.build_request_id = j.build_request_id WHERE j.job_run_id = ?",
+                "SELECT segment FROM main.cold_build_requests WHERE build_request_id IN"
+                f" ({JOB_RUN_HOLDERS.replace(':j', '?1')})",
             ),
         ):
             if values is not None:
@@ -517,6 +520,7 @@ __all__ = [
     "COLD_TABLES",
     "ColdReads",
     "HOT_EVENTS_VIEW",
+    "JOB_RUN_HOLDERS",
     "SEGMENTS_FOLDER",
     "event_from_row",
     "listed_partitions",

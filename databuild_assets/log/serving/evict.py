@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, PartitionStatus
 from databuild_assets.log.serving.cold import (
+    JOB_RUN_HOLDERS,
     ROW_COLUMNS,
     SEGMENTS_FOLDER,
     listed_partitions,
@@ -53,6 +54,11 @@ from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUEST
 # A segment holds about this many events at most: the rows of one eviction's transaction are in
 # memory while it is written.
 SEGMENT_EVENTS = 262_144
+# Segments smaller than SEGMENT_EVENTS / MERGE_FANIN are merged, MERGE_FANIN of a size at a time:
+# a refresh every few seconds that evicts a few build requests each time leaves a number of
+# segments that follows the history's size, not its age.
+MERGE_FANIN = 4
+_MERGE_ROUNDS = 16  # a merge makes one segment of the next size up, which may complete a merge there
 HOT_WINDOW_ENV = "DATABUILD_SERVING_HOT_WINDOW_S"
 # An hour of log time: what a service reads again is recent, and an hour of it at a service's rate
 # (tens of events a second) is a hot set of some hundred thousand events, whatever the history.
@@ -145,24 +151,63 @@ def _next_segment(connection: sqlite3.Connection, folder: str) -> int:
 
 def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | None) -> int:
     """Rewrite the stale segments, then move the build requests cold by `window_ns` (None: none)
-    into new segments; returns how many events left the index. Under the build lock."""
+    into new segments, and merge small segments; returns how many events left the index. Under
+    the build lock."""
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     _work_tables(connection)
-    stale = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments WHERE stale")]
-    for segment in stale:  # its build requests come back hot, and are evicted again below
-        with transaction(connection):
-            thaw(connection, index_folder, _cold_in(connection, segment))
-            connection.execute("DELETE FROM main.cold_partition_events WHERE segment = ?", (segment,))
-            connection.execute("DELETE FROM main.cold_segments WHERE segment = ?", (segment,))
-    if window_ns is None:
-        return 0
     evicted = 0
-    while True:
+    for _ in range(_MERGE_ROUNDS):
+        stale = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments WHERE stale")]
+        for segment in stale:  # its build requests come back hot, and are evicted again below
+            with transaction(connection):
+                thaw(connection, index_folder, _cold_in(connection, segment))
+                connection.execute("DELETE FROM main.cold_partition_events WHERE segment = ?", (segment,))
+                connection.execute("DELETE FROM main.cold_segments WHERE segment = ?", (segment,))
+        if window_ns is None:
+            break
+        while True:
+            with transaction(connection):
+                moved = _evict_one(connection, folder, window_ns)
+            if not moved:
+                break
+            evicted += moved
+        merging = _small_segments_to_merge(connection)
+        if not merging:
+            break
+        with transaction(connection):  # merged by the next round: thawed, and evicted together
+            connection.executemany("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", ((s,) for s in merging))
+    _shrink_if_mostly_free(connection)
+    return evicted
+
+
+def _small_segments_to_merge(connection: sqlite3.Connection) -> list[int]:
+    """The small segments of each size tier (tiers MERGE_FANIN times apart) that holds
+    MERGE_FANIN of them: each event is merged about log(SEGMENT_EVENTS / its first segment's
+    size) / log(MERGE_FANIN) times, and the segments number about MERGE_FANIN per tier plus the
+    full ones."""
+    tiers: dict[int, list[int]] = {}
+    for segment, events in connection.execute(
+        "SELECT segment, events FROM main.cold_segments WHERE NOT stale AND events < ?",
+        (SEGMENT_EVENTS // MERGE_FANIN,),
+    ):
+        tier = 0
+        while events >= MERGE_FANIN:
+            events //= MERGE_FANIN
+            tier += 1
+        tiers.setdefault(tier, []).append(segment)
+    return sorted(segment for tier in tiers.values() if len(tier) >= MERGE_FANIN for segment in tier)
+
+
+def _shrink_if_mostly_free(connection: sqlite3.Connection) -> None:
+    """Evicted rows free pages that later rows reuse, and their cells are zeroed (secure_delete):
+    an eviction need not write the file whole (an erasure does, index.py `deleted_events`). It
+    does when most of the file is free pages, e.g. after a window is first set on a full index,
+    so that the file shrinks."""
+    free = connection.execute("PRAGMA main.freelist_count").fetchone()[0]
+    pages = connection.execute("PRAGMA main.page_count").fetchone()[0]
+    if free * 2 > pages:
         with transaction(connection):
-            moved = _evict_one(connection, folder, window_ns)
-        if not moved:
-            return evicted
-        evicted += moved
+            _count_deleted(connection, free)
 
 
 def evict_under_lock(folder: IndexFolder, connection: sqlite3.Connection, window_ns: int | None, marker) -> None:
@@ -232,9 +277,13 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
         " ON CONFLICT (partition_ref, segment) DO UPDATE SET count = excluded.count",
         (segment,),
     )
+    # A job run's own build request is found by its projection row (JOB_RUN_HOLDERS): only the
+    # others that hold events of it are listed.
     connection.execute(
         "INSERT OR IGNORE INTO main.cold_job_runs SELECT job_run_id, build_request_id,"
-        f" MAX(event_type IN ({_JOB_RUN_TYPES_SQL})) FROM {_FROZEN} WHERE job_run_id IS NOT NULL"
+        f" MAX(event_type IN ({_JOB_RUN_TYPES_SQL})) FROM {_FROZEN} AS f WHERE job_run_id IS NOT NULL"
+        " AND NOT EXISTS (SELECT 1 FROM main.job_runs AS r"
+        " WHERE r.job_run_id = f.job_run_id AND r.build_request_id = f.build_request_id)"
         " GROUP BY job_run_id, build_request_id"
     )
     counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
@@ -248,14 +297,12 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
     connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN (SELECT event_id FROM {_FROZEN})")
     leaving = f"SELECT event_id FROM {_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
-    deleted = connection.execute(f"DELETE FROM main.events WHERE event_id IN ({leaving})").rowcount
-    _count_deleted(connection, deleted)
+    connection.execute(f"DELETE FROM main.events WHERE event_id IN ({leaving})")
     return len(rows)
 
 
 def _count_deleted(connection: sqlite3.Connection, deleted: int) -> None:
-    """Evicted rows leave bytes in the index's pages like hidden ones: the refresh writes the
-    file whole (index.py `deleted_events`), which also gives their pages back."""
+    """Have the refresh write the file whole (index.py `deleted_events`)."""
     if deleted:
         connection.execute(
             "CREATE TABLE IF NOT EXISTS main.deleted_events"
@@ -338,13 +385,9 @@ def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, job_run_ids
     so its row is recomputed only over all of its events. Inside the caller's write transaction;
     returns how many build requests came back."""
     holders: dict[str, None] = {}
+    own_and_reporting = JOB_RUN_HOLDERS + " AND job_events"  # the job run's own holds a job event
     for job_run_id in job_run_ids:
-        holders.update(
-            (row[0], None)
-            for row in connection.execute(
-                "SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = ? AND job_events", (job_run_id,)
-            )
-        )
+        holders.update((row[0], None) for row in connection.execute(own_and_reporting, {"j": job_run_id}))
     return thaw(connection, index_folder, holders) if holders else 0
 
 
@@ -453,6 +496,7 @@ def visible_values(index_folder: str, connection: sqlite3.Connection) -> Mapping
 __all__ = [
     "DEFAULT_HOT_WINDOW_S",
     "HOT_WINDOW_ENV",
+    "MERGE_FANIN",
     "SEGMENT_EVENTS",
     "cold_build_requests_among",
     "cold_build_requests_holding",
