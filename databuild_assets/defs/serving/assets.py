@@ -17,7 +17,8 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
     kinds={"sqlite"},
     tags={"databuild/layer": "serving", "databuild/erasure": "purged"},
     description="The visible event log and its projections in SQLite under <lake root>/serving_index/, stamped "
-    "with the raw log's and the tombstones' versions: what `open_event_log('delta:///...')` reads.",
+    "with the raw log's and the tombstones' versions: what `open_event_log('delta:///...')` reads. Build requests "
+    "that finished before the hot window (an hour of log time) are in Parquet segments under serving_index/segments/.",
     pool="serving_index",
 )
 @reports_damage
@@ -31,7 +32,8 @@ def serving_index(context: AssetExecutionContext, lakehouse: LakehouseResource) 
     status = refresh_serving_index(lake, progress=context.log.info)
     context.log.info(
         f"serving_index: raw_event_log v{status.raw_log_version}, tombstones v{status.tombstones_version}, "
-        f"{status.events:,} visible events"
+        f"{status.events:,} visible events, {status.cold_build_requests:,} build requests cold in "
+        f"{status.segments:,} segments ({status.segment_bytes:,} B)"
     )
     return MaterializeResult(metadata=serving_index_metadata(status))
 
@@ -44,4 +46,7 @@ def serving_index_metadata(status: ServingIndexStatus) -> dict[str, MetadataValu
         "events": MetadataValue.int(status.events),
         "bytes": MetadataValue.int(status.bytes),
         "path": MetadataValue.path(status.path),
+        "cold_build_requests": MetadataValue.int(status.cold_build_requests),
+        "segments": MetadataValue.int(status.segments),
+        "segment_bytes": MetadataValue.int(status.segment_bytes),
     }

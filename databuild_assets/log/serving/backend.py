@@ -540,13 +540,17 @@ class DeltaRsEventLog(IndexAnswers, BuildEventLog):
 
 @dataclass(frozen=True)
 class ServingIndexStatus:
-    """What `refresh_serving_index` left: the versions the index reflects, and its size."""
+    """What `refresh_serving_index` left: the versions the index reflects, its size, and its
+    cold tier (the segments of the build requests that finished before the hot window)."""
 
     path: str
     raw_log_version: int
     tombstones_version: int
     events: int
     bytes: int
+    cold_build_requests: int = 0
+    segments: int = 0
+    segment_bytes: int = 0
 
 
 def refresh_serving_index(
@@ -561,8 +565,18 @@ def refresh_serving_index(
     with DeltaRsEventLog(lake, writer="serving-index", progress=progress, hot_window_s=hot_window_s) as log:
         stamp = log.refresh_index()
         index = log._store()
+        cold = index.cold_facts()
+        folder = index.segment_folder
+        names = os.listdir(folder) if os.path.isdir(folder) else []
         return ServingIndexStatus(
-            index.path, stamp.raw_log.version, stamp.tombstones.version, index.event_count(), index.stored_bytes()
+            index.path,
+            stamp.raw_log.version,
+            stamp.tombstones.version,
+            index.event_count(),
+            index.stored_bytes(),
+            cold["cold_build_requests"],
+            cold["cold_segments"],
+            sum(os.path.getsize(os.path.join(folder, name)) for name in names),
         )
 
 
