@@ -45,6 +45,15 @@ def _terminal_request(events: list[dict[str, Any]]) -> str:
     return next(e["build_request_id"] for e in events if _is_terminal(e))
 
 
+def _cold_request(lake: Lake, n_events: int, seed: int) -> tuple[list[dict[str, Any]], str]:
+    """`n_events` generated events appended, every finished build request cold, and one of them."""
+    events = list(generate_events(n_events, seed=seed))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    return events, _terminal_request(events)
+
+
 def _is_terminal(event: dict[str, Any]) -> bool:
     terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
     return event["event_type"] == "build_request_event" and event["build_request_event"]["status_code"] in terminal
@@ -171,11 +180,7 @@ def test_refreshes_that_each_evict_a_few_build_requests_leave_merged_segments_no
 
 
 def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segment_is_rewritten(lake: Lake) -> None:
-    events = list(generate_events(1200, seed=4))
-    request = _terminal_request(events)
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events, request = _cold_request(lake, 1200, seed=4)
     segments_before = {name for name in files_holding(lake, request) if name.startswith("segment-")}
     assert segments_before
     late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
@@ -195,11 +200,7 @@ def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segmen
 def test_a_reader_that_cannot_write_the_lake_answers_after_the_lakes_refresh_rewrote_a_segment_it_named(
     lake: Lake,
 ) -> None:
-    events = list(generate_events(1200, seed=4))
-    request = _terminal_request(events)
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events, request = _cold_request(lake, 1200, seed=4)
     code = (
         "import sys\n"
         f"print(len(log.get_build_request_events({request!r})), flush=True)\n"
@@ -280,11 +281,7 @@ def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_req
 
 
 def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_time_span_says(lake: Lake, monkeypatch) -> None:
-    events = list(generate_events(600, seed=9))
-    request = _terminal_request(events)
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events, request = _cold_request(lake, 600, seed=9)
     monkeypatch.setattr(evict, "request_spans", lambda connection, ids: [(0, 0)])  # a span holding none
     late = bel_cases.partition_event("late-9", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
     with DeltaRsEventLog(lake) as log:
@@ -293,11 +290,7 @@ def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_time_span_
 
 
 def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
-    events = list(generate_events(600, seed=6))
-    request = _terminal_request(events)
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events, request = _cold_request(lake, 600, seed=6)
     cold_one = next(e for e in events if e["build_request_id"] == request)
     with DeltaRsEventLog(lake) as log:
         assert log.known_event_ids([cold_one["event_id"], "never-seen"]) == {cold_one["event_id"]}
@@ -308,11 +301,7 @@ def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
 
 
 def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake) -> None:
-    events = list(generate_events(600, seed=7))
-    request = _terminal_request(events)
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events, request = _cold_request(lake, 600, seed=7)
     code = (
         "import json, sys\n"
         "from databuild_assets.log import open_event_log\n"
