@@ -6,7 +6,8 @@ Starts a code server, `dagster-daemon` and `dagster-webserver` as processes of t
 (databuild_assets_tests/dagster_deployment.py), with the instance's storage in a PostgreSQL server
 on loopback (or SQLite under DAGSTER_HOME), every sensor running and the schedules as they ship.
 Then, for --minutes: --appenders processes append 5-event batches through the JVM-free backend
-(--rate appends a second in all), a reader process asks a recent partition's status and its
+(--rate appends a second in all; each sends a day of log time, so its build requests finish and
+the serving index's hot window bounds it, as a service's would), a reader process asks a recent partition's status and its
 build's events (--read-rate a second), a 40-event landing file lands every minute, and erase_job
 runs are submitted to the run queue at a third and two thirds of the time.
 
