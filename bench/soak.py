@@ -7,9 +7,10 @@ Starts a code server, `dagster-daemon` and `dagster-webserver` as processes of t
 on loopback (or SQLite under DAGSTER_HOME), every sensor running and the schedules as they ship.
 Then, for --minutes: --appenders processes append 5-event batches through the JVM-free backend
 (--rate appends a second in all; each sends a day of log time, so its build requests finish and
-the serving index's hot window bounds it, as a service's would), a reader process asks a recent partition's status and its
-build's events (--read-rate a second), a 40-event landing file lands every minute, and erase_job
-runs are submitted to the run queue at a third and two thirds of the time.
+the serving index's hot window bounds it, as a service's would), a reader process asks a recent
+partition's status and its build's events (--read-rate a second), a 40-event landing file lands
+every minute, and erase_job runs are submitted to the run queue at a third and two thirds of the
+time.
 
 Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
 checkpoint, live files and the size of its log, the lake's and the instance's size. At the end:
