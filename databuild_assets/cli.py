@@ -144,9 +144,11 @@ def demo(events: int, seed: int) -> int:
         )
     if "raw_log_version" in metadata.get("serving_index", {}):  # none for a lake on an object store
         index = metadata["serving_index"]
+        segments = index.get("segments", 0)
         print(
             f"  serving_index       raw_event_log v{index['raw_log_version']}, {index['events']:,} visible events, "
-            f"{index['bytes'] / 1e6:.1f} MB"
+            f"{index['bytes'] / 1e6:.1f} MB; {index.get('cold_build_requests', 0):,} finished build requests in "
+            f"{segments} segment{'' if segments == 1 else 's'}, {index.get('segment_bytes', 0) / 1e6:.1f} MB"
         )
     print(f"  tables under        {lake.path('tables')}")
     print(f"  landing folder      {lake.landing}")
