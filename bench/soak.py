@@ -130,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--erasures", type=int, default=2)
     parser.add_argument("--storage", choices=("postgres", "sqlite"), default="postgres")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument(
+        "--pipeline-nice",
+        type=int,
+        default=0,
+        help="CPU niceness of the code server, the daemon and the webserver, and so of the runs: the "
+        "pipeline yielding the CPU to the service on a shared host (docs/deployment.md)",
+    )
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="databuild-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         # The product's Spark driver memory, not the deployment test's small one: a driver of 1 GB
         # ran out of heap in a purge with 20k live raw-log files.
         spark = {"DATABUILD_SPARK_DRIVER_MEMORY": SparkSettings.driver_memory}
-        with DagsterDeployment(workdir, storage=storage, settings=spark) as deployment:
+        with DagsterDeployment(workdir, storage=storage, settings=spark, nice=args.pipeline_nice) as deployment:
             results["startup_s"] = {name: s.ready_after_s for name, s in deployment.services.items()}
             for sensor in SENSORS:
                 try:

@@ -11,6 +11,7 @@ for the failure message; the webserver's GraphQL API is how the test drives and 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -48,11 +49,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _as_a_service() -> None:
+def _as_a_service(nice: int = 0) -> None:
     # What a service manager gives each process (docs/deployment.md): files its owner's alone
-    # (UMask=0077) and SIGINT's default action (a test started in the background inherits it ignored).
+    # (UMask=0077), SIGINT's default action (a test started in the background inherits it ignored),
+    # and on a host shared with a live service, a lower CPU priority (Nice=).
     os.umask(0o077)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if nice:
+        os.nice(nice)
 
 
 def workspace_yaml(port: int, host: str = "127.0.0.1") -> str:
@@ -81,6 +85,7 @@ class ServiceProcess:
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_after_s: float | None = None
+    nice: int = 0  # added to its CPU niceness, and so to its runs' and their Spark driver's
 
     def start(self, env: dict[str, str], cwd: Path) -> None:
         with open(self.log, "wb") as out:
@@ -92,7 +97,7 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_as_a_service,
+                preexec_fn=functools.partial(_as_a_service, self.nice),
             )
         self.started_at = time.monotonic()
 
@@ -135,6 +140,7 @@ class DagsterDeployment:
     workdir: Path
     storage: dict[str, Any] | None = None  # dagster.yaml's storage: section; None keeps SQLite
     settings: dict[str, str] = field(default_factory=dict)  # more environment for every process
+    nice: int = 0  # the three processes' CPU niceness (their runs inherit it)
     code_server_port: int = field(default_factory=free_port)
     webserver_port: int = field(default_factory=free_port)
     services: dict[str, ServiceProcess] = field(default_factory=dict)
@@ -206,11 +212,13 @@ class DagsterDeployment:
                 LOCATION,
             ],
             self.workdir / "code-server.log",
+            nice=self.nice,
         )
         self.services["daemon"] = ServiceProcess(
             "daemon",
             [str(bin_dir / "dagster-daemon"), "run", "-w", str(self.workspace_file)],
             self.workdir / "daemon.log",
+            nice=self.nice,
         )
         self.services["webserver"] = ServiceProcess(
             "webserver",
@@ -224,6 +232,7 @@ class DagsterDeployment:
                 str(self.webserver_port),
             ],
             self.workdir / "webserver.log",
+            nice=self.nice,
         )
         code_server = self.services["code-server"]
         code_server.start(env, REPO_ROOT)
