@@ -80,11 +80,11 @@ CREATE TABLE IF NOT EXISTS cold_build_request_partition_counts (
 CREATE TABLE IF NOT EXISTS cold_event_ids (digest BLOB PRIMARY KEY) WITHOUT ROWID;
 """
 
-# The build requests holding events of job run :j: its own (job_runs.build_request_id, that of its
+# The build requests holding events of job run ?1: its own (job_runs.build_request_id, that of its
 # first job or cancel event) and any other one listed cold (a hot one is found in `events`).
 JOB_RUN_HOLDERS = (
-    "SELECT build_request_id FROM main.job_runs WHERE job_run_id = :j"
-    " UNION SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = :j"
+    "SELECT build_request_id FROM main.job_runs WHERE job_run_id = ?1"
+    " UNION SELECT build_request_id FROM main.cold_job_runs WHERE job_run_id = ?1"
 )
 
 # The index's events of hot build requests: every read of events goes through it once any
@@ -319,7 +319,7 @@ class ColdReads:
         hot = super().get_job_run_events(job_run_id)  # type: ignore[misc]
         if not self.has_cold():
             return hot
-        owners = [row[0] for row in self._connection.execute(JOB_RUN_HOLDERS, {"j": job_run_id})]
+        owners = [row[0] for row in self._connection.execute(JOB_RUN_HOLDERS, (job_run_id,))]
 
         def read() -> list[dict[str, Any]]:
             cold = []
@@ -422,8 +422,7 @@ class ColdReads:
             (filter.partition_refs, "SELECT segment FROM main.cold_partition_events WHERE partition_ref = ?"),
             (
                 filter.job_run_ids,
-                "SELECT segment FROM main.cold_build_requests WHERE build_request_id IN"
-                f" ({JOB_RUN_HOLDERS.replace(':j', '?1')})",
+                f"SELECT segment FROM main.cold_build_requests WHERE build_request_id IN ({JOB_RUN_HOLDERS})",
             ),
         ):
             if values is not None:

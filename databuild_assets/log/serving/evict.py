@@ -387,7 +387,7 @@ def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, job_run_ids
     holders: dict[str, None] = {}
     own_and_reporting = JOB_RUN_HOLDERS + " AND job_events"  # the job run's own holds a job event
     for job_run_id in job_run_ids:
-        holders.update((row[0], None) for row in connection.execute(own_and_reporting, {"j": job_run_id}))
+        holders.update((row[0], None) for row in connection.execute(own_and_reporting, (job_run_id,)))
     return thaw(connection, index_folder, holders) if holders else 0
 
 
