@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import deltalake
 import pytest
@@ -24,6 +28,7 @@ from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.tombstones import request_erasure
+from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
@@ -229,3 +234,74 @@ def test_a_process_that_loads_the_log_and_exits_at_once_exits_cleanly(lake: Lake
     for _ in range(6):
         run = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True)
         assert (run.returncode, run.stdout.split()) == (0, ["600"]), run.stderr[-2000:]
+
+
+def _files_on_disk(table_path: str) -> set[str]:
+    root = Path(table_path)
+    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def _files_named(table_path: str) -> set[str]:
+    root = Path(table_path)
+    return {
+        str(Path(uri.removeprefix("file://")).relative_to(root)) for uri in deltalake.DeltaTable(table_path).file_uris()
+    }
+
+
+def _appending_in_a_thread(lake: Lake, events: list[dict[str, Any]]) -> tuple[threading.Thread, dict]:
+    result: dict[str, Any] = {}
+
+    def append() -> None:
+        with DeltaRsEventLog(lake) as log:
+            result["appended"] = log.append_events(events)
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    return thread, result
+
+
+def _soon(found: Callable[[], set[str]], timeout_s: float = 30.0) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while not (value := found()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value
+
+
+def test_an_append_writes_its_data_files_before_it_waits_for_the_commit_lock(lake: Lake) -> None:
+    # Every appender waits for the lock's holder, so the Parquet is written before the lock is
+    # taken; under it the append only dedupes, names the files in a commit, and indexes them.
+    events = list(generate_events(10, seed=31))
+    path = lake.table_path(RAW_EVENT_LOG)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])
+    committed = _files_named(path)
+    with commit_lock(path):  # held by this thread: the append's thread waits for it
+        thread, result = _appending_in_a_thread(lake, events[5:])
+        staged = _soon(lambda: _files_on_disk(path) - committed)
+        assert staged, "the append wrote no data file before taking the commit lock"
+        assert thread.is_alive() and not result
+    thread.join(60)
+    assert result["appended"] == AppendResult(5, 0)
+    assert _files_on_disk(path) == _files_named(path) == committed | staged
+
+
+def test_events_committed_while_an_append_waits_for_the_lock_are_stored_once_and_its_staged_files_deleted(
+    lake: Lake,
+) -> None:
+    events = list(generate_events(10, seed=32))
+    path = lake.table_path(RAW_EVENT_LOG)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])
+    committed = _files_named(path)
+    with commit_lock(path):
+        thread, result = _appending_in_a_thread(lake, events[5:])
+        staged = _soon(lambda: _files_on_disk(path) - committed)
+        assert staged
+        with DeltaRsEventLog(lake) as other:  # another appender sends three of them first
+            assert other.append_events(events[5:8]) == AppendResult(3, 0)
+    thread.join(60)
+    assert result["appended"] == AppendResult(2, 3)
+    assert not staged & _files_on_disk(path), "the staged files no commit names were left on disk"
+    assert _files_on_disk(path) == _files_named(path)
+    stored = deltalake.DeltaTable(path).to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()
+    assert sorted(stored) == sorted(e["event_id"] for e in events)

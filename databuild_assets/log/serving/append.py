@@ -12,7 +12,10 @@ starts over from the log.
 
 It is used only for tables this code can write without a protocol feature: reader version 1,
 writer version 2 or lower, no invariants (`writable_by_fast_append`); anything else goes
-through delta-rs. No other writer checkpoints a commit file it did not write, so the caller
+through delta-rs. The files can be written before the commit lock is taken (`stage_locally`,
+`write_data_files`) and named by a commit under it (`commit_files`): an appender then holds the
+lock for a few hundred bytes of commit file, not for the Parquet (log/serving/appends.py). No
+other writer checkpoints a commit file it did not write, so the caller
 checkpoints the table as its commits make one due (log/serving/checkpoints.py). On S3, where no
 lock keeps writers apart, `commit_exactly` has delta-rs commit exactly the next version with S3's
 conditional write, or raise CommitConflictError; delta-rs's post-commit hook checkpoints there.
@@ -144,16 +147,13 @@ def _partition_text(value: Any) -> str | None:
     return None if value is None else value.isoformat() if isinstance(value, date) else str(value)
 
 
-def append_files(
-    table_path: str,
-    version: int,
-    rows: pa.Table,
-    partition_by: Sequence[str],
-    stats_columns: Sequence[str],
-    commit_info: Mapping[str, Any] | None = None,
-) -> None:
+def write_data_files(
+    table_path: str, rows: pa.Table, partition_by: Sequence[str], stats_columns: Sequence[str]
+) -> list[dict[str, Any]]:
     """Write `rows` (the table's schema, partition columns included) as one Parquet file per
-    partition, and commit them as `version`. Raises CommitConflictError when that version exists."""
+    partition, not yet part of the table, and return their `add` actions: what `commit_files`
+    commits. Needs no lock: a file no commit names is invisible to every reader (VACUUM removes it
+    once it is older than the retention, if its writer died before committing it)."""
     now_ms = int(time.time() * 1000)
     actions = []
     keys = rows.select(list(partition_by)).to_pylist() if partition_by else [{}] * rows.num_rows
@@ -183,8 +183,29 @@ def append_files(
                 }
             }
         )
+    return actions
+
+
+def remove_data_files(table_path: str, actions: Sequence[Mapping[str, Any]]) -> None:
+    """Delete the files of `actions` (from `write_data_files`) that no commit will name."""
+    for action in actions:
+        try:
+            os.unlink(os.path.join(table_path, action["add"]["path"]))
+        except FileNotFoundError:
+            pass
+
+
+def commit_files(
+    table_path: str,
+    version: int,
+    actions: Sequence[Mapping[str, Any]],
+    partition_by: Sequence[str],
+    commit_info: Mapping[str, Any] | None = None,
+) -> None:
+    """Commit the files of `actions` (from `write_data_files`) as `version`: one commit file,
+    written if absent. Raises CommitConflictError when that version exists."""
     info = {
-        "timestamp": now_ms,
+        "timestamp": int(time.time() * 1000),
         "operation": "WRITE",
         "operationParameters": {"mode": "Append", "partitionBy": json.dumps(list(partition_by))},
         "isBlindAppend": False,  # the caller read the log to leave out duplicates
@@ -197,19 +218,55 @@ def append_files(
     )
 
 
+def append_files(
+    table_path: str,
+    version: int,
+    rows: pa.Table,
+    partition_by: Sequence[str],
+    stats_columns: Sequence[str],
+    commit_info: Mapping[str, Any] | None = None,
+) -> None:
+    """Write `rows` (the table's schema, partition columns included) as one Parquet file per
+    partition, and commit them as `version`. Raises CommitConflictError when that version exists
+    (the files written are removed)."""
+    actions = write_data_files(table_path, rows, partition_by, stats_columns)
+    try:
+        commit_files(table_path, version, actions, partition_by, commit_info)
+    except CommitConflictError:
+        remove_data_files(table_path, actions)
+        raise
+
+
+def _fast_layout(table: deltalake.DeltaTable) -> tuple[list[str], list[str]] | None:
+    """The partition and statistics columns `write_data_files` writes the table's files with,
+    when its protocol allows a blind append and it names its statistics columns; else None."""
+    configuration = table.metadata().configuration
+    stats_columns = configuration.get("delta.dataSkippingStatsColumns")
+    if not (stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json())):
+        return None
+    return list(table.metadata().partition_columns), stats_columns.split(",")
+
+
 def append_locally(
     table_path: str, table: deltalake.DeltaTable, version: int, rows: pa.Table, commit_info: Mapping[str, Any]
 ) -> bool:
     """Commit `rows` as `version` of the local table at `table_path` by `append_files`, when the
     table's protocol allows a blind append and it names its statistics columns. False, with
     nothing written, when it does not: the caller commits through delta-rs."""
-    configuration = table.metadata().configuration
-    stats_columns = configuration.get("delta.dataSkippingStatsColumns")
-    if not (stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json())):
+    layout = _fast_layout(table)
+    if layout is None:
         return False
-    partition_by = table.metadata().partition_columns
-    append_files(table_path, version, rows, partition_by, stats_columns.split(","), commit_info)
+    append_files(table_path, version, rows, *layout, commit_info)
     return True
+
+
+def stage_locally(table_path: str, table: deltalake.DeltaTable, rows: pa.Table) -> list[dict[str, Any]] | None:
+    """Write `rows` as data files of the local table at `table_path` ahead of their commit
+    (`write_data_files`), for `commit_append(..., staged=...)` to name: the work of an append that
+    needs no commit lock, done before taking it. None, with nothing written, when the table's
+    protocol does not allow `append_files`."""
+    layout = _fast_layout(table)
+    return None if layout is None else write_data_files(table_path, rows, *layout)
 
 
 def _put_if_absent(path: str, text: str) -> None:
@@ -227,7 +284,12 @@ def _put_if_absent(path: str, text: str) -> None:
 
 
 def commit_append(
-    log: DeltaFollower, table: deltalake.DeltaTable | None, rows: pa.Table, latest: int, writer: str
+    log: DeltaFollower,
+    table: deltalake.DeltaTable | None,
+    rows: pa.Table,
+    latest: int,
+    writer: str,
+    staged: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[deltalake.DeltaTable, int | None]:
     """One append commit of `rows` as the raw log's next version (the raw log created first when
     the lake has none): by `append_locally` when the table's protocol allows, else delta-rs.
@@ -235,6 +297,8 @@ def commit_append(
     version committed when it is exactly the one after `latest` (the create's, for a new log), or
     None (delta-rs may retry past a commit of a writer that ignores the lock). On S3,
     CommitConflictError when another writer created the log or took that version first.
+    `staged`: the add actions of `rows` already written by `stage_locally` to `table` (local,
+    existing): only their commit file is written.
 
         table, version = commit_append(follower, None, raw_log_rows(events, "svc"), latest, "svc")
     """
@@ -263,6 +327,10 @@ def commit_append(
     latest = latest if latest >= 0 else table.version()
     if s3:
         return table, latest + 1 if commit_exactly(log.path, table, rows, latest, user_metadata) else None
+    if staged is not None:
+        partition_by = list(table.metadata().partition_columns)
+        commit_files(log.path, latest + 1, staged, partition_by, {"userMetadata": user_metadata})
+        return table, latest + 1
     if append_locally(log.path, table, latest + 1, rows, {"userMetadata": user_metadata}):
         return table, latest + 1  # by `append_files`
     if table.version() != latest:
@@ -282,6 +350,10 @@ __all__ = [
     "append_locally",
     "commit_append",
     "commit_exactly",
+    "commit_files",
     "raw_log_rows",
+    "remove_data_files",
+    "stage_locally",
     "writable_by_fast_append",
+    "write_data_files",
 ]

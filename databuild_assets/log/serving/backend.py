@@ -10,7 +10,7 @@ current. Before a read one `stat` per table says whether either moved, so a read
 append and every tombstone committed before it, its own included; on S3, where that `stat` is a
 request to the store, a read asks at most once per `max_staleness` (1 s unless given) and may miss
 what other processes committed in that last second, never what this one appended
-(docs/decisions/0041-reads-on-s3-may-be-a-second-old.md). Appends are one delta-rs
+(docs/decisions/0041-reads-on-s3-may-be-a-second-old.md). Appends (`appends.py`) are one
 commit under the raw log's commit lock, which the Spark jobs take too
 (`runtime/commit_lock.py`), deduplicated by event_id against the whole log; on S3, with no lock,
 the commit takes exactly the next version with S3's conditional write, or dedupes again
@@ -26,12 +26,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import deltalake
 import deltalake.exceptions
@@ -39,14 +37,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from databuild_assets.events.schema import EVENT_COLUMNS
-from databuild_assets.events.validation import require_valid
 from databuild_assets.log.interface import (
-    AppendResult,
     BuildEventLog,
-    canonical_event,
 )
 from databuild_assets.log.serving.answers import IndexAnswers
-from databuild_assets.log.serving.append import CommitConflictError, commit_append, raw_log_rows
+from databuild_assets.log.serving.appends import IndexedAppends
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
@@ -54,18 +49,12 @@ from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
-from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
-_COMMIT_ATTEMPTS = 3
-# On S3 no lock keeps writers apart: a commit that finds its version taken dedupes and tries again,
-# after a random pause so that racing appenders spread out.
-_S3_COMMIT_ATTEMPTS = 30
-_S3_RETRY_PAUSE_S = (0.02, 0.3)
 _FILES_PER_BATCH = 16  # a catch-up reads the new files this many at a time
 _CHECKPOINT_WAIT_S = 30.0
 # On S3 a check of the lake is two HEAD requests (milliseconds, and billed); a read asks at most
@@ -82,7 +71,7 @@ class _NotFollowable(Exception):
     """The index cannot be brought to the lake's latest versions commit by commit: rebuild it."""
 
 
-class DeltaRsEventLog(IndexAnswers, BuildEventLog):
+class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
     """The Build Event Log of a local lake, read and appended without a JVM (see the module doc).
 
     Opening it opens the lake's serving index (`<root>/serving_index/`), building it first when
@@ -459,63 +448,6 @@ class DeltaRsEventLog(IndexAnswers, BuildEventLog):
         return self._catch_up(fresh=True).known_event_ids(event_ids)
 
     # -- writes ---------------------------------------------------------------------------------
-
-    def append_events(self, events: Iterable[Mapping[str, Any]]) -> AppendResult:
-        events = list(events)
-        for index, event in enumerate(events):
-            require_valid(event, f"events[{index}]")
-        if not events:
-            return AppendResult(0, 0)
-        s3 = is_s3(self.lake.root)
-        attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
-        committed: int | None = None
-        with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
-            for attempt in range(attempts):
-                index = self._catch_up(fresh=True)
-                known = index.known_event_ids(event["event_id"] for event in events)
-                new: dict[str, tuple[int, dict[str, Any]]] = {}
-                for position, event in enumerate(events):
-                    if event["event_id"] not in known and event["event_id"] not in new:
-                        new[event["event_id"]] = (position, canonical_event(event))
-                if not new:
-                    break
-                stamp = index.stamp()
-                before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
-                try:
-                    self._table, committed = commit_append(
-                        self._log, self._table, raw_log_rows(new.values(), self.writer), before.version, self.writer
-                    )
-                except CommitConflictError:
-                    if attempt == attempts - 1:
-                        raise
-                    if s3:
-                        time.sleep(random.uniform(*_S3_RETRY_PAUSE_S))
-                    continue  # another writer committed first: dedupe again
-                applied = False
-                if before.version >= 0 and committed is not None and not index.read_only:
-                    try:
-                        with index.updating():
-                            if index.stamp() == stamp:
-                                # No process moved the index since: apply the events we hold
-                                # instead of reading back the file we wrote.
-                                index.add_events([event for _, event in new.values()], hidden_by)
-                                raw = table_mark(self._log, before.version + 1, before.table_id)
-                                index.set_stamp(Stamp(raw, stamp.tombstones))
-                                applied = True
-                    except sqlite3.OperationalError as error:
-                        # The events are committed; the next read's catch-up applies them.
-                        log.warning("%r: the append is committed, its index update waits (%s)", self, error)
-                        self._checked_at = -math.inf  # the next read applies it, whatever the bound
-                        break
-                if applied:
-                    self._seen = (before.version + 1, stamp.tombstones.version)
-                else:
-                    self._catch_up(fresh=True)
-                break
-        if committed is not None and self._checkpoints is not None and self._table is not None:
-            # Outside the lock: the other appenders commit while the checkpoint is written.
-            self._checkpoints.after_commit(committed, self._table.metadata().configuration)
-        return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
     # -- lifecycle ------------------------------------------------------------------------------
 

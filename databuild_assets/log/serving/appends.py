@@ -1,0 +1,189 @@
+"""The appends of `DeltaRsEventLog` (backend.py): dedupe by event_id against the serving index,
+commit under the raw log's commit lock, and index what was committed.
+
+Every appender of a local lake waits for the commit lock's holder, so the holder does as little
+as it can: the Parquet files of an append are written before the lock is taken (`_stage`, for the
+events the index did not hold then), and under it the append catches up, dedupes again, and
+names those files in the next commit file, which is a few hundred bytes. When an event arrived
+in between (another appender sent it), or the table changed, the staged files are deleted and
+the append writes its files under the lock, as on S3, where no lock is taken and a commit is a
+conditional write (decision 0040).
+
+    class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog): ...
+    log.append_events(events)   # -> AppendResult(accepted=5, duplicates=0)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import deltalake
+
+from databuild_assets.events.validation import require_valid
+from databuild_assets.log.interface import AppendResult, canonical_event
+from databuild_assets.log.serving.append import (
+    CommitConflictError,
+    commit_append,
+    raw_log_rows,
+    remove_data_files,
+    stage_locally,
+)
+from databuild_assets.log.serving.build import table_mark
+from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark
+from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.object_store import is_s3
+
+log = logging.getLogger(__name__)
+
+_COMMIT_ATTEMPTS = 3
+# On S3 no lock keeps writers apart: a commit that finds its version taken dedupes and tries again,
+# after a random pause so that racing appenders spread out.
+_S3_COMMIT_ATTEMPTS = 30
+_S3_RETRY_PAUSE_S = (0.02, 0.3)
+
+
+class IndexedAppends:
+    """`append_events` of `BuildEventLog` over the serving index; the class it is mixed into
+    provides the lake, the raw log's follower (`_log`) and delta-rs table (`_table`), `_store`,
+    `_catch_up` and `_tombstone_values`."""
+
+    def _catch_up(self, fresh: bool = False) -> ServingIndex:
+        raise NotImplementedError
+
+    def _tombstone_values(self, version: int) -> dict[str, set[str]]:
+        raise NotImplementedError
+
+    def _store(self) -> ServingIndex:
+        raise NotImplementedError
+
+    def append_events(self, events: Iterable[Mapping[str, Any]]) -> AppendResult:
+        events = list(events)
+        for index, event in enumerate(events):
+            require_valid(event, f"events[{index}]")
+        if not events:
+            return AppendResult(0, 0)
+        s3 = is_s3(self.lake.root)
+        attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
+        committed: int | None = None
+        # The data files are written before the lock (`_stage`): every appender waits for the
+        # holder, so the lock is held only to dedupe, name the files in a commit, and index them.
+        staged = None if s3 else self._stage(events)
+        try:
+            with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
+                for attempt in range(attempts):
+                    index = self._catch_up(fresh=True)
+                    new = _new_events(index, events)
+                    if staged is not None and (tuple(new) != staged.event_ids or self._table is not staged.table):
+                        staged.discard()  # an event arrived meanwhile, or the table changed
+                        staged = None
+                    if not new:
+                        break
+                    stamp = index.stamp()
+                    before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
+                    try:
+                        self._table, committed = commit_append(
+                            self._log,
+                            self._table,
+                            raw_log_rows(new.values(), self.writer),
+                            before.version,
+                            self.writer,
+                            staged=staged.actions if staged is not None else None,
+                        )
+                    except CommitConflictError:
+                        if attempt == attempts - 1:
+                            raise
+                        if s3:
+                            time.sleep(random.uniform(*_S3_RETRY_PAUSE_S))
+                        continue  # another writer committed first: dedupe again
+                    staged = None  # committed: the log names its files
+                    self._index_own_append(index, stamp, new, before, hidden_by, committed)
+                    break
+        finally:
+            if staged is not None:
+                staged.discard()
+        if committed is not None and self._checkpoints is not None and self._table is not None:
+            # Outside the lock: the other appenders commit while the checkpoint is written.
+            self._checkpoints.after_commit(committed, self._table.metadata().configuration)
+        return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
+
+    def _stage(self, events: list[Mapping[str, Any]]) -> _Staged | None:
+        """The events the index does not hold yet, written as the raw log's data files ahead of
+        their commit (`append.stage_locally`), so that the commit lock is not held while Parquet
+        is written; None when there is nothing to write or no fast append to write it for."""
+        # The index as it is, not caught up: catching up now would wait for the SQLite write of
+        # the appender holding the lock. A commit it missed is found by the dedupe under the lock.
+        index = self._store()
+        new = _new_events(index, events)
+        if not new or index.stamp().raw_log.version < 0:
+            return None
+        if self._table is None:
+            self._table = self._log.open_table()
+        actions = stage_locally(self._log.path, self._table, raw_log_rows(new.values(), self.writer))
+        return None if actions is None else _Staged(self._log.path, self._table, tuple(new), actions)
+
+    def _index_own_append(
+        self,
+        index: ServingIndex,
+        stamp: Stamp,
+        new: dict[str, tuple[int, dict[str, Any]]],
+        before: TableMark,
+        hidden_by: Mapping[str, set[str]],
+        committed: int | None,
+    ) -> None:
+        """After this process committed `new` as the version after `before`: add them to the index
+        from memory when no process moved the index since `stamp`, else catch up from the log."""
+        applied = False
+        if before.version >= 0 and committed is not None and not index.read_only:
+            try:
+                with index.updating():
+                    if index.stamp() == stamp:
+                        # No process moved the index since: apply the events we hold
+                        # instead of reading back the file we wrote.
+                        index.add_events([event for _, event in new.values()], hidden_by)
+                        raw = table_mark(self._log, before.version + 1, before.table_id)
+                        index.set_stamp(Stamp(raw, stamp.tombstones))
+                        applied = True
+            except sqlite3.OperationalError as error:
+                # The events are committed; the next read's catch-up applies them.
+                log.warning("%r: the append is committed, its index update waits (%s)", self, error)
+                self._checked_at = -math.inf  # the next read applies it, whatever the bound
+                return
+        if applied:
+            self._seen = (before.version + 1, stamp.tombstones.version)
+        else:
+            self._catch_up(fresh=True)
+
+
+def _new_events(index: ServingIndex, events: list[Mapping[str, Any]]) -> dict[str, tuple[int, dict[str, Any]]]:
+    """The events the index does not hold, first of each event_id, by event_id in the order given:
+    (place in the call, canonical event)."""
+    known = index.known_event_ids(event["event_id"] for event in events)
+    new: dict[str, tuple[int, dict[str, Any]]] = {}
+    for position, event in enumerate(events):
+        if event["event_id"] not in known and event["event_id"] not in new:
+            new[event["event_id"]] = (position, canonical_event(event))
+    return new
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """Data files an append wrote before its commit, for the events `event_ids` of `table`."""
+
+    path: str
+    table: deltalake.DeltaTable
+    event_ids: tuple[str, ...]
+    actions: list[dict[str, Any]]
+
+    def discard(self) -> None:
+        """Delete the files (no commit will name them)."""
+        remove_data_files(self.path, self.actions)
+
+
+__all__ = ["IndexedAppends"]
