@@ -7,8 +7,9 @@ way (docs/decisions/0038-ingestion-dedup-by-key-lookup.md):
   index, caught up to the raw log's latest version (it applies only the commits after its stamp),
   is asked for the batch's ids by primary key; the new events are appended. Under the raw log's
   commit lock from the lookup to the commit, which every committer of the raw log takes
-  (`runtime/commit_lock.py`), so no event_id can arrive in between. The cost follows the batch
-  and the commits since the index's stamp, not the history.
+  (`runtime/commit_lock.py`), so no event_id can arrive in between; the batch is read, its ids
+  collected and the index opened before the lock, since every appender waits while it is held.
+  The cost follows the batch and the commits since the index's stamp, not the history.
 - **MERGE on event_id** (no index that can be followed without a rebuild, a larger batch, a lake
   on an object store): Delta reads every event_id of the log and checks the read against
   concurrent commits.
@@ -78,12 +79,49 @@ def known_event_ids(lake: Lake, event_ids: list[str]) -> set[str] | None:
     latest version; None when the lake has no index that can be followed without a rebuild
     (none yet, a replaced table, commits past the log's retention, a read-only lake), or busy
     past SQLite's wait (another process holding its write lock)."""
+    index = _followable_index(lake)
+    if index is None:
+        return None
+    with index:
+        return _looked_up(index, event_ids)
+
+
+def _followable_index(lake: Lake) -> DeltaRsEventLog | None:
     try:
-        with DeltaRsEventLog(lake, writer="ingest", build=False) as index:
-            return index.known_event_ids(event_ids)
+        return DeltaRsEventLog(lake, writer="ingest", build=False)
     except (IndexNotFollowableError, sqlite3.OperationalError) as why:
         log.info("no serving index to look event ids up in (%s): the batch MERGEs on event_id", why)
         return None
+
+
+def _looked_up(index: DeltaRsEventLog, event_ids: list[str]) -> set[str] | None:
+    try:
+        return index.known_event_ids(event_ids)
+    except (IndexNotFollowableError, sqlite3.OperationalError) as why:
+        log.info("the serving index could not look event ids up (%s): the batch MERGEs on event_id", why)
+        return None
+
+
+def _append_unknown(
+    spark: SparkSession, index: DeltaRsEventLog, batch: DataFrame, ids: list[str], what: str
+) -> int | None:
+    """Under the raw log's commit lock: the lookup of `ids` (the event ids of `batch`), caught up
+    to the log's latest commit, and the append of the rows it does not know; how many, or None
+    when the index could not answer (the caller MERGEs)."""
+    log_path = index.lake.table_path(RAW_EVENT_LOG)
+    with commit_lock(log_path):
+        known = _looked_up(index, ids)
+        if known is None:
+            return None
+        new = batch
+        if known:
+            known_ids = spark.createDataFrame([(event_id,) for event_id in sorted(known)], "event_id string")
+            new = batch.join(F.broadcast(known_ids), "event_id", "left_anti")
+        # A commit also when nothing is new: it carries the batch's transaction id, the raw log's
+        # record that the batch committed (what `check` and a replay look for).
+        new.select(*RAW_EVENT_LOG.schema.fieldNames()).write.format("delta").mode("append").save(log_path)
+    log.info("%s: %d events, %d already in the log (key lookup)", what, len(ids), len(known))
+    return len(ids) - len(known)
 
 
 def insert_new_events(spark: SparkSession, lake: Lake, events: DataFrame, at_most: int, what: str = "") -> int:
@@ -96,19 +134,19 @@ def insert_new_events(spark: SparkSession, lake: Lake, events: DataFrame, at_mos
     """
     log_path = lake.table_path(RAW_EVENT_LOG)
     if 0 < at_most <= KEY_LOOKUP_LIMIT and is_local(log_path):
-        with commit_lock(log_path):
-            ids = [row.event_id for row in events.select("event_id").collect()]
-            known = known_event_ids(lake, ids)
-            if known is not None:
-                new = events
-                if known:
-                    known_ids = spark.createDataFrame([(event_id,) for event_id in sorted(known)], "event_id string")
-                    new = events.join(F.broadcast(known_ids), "event_id", "left_anti")
-                # A commit also when nothing is new: it carries the batch's transaction id, the
-                # raw log's record that the batch committed (what `check` and a replay look for).
-                new.select(*RAW_EVENT_LOG.schema.fieldNames()).write.format("delta").mode("append").save(log_path)
-                log.info("%s: %d events, %d already in the log (key lookup)", what or log_path, len(ids), len(known))
-                return len(ids) - len(known)
+        # Every appender waits while the lock is held, so what needs no lock is done before it:
+        # the batch read once and kept, its ids collected, the index opened.
+        batch = events.cache()
+        try:
+            ids = [row.event_id for row in batch.select("event_id").collect()]
+            index = _followable_index(lake)
+            if index is not None:
+                with index:
+                    inserted = _append_unknown(spark, index, batch, ids, what or log_path)
+                if inserted is not None:
+                    return inserted
+        finally:
+            batch.unpersist()
     metrics = retry_on_conflict(lambda: merge_new_events(spark, log_path, events).first(), what=what or log_path)
     return int(metrics["num_inserted_rows"]) if metrics else 0  # none: a replay Delta skipped
 
