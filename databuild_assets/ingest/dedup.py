@@ -74,19 +74,11 @@ def merge_new_events(spark: SparkSession, log_path: str, events: DataFrame) -> D
         return target.merge(events.alias("new"), "log.event_id = new.event_id").whenNotMatchedInsertAll().execute()
 
 
-def known_event_ids(lake: Lake, event_ids: list[str]) -> set[str] | None:
-    """Which of `event_ids` the raw log holds, by the lake's serving index caught up to the log's
-    latest version; None when the lake has no index that can be followed without a rebuild
-    (none yet, a replaced table, commits past the log's retention, a read-only lake), or busy
-    past SQLite's wait (another process holding its write lock)."""
-    index = _followable_index(lake)
-    if index is None:
-        return None
-    with index:
-        return _looked_up(index, event_ids)
-
-
 def _followable_index(lake: Lake) -> DeltaRsEventLog | None:
+    """The lake's serving index, caught up to the log's latest version, to look event ids up in;
+    None when the lake has no index that can be followed without a rebuild (none yet, a replaced
+    table, commits past the log's retention, a read-only lake), or busy past SQLite's wait
+    (another process holding its write lock)."""
     try:
         return DeltaRsEventLog(lake, writer="ingest", build=False)
     except (IndexNotFollowableError, sqlite3.OperationalError) as why:
@@ -156,6 +148,5 @@ __all__ = [
     "KEY_LOOKUP_LIMIT",
     "first_of_each_event_id",
     "insert_new_events",
-    "known_event_ids",
     "merge_new_events",
 ]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import deltalake
+import pyarrow as pa
 
 from databuild_assets.events.validation import require_valid
 from databuild_assets.log.interface import AppendResult, canonical_event
@@ -87,11 +88,12 @@ class IndexedAppends:
                         break
                     stamp = index.stamp()
                     before, hidden_by = stamp.raw_log, self._tombstone_values(stamp.tombstones.version)
+                    rows = staged.rows if staged is not None else raw_log_rows(new.values(), self.writer)
                     try:
                         self._table, committed = commit_append(
                             self._log,
                             self._table,
-                            raw_log_rows(new.values(), self.writer),
+                            rows,
                             before.version,
                             self.writer,
                             staged=staged.actions if staged is not None else None,
@@ -125,8 +127,9 @@ class IndexedAppends:
             return None
         if self._table is None:
             self._table = self._log.open_table()
-        actions = stage_locally(self._log.path, self._table, raw_log_rows(new.values(), self.writer))
-        return None if actions is None else _Staged(self._log.path, self._table, tuple(new), actions)
+        rows = raw_log_rows(new.values(), self.writer)
+        actions = stage_locally(self._log.path, self._table, rows)
+        return None if actions is None else _Staged(self._log.path, self._table, tuple(new), rows, actions)
 
     def _index_own_append(
         self,
@@ -174,11 +177,13 @@ def _new_events(index: ServingIndex, events: list[Mapping[str, Any]]) -> dict[st
 
 @dataclass(frozen=True)
 class _Staged:
-    """Data files an append wrote before its commit, for the events `event_ids` of `table`."""
+    """Data files an append wrote before its commit, for the events `event_ids` of `table`: the
+    raw log `rows` they hold, and their `add` actions."""
 
     path: str
     table: deltalake.DeltaTable
     event_ids: tuple[str, ...]
+    rows: pa.Table
     actions: list[dict[str, Any]]
 
     def discard(self) -> None:
