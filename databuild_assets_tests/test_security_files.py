@@ -192,6 +192,10 @@ def test_nothing_the_pipeline_writes_is_open_to_other_users_whatever_the_umask(s
             "'partition_event': {'partition_ref': 'data/z', 'status_code': 4, 'status_name': 'PARTITION_AVAILABLE'}})\n"
         )
         subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, check=True, capture_output=True)
+        # Another, on the lake as it is now (its log and index there): it writes its Parquet
+        # before it takes the commit lock.
+        again = script.replace("e-appended", "e-appended-2")
+        subprocess.run([sys.executable, "-c", again], cwd=REPO_ROOT, check=True, capture_output=True)
     finally:
         os.umask(previous)
 

@@ -43,6 +43,7 @@ from deltalake import CommitProperties, PostCommitHookProperties, write_deltalak
 
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.runtime.delta_tables import table_properties
+from databuild_assets.runtime.file_modes import make_folders
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
 
@@ -169,7 +170,7 @@ def write_data_files(
             else f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         )
         full = os.path.join(table_path, relative)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
+        make_folders(os.path.dirname(full))  # narrows the umask first: the file is the owner's alone
         pq.write_table(part, full, compression="snappy")
         actions.append(
             {
