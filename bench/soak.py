@@ -13,7 +13,8 @@ every minute, and erase_job runs are submitted to the run queue at a third and t
 time.
 
 Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
-checkpoint, live files and the size of its log, the lake's and the instance's size. At the end:
+checkpoint, live files and the size of its log, the lake's and the instance's size, the warm Spark
+driver's old generation (jstat). At the end:
 every run's outcome and duration; every event sent stored once (erased ones hidden); the
 filtered log and the projections equal to a rebuild (Spark,
 databuild_assets_tests.reliability_workers.verify_lake); the p95 of every call in the last 10 minutes against
@@ -44,6 +45,7 @@ from bench.query_path import percentile
 from bench.soak_load import soak_stream, stream_size
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings
+from databuild_assets.runtime.warm_driver import running_hosts
 from databuild_assets_tests.dagster_deployment import DagsterDeployment
 from databuild_assets_tests.reliability_workers import write_landing_file
 
@@ -239,9 +241,26 @@ def _minute(deployment: DagsterDeployment, workdir: Path, minute: int, since: fl
         "raw_log_files": files,
         "raw_log_log_mb": _size(deployment.lake_root / "tables" / RAW_EVENT_LOG.name / "_delta_log") / 1e6,
         "lake_mb": _size(deployment.lake_root) / 1e6,
+        "driver_old_mb": _driver_old_mb(deployment.drivers_dir),
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def _driver_old_mb(drivers: Path) -> float | None:
+    """The old generation's use in the warm Spark drivers' JVMs (JDK's jstat): what survives the
+    runs. None without jstat or a driver."""
+    used = None
+    for _, host, _ in running_hosts(drivers):
+        children = Path(f"/proc/{host.pid}/task/{host.pid}/children")
+        for pid in children.read_text().split() if children.exists() else []:
+            try:
+                out = subprocess.run(["jstat", "-gc", pid], capture_output=True, text=True, timeout=30).stdout
+                columns = dict(zip(*(line.split() for line in out.splitlines()[:2]), strict=True))
+                used = (used or 0.0) + float(columns["OU"]) / 1024
+            except (OSError, subprocess.SubprocessError, KeyError, ValueError):
+                continue
+    return used
 
 
 def _settle(deployment: DagsterDeployment, timeout: float = 1800) -> dict:
@@ -317,6 +336,7 @@ def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
         "max_commits_since_checkpoint": max(m["commits_since_checkpoint"] for m in minutes),
         "max_raw_log_files": max(m["raw_log_files"] for m in minutes),
         "max_raw_log_log_mb": max(m["raw_log_log_mb"] for m in minutes),
+        "max_driver_old_mb": max((m["driver_old_mb"] or 0 for m in minutes), default=None),
         "open_s": as_is,
         "open_checkpointed_s": checkpointed,
     }
@@ -343,6 +363,7 @@ def _summary(results: dict) -> None:
         "max_commits_since_checkpoint",
         "max_raw_log_files",
         "max_raw_log_log_mb",
+        "max_driver_old_mb",
         "open_s",
         "open_checkpointed_s",
         "instance_bytes",

@@ -68,6 +68,25 @@ def test_processes_attach_to_one_jvm_and_ingest_through_it(tmp_path, drivers):
     assert not jvm_alive(host.pid)  # the host is gone when it returns
 
 
+def test_what_a_process_still_holds_at_exit_is_released_in_the_jvm(tmp_path, drivers):
+    """A run that exits holding DataFrames (module globals, its session) must not leave them, their
+    plans and broadcast relations bound in the warm JVM: its heap would grow run after run."""
+    lake = Lake(str(tmp_path / "lake"))
+    write_landing(lake, "only.jsonl", one_partition_build("br-1", "data/a", 0))
+    kept = report(start_client(lake, drivers, "--keep"))["kept"]
+
+    probe = subprocess.run(
+        [sys.executable, "-m", "databuild_assets_tests.warm_driver_client", "--probe", kept],
+        cwd=REPO_ROOT,
+        env={**os.environ, DRIVERS_DIR_ENV: str(drivers), "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert json.loads(probe.stdout.splitlines()[-1]) == {"bound": False}
+
+
 def test_a_process_killed_while_attached_stops_the_jvm(tmp_path, drivers):
     lake = Lake(str(tmp_path / "lake"))
     write_landing(lake, "only.jsonl", one_partition_build("br-1", "data/a", 0))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pyspark
+from py4j.java_gateway import GatewayClient, JavaObject
 from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
@@ -170,8 +172,8 @@ def warm_session(settings: SparkSettings, idle_minutes: float = DEFAULT_IDLE_MIN
         clients.mkdir(exist_ok=True)
         _attached = clients / str(os.getpid())
         _attached.write_text(str(os.getpid()))
-    atexit.register(detach)
     if _session is None:
+        atexit.register(_at_exit)
         _session = _session_on(host, settings)
     return _session
 
@@ -183,6 +185,39 @@ def detach() -> None:
     if _attached is not None:
         _attached.unlink(missing_ok=True)
         _attached = None
+
+
+def _at_exit() -> None:
+    """The process ends: it hands back what it holds in the shared JVM, then detaches."""
+    release_java_objects()
+    detach()
+
+
+def release_java_objects() -> int:
+    """Tell the JVM this process is done with every Java object it still holds; returns how many.
+
+    Py4J's gateway keeps each object it hands to a client until the client's proxy of it is
+    collected, and even then the release waits in a queue for a daemon thread. A process that
+    exits first (a session in a module global, a run's last DataFrames, releases still queued)
+    would leave them bound in the warm JVM for its whole life, and with them their query plans,
+    broadcast relations and cached blocks: the driver's heap would grow run after run until it ran
+    out. Only at exit: a process that attaches again goes on with its session.
+    """
+    if SparkContext._gateway is None:
+        return 0
+    client = SparkContext._gateway._gateway_client
+    held = {item._target_id for item in gc.get_objects() if issubclass(type(item), JavaObject)}
+    queued = getattr(client, "finalizer_deque", None)  # ClientServer's releases not yet sent
+    while queued:
+        task = queued.pop()
+        if isinstance(task, tuple):
+            held.add(task[1])
+        else:  # the worker's stop signal: left for it
+            queued.append(task)
+            break
+    for target_id in held:
+        GatewayClient.garbage_collect_object(client, target_id)  # sent now, not queued; errors are py4j's to log
+    return len(held)
 
 
 def _session_on(host: DriverHost, settings: SparkSettings) -> SparkSession:
