@@ -4,7 +4,9 @@ data it does not reflect, and its Dagster check fails once that lasts longer tha
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
+import deltalake
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from databuild_assets.defs.projections.assets import projection_assets
@@ -90,3 +92,24 @@ def test_the_freshness_check_fails_when_the_lag_exceeds_its_bound(spark, lake):
     assert exceeded["job_runs"][0] is False
     assert exceeded["job_runs"][1]["lag_seconds"] > 0
     assert set(exceeded) == set(PROJECTIONS)
+
+
+def test_the_lag_is_read_from_the_newest_commits_not_the_whole_history(spark, lake):
+    """A service's appends add tens of thousands of raw-log commits an hour, kept for the log's
+    retention: the check, which runs with every refresh, must not read each of them. Commits
+    older than a checkpoint are unreadable here, as a history read would find them slow."""
+    events = list(generate_events(200, seed=23))
+    append_events(spark, lake, events[:100])
+    refresh(spark, lake)
+    append_events(spark, lake, events[100:])
+    for spec in (RAW_EVENT_LOG, FILTERED_EVENT_LOG):
+        path = lake.table_path(spec)
+        deltalake.DeltaTable(path).create_checkpoint()
+        (Path(path) / "_delta_log" / f"{0:020d}.json").write_text("not a commit\n")
+    raw_path = lake.table_path(RAW_EVENT_LOG)
+    appended_at = current_version(spark, raw_path)
+
+    lag = projection_lag(spark, lake, JOB_RUNS)
+
+    assert (lag.fresh, lag.behind_since_version) == (False, appended_at)
+    assert lag.behind_since == commit_time(spark, raw_path, appended_at)

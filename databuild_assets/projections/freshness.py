@@ -14,7 +14,6 @@ follow them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -24,9 +23,9 @@ from pyspark.sql import functions as F
 
 from databuild_assets.projections.projection import Projection
 from databuild_assets.projections.refresh import processed_log_version, projection_spec
-from databuild_assets.runtime.commits import LogVersionsUnavailable, log_changes
+from databuild_assets.runtime.commits import LogVersionsUnavailable, commit_info, find_commit, log_changes
 from databuild_assets.runtime.delta_tables import current_version
-from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake, is_local
 
 
 @dataclass(frozen=True)
@@ -63,27 +62,23 @@ def projection_lag(
 
 def raw_version_reflected(spark: SparkSession, lake: Lake, filtered_version: int) -> int | None:
     """The raw log version that filtered_event_log at `filtered_version` reflects: the one its
-    latest refresh commit at or before that version recorded. None when none did."""
+    latest refresh commit at or before that version recorded. None when none did. Read newest
+    first from that version down (on a local disk, commit file by commit file): the history of
+    every commit the log keeps grows with each refresh, and the answer is almost always the
+    newest."""
     path = lake.table_path(FILTERED_EVENT_LOG)
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    rows = (
-        DeltaTable.forPath(spark, path)
-        .history()
-        .where(F.col("version") <= filtered_version)
-        .where(F.col("userMetadata").contains("raw_log_version"))
-        .orderBy(F.col("version").desc())
-        .select("userMetadata")
-        .collect()
-    )
-    for row in rows:
+    recorded: list[int] = []
+
+    def reflects(metadata: dict) -> bool:
         try:
-            metadata = json.loads(row["userMetadata"])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(metadata, dict) and "raw_log_version" in metadata:
-            return int(metadata["raw_log_version"])
-    return None
+            recorded.append(int(metadata["raw_log_version"]))
+        except (KeyError, TypeError, ValueError):
+            return False
+        return True
+
+    return recorded[-1] if find_commit(spark, path, reflects, upto=filtered_version) else None
 
 
 def first_data_commit_after(spark: SparkSession, path: str, version: int, latest: int) -> int | None:
@@ -116,7 +111,15 @@ def first_data_commit_after(spark: SparkSession, path: str, version: int, latest
 
 
 def commit_time(spark: SparkSession, path: str, version: int) -> datetime:
-    """When the table's commit `version` was made (UTC), as Delta's history gives it."""
+    """When the table's commit `version` was made (UTC). On a local disk: its commitInfo's
+    in-commit timestamp, or the writer's, read from that commit alone, since Delta's history
+    reads every commit the log keeps (tens of thousands an hour under a service's appends) to
+    give one row. Elsewhere, as Delta's history gives it."""
+    if is_local(path):
+        info = commit_info(spark, path, version)
+        stamp = info.get("inCommitTimestamp", info.get("timestamp"))
+        if isinstance(stamp, int):
+            return datetime.fromtimestamp(stamp / 1000, UTC)
     millis = (
         DeltaTable.forPath(spark, path)
         .history()

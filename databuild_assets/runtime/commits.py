@@ -308,17 +308,18 @@ def latest_commit_metadata_on_disk(
 
 
 def find_commit(
-    spark: SparkSession, path: str, wanted: Callable[[dict], bool], after: int = -1
+    spark: SparkSession, path: str, wanted: Callable[[dict], bool], after: int = -1, upto: int | None = None
 ) -> tuple[int, dict] | None:
-    """The newest commit after version `after` of the table at `path` whose userMetadata (a JSON
-    object) `wanted` accepts: its version and commitInfo, or None. On a local disk its commit
-    files are read here, newest first, without a Spark job; elsewhere the history.
+    """The newest commit after version `after` (and at most `upto`) of the table at `path` whose
+    userMetadata (a JSON object) `wanted` accepts: its version and commitInfo, or None. On a local
+    disk its commit files are read here, newest first, without a Spark job; elsewhere the history.
 
         version, info = find_commit(spark, path, lambda m: m.get("ingest_batch") == 7)
     """
     if is_local(path):
         latest = latest_version_on_disk(path)
-        for version in range(latest if latest is not None else -1, after, -1):
+        newest = -1 if latest is None else latest if upto is None else min(latest, upto)
+        for version in range(newest, after, -1):
             try:
                 info = _commit_info_on_disk(path, version)
             except FileNotFoundError:  # cleaned up: older commits are covered by a checkpoint
@@ -329,9 +330,13 @@ def find_commit(
         return None
     table = DeltaTable.forPath(spark, path)
     histories = (
-        (table.history().where(F.col("version") > after),) if after >= 0 else (table.history(50), table.history())
+        (table.history().where(F.col("version") > after),)
+        if after >= 0 or upto is not None
+        else (table.history(50), table.history())
     )
     for history in histories:  # a writer usually looks itself up at once: the newest 50 first
+        if upto is not None:
+            history = history.where(F.col("version") <= upto)
         for row in history.orderBy(F.col("version").desc()).collect():
             metadata = _parse_metadata(row["userMetadata"])
             if metadata and wanted(metadata):
