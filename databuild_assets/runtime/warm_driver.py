@@ -209,7 +209,10 @@ def release_java_objects() -> int:
     held = {item._target_id for item in gc.get_objects() if issubclass(type(item), JavaObject)}
     queued = getattr(client, "finalizer_deque", None)  # ClientServer's releases not yet sent
     while queued:
-        task = queued.pop()
+        try:
+            task = queued.pop()
+        except IndexError:  # the worker thread took the last one meanwhile
+            break
         if isinstance(task, tuple):
             held.add(task[1])
         else:  # the worker's stop signal: left for it
