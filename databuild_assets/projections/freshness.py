@@ -14,6 +14,7 @@ follow them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -69,16 +70,8 @@ def raw_version_reflected(spark: SparkSession, lake: Lake, filtered_version: int
     path = lake.table_path(FILTERED_EVENT_LOG)
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    recorded: list[int] = []
-
-    def reflects(metadata: dict) -> bool:
-        try:
-            recorded.append(int(metadata["raw_log_version"]))
-        except (KeyError, TypeError, ValueError):
-            return False
-        return True
-
-    return recorded[-1] if find_commit(spark, path, reflects, upto=filtered_version) else None
+    found = find_commit(spark, path, lambda metadata: "raw_log_version" in metadata, upto=filtered_version)
+    return None if found is None else int(json.loads(found[1]["userMetadata"])["raw_log_version"])
 
 
 def first_data_commit_after(spark: SparkSession, path: str, version: int, latest: int) -> int | None:
