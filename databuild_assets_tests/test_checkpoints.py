@@ -24,6 +24,7 @@ from databuild_assets.log.serving.append import append_files, raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.checkpoints import (
     CHECKPOINT_BASE,
+    Checkpointer,
     checkpoint_due,
     checkpoint_if_due,
     checkpoint_interval,
@@ -152,6 +153,26 @@ def test_an_append_leaves_a_due_checkpoint_to_the_appender_already_writing_one(l
     assert newest == CHECKPOINT_BASE + 2  # the create, then one commit a batch
     assert DeltaFollower(path).last_checkpoint() == newest  # written once the lock was free
     assert oct(os.stat(checkpoint_lock_path(path)).st_mode & 0o777) == "0o600"
+
+
+def test_a_checkpoint_falling_due_while_the_previous_one_is_written_is_written_after_it(lake: Lake) -> None:
+    # The last appends of a run can fall due while this process's thread still writes the
+    # previous checkpoint; no later append comes to write theirs, so the thread does.
+    events = list(generate_events(5 * (2 * CHECKPOINT_BASE + 1), seed=27))
+    path = lake.table_path(RAW_EVENT_LOG)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:5])
+    columns = deltalake.DeltaTable(path).metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
+    for version in range(2, 2 * CHECKPOINT_BASE + 1):
+        rows = raw_log_rows(enumerate(canonical_event(e) for e in events[5 * (version - 1) : 5 * version]), "other")
+        append_files(path, version, rows, ["event_date"], columns)
+
+    checkpoints = Checkpointer(path)
+    assert checkpoints.after_commit(CHECKPOINT_BASE - 1, {})  # versions 0 to 15: due
+    assert not checkpoints.after_commit(2 * CHECKPOINT_BASE, {})  # due too, while v15's is written
+    checkpoints.wait()
+    assert DeltaFollower(path).last_checkpoint() == 2 * CHECKPOINT_BASE
+    assert (Path(path) / "_delta_log" / f"{CHECKPOINT_BASE - 1:020d}.checkpoint.parquet").exists()
 
 
 def test_the_appends_checkpoint_is_written_while_another_process_holds_the_commit_lock(lake: Lake, monkeypatch) -> None:

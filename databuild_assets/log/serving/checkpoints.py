@@ -131,25 +131,49 @@ class Checkpointer:
         self.table_path = table_path
         self._thread: threading.Thread | None = None
         self._retry_at = -math.inf
+        # The newest version this process committed, and whether the thread is still writing; an
+        # append that finds it writing leaves its version here for the thread to pick up, else a
+        # checkpoint falling due while the previous one is written waits for the next append,
+        # which may never come.
+        self._guard = threading.Lock()
+        self._newest = -1
+        self._writing = False
 
     def after_commit(self, version: int, configuration: dict[str, str]) -> bool:
         """Start writing a checkpoint of `version` (just committed by this process) when it is
-        the interval past the newest one and none is being written here; whether one was started."""
-        last, actions = last_checkpoint(self.table_path) or (None, 0)
-        if not checkpoint_due(version, last, actions, configuration):
-            return False
-        if self._thread is not None and self._thread.is_alive() or time.monotonic() < self._retry_at:
-            return False
+        the interval past the newest one and none is being written here (the one being written
+        is followed by the newest due version); whether one was started."""
+        with self._guard:
+            self._newest = max(self._newest, version)
+            if self._writing or time.monotonic() < self._retry_at or not self._due(version, configuration):
+                return False
+            self._writing = True
         self._thread = threading.Thread(
             target=self._write, args=(version, configuration), name=f"checkpoint {self.table_path}"
         )
         self._thread.start()
         return True
 
+    def _due(self, version: int, configuration: dict[str, str]) -> bool:
+        last, actions = last_checkpoint(self.table_path) or (None, 0)
+        return checkpoint_due(version, last, actions, configuration)
+
     def _write(self, version: int, configuration: dict[str, str]) -> None:
         try:
+            while self._write_one(version, configuration):
+                with self._guard:
+                    if self._newest <= version or not self._due(self._newest, configuration):
+                        return
+                    version = self._newest  # fell due while this one was written
+        finally:
+            with self._guard:
+                self._writing = False
+
+    def _write_one(self, version: int, configuration: dict[str, str]) -> bool:
+        """Write the checkpoint of `version` if still due; whether it was written."""
+        try:
             if checkpoint_if_due(self.table_path, version) is not None:
-                return
+                return True
         except Exception as error:  # noqa: BLE001 - in a thread beside the appends, which must go on
             self._retry_at = time.monotonic() + self.RETRY_AFTER_S
             log.warning(
@@ -159,7 +183,7 @@ class Checkpointer:
                 self.RETRY_AFTER_S,
                 error,
             )
-            return
+            return False
         last, actions = last_checkpoint(self.table_path) or (None, 0)
         behind = version - (-1 if last is None else last)
         if behind > 4 * checkpoint_interval(configuration, actions):  # left to a holder that is not writing it
@@ -172,6 +196,7 @@ class Checkpointer:
                 behind,
                 checkpoint_lock_path(self.table_path),
             )
+        return False
 
     def wait(self) -> None:
         """Until the checkpoint being written, if any, is done (at most WAIT_S, then a warning)."""
