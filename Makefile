@@ -21,9 +21,11 @@ export DAGSTER_HOME
 .PHONY: setup postgres-setup s3-setup demo test lint format ui ui-test cluster-test reliability-test s3-test deploy-test long-test bench clean-lake \
 	test-pythons test-py312 test-py313
 
-# A virtual environment with the pinned packages, Delta's jars from Maven Central, and the class
-# archive the Spark driver's JVM starts from (runtime/jvm_startup.py: a small demo, about a minute).
-setup: $(VENV)/.installed delta-jars/lib/.fetched delta-jars/lib/spark-classes.jsa $(DAGSTER_HOME)/dagster.yaml
+# A virtual environment with the pinned packages, Delta's jars from Maven Central, our log stores
+# (delta-jars/logstore, built by Maven), and the class archive the Spark driver's JVM starts from
+# (runtime/jvm_startup.py: a small demo, about a minute).
+LOGSTORE_JAR = delta-jars/lib/databuild-logstore-1.jar
+setup: $(VENV)/.installed delta-jars/lib/.fetched $(LOGSTORE_JAR) delta-jars/lib/spark-classes.jsa $(DAGSTER_HOME)/dagster.yaml
 
 # The tests of Dagster's instance storage in PostgreSQL start a private server of their own
 # (databuild_assets_tests/postgres_server.py) from Debian's postgresql package: installed here
@@ -44,7 +46,11 @@ delta-jars/lib/.fetched: delta-jars/pom.xml $(VENV)/.installed
 	$(BIN)/python -m databuild_assets.runtime.delta_jars fetch
 	touch $@
 
-delta-jars/lib/spark-classes.jsa: delta-jars/lib/.fetched
+# After the fetch, which empties delta-jars/lib of older jars.
+$(LOGSTORE_JAR): delta-jars/lib/.fetched delta-jars/logstore/pom.xml $(wildcard delta-jars/logstore/src/main/java/io/databuild/delta/*.java)
+	$(BIN)/python -m databuild_assets.runtime.delta_jars build-logstore
+
+delta-jars/lib/spark-classes.jsa: delta-jars/lib/.fetched $(LOGSTORE_JAR)
 	$(BIN)/python -m databuild_assets.runtime.jvm_startup create
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
@@ -113,12 +119,12 @@ ui: setup
 
 # dagster dev on a free loopback port, driven by Playwright in Debian's chromium (installed here
 # with apt-get when missing; Playwright never downloads a browser). Screenshots: .ui-screenshots/
-# Lakes on S3: hadoop-aws and the AWS SDK modules S3A uses (delta-jars/s3/pom.xml), our LogStore
-# that commits with S3's conditional writes (delta-jars/s3/logstore, built by Maven), and moto for the
-# tests' S3 server on loopback. Not part of `make setup`: a local lake needs none of it.
+# Lakes on S3: hadoop-aws and the AWS SDK modules S3A uses (delta-jars/s3/pom.xml), and moto for the
+# tests' S3 server on loopback. Not part of `make setup`: a local lake needs none of it. Our log store
+# that commits with S3's conditional writes is in delta-jars/logstore, built by `make setup`.
 s3-setup: setup delta-jars/s3/lib/.fetched $(VENV)/.s3-test-installed
 
-delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml delta-jars/s3/logstore/pom.xml $(wildcard delta-jars/s3/logstore/src/main/java/io/databuild/delta/*.java) $(VENV)/.installed
+delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml $(VENV)/.installed
 	$(BIN)/python -m databuild_assets.runtime.delta_jars fetch-s3
 	touch $@
 

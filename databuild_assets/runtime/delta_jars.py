@@ -4,10 +4,12 @@ Delta's jars are in no Python package. Spark's own route (`spark.jars.packages`,
 Ivy at every session start) needs the network: Ivy resolves versions differently from Maven
 (latest wins, not nearest), so even a warm ~/.m2 does not satisfy it offline, and it puts
 older copies of Hadoop, Parquet, Jackson and log4j beside Spark's own. So set-up resolves
-`delta-jars/pom.xml` with Maven, keeps only the jars Spark does not already ship, and the
-session lists them in `spark.jars` (which Spark also ships to a cluster's executors).
+`delta-jars/pom.xml` with Maven, keeps only the jars Spark does not already ship, builds our own
+log stores beside them (delta-jars/logstore), and the session lists them in `spark.jars` (which
+Spark also ships to a cluster's executors).
 
     python -m databuild_assets.runtime.delta_jars fetch
+    python -m databuild_assets.runtime.delta_jars build-logstore
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ DEFAULT_JARS_DIR = REPO_ROOT / "delta-jars" / "lib"
 # The Maven coordinate the pom pins, for messages and docs; the pom is what Maven reads.
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 S3_POM = REPO_ROOT / "delta-jars" / "s3" / "pom.xml"
-# Our LogStore for S3 (a Java class built with Maven at set-up): delta-jars/s3/logstore.
-S3_LOGSTORE_POM = REPO_ROOT / "delta-jars" / "s3" / "logstore" / "pom.xml"
-S3_LOGSTORE_JAR = "databuild-s3-logstore-1.jar"
+# Our log stores (Java classes built with Maven at set-up): delta-jars/logstore.
+LOGSTORE_POM = REPO_ROOT / "delta-jars" / "logstore" / "pom.xml"
+LOGSTORE_JAR = "databuild-logstore-1.jar"
+LOCAL_LOG_STORE = "io.databuild.delta.LocalLogStore"
 S3_JARS_DIR = REPO_ROOT / "delta-jars" / "s3" / "lib"
 HADOOP_AWS_MAVEN_COORDINATE = "org.apache.hadoop:hadoop-aws:3.5.0"
 
@@ -66,6 +69,11 @@ def delta_jar_paths(directory: Path | None = None) -> list[str]:
             f"`python -m databuild_assets.runtime.delta_jars fetch`) once with access to Maven Central; "
             f"it fetches {DELTA_MAVEN_COORDINATE} and its dependencies."
         )
+    if not (directory / LOGSTORE_JAR).is_file():
+        raise DeltaJarsMissingError(
+            f"our log stores ({LOGSTORE_JAR}) are not in {directory}. Run `make setup` (or "
+            "`python -m databuild_assets.runtime.delta_jars build-logstore`); it builds delta-jars/logstore with Maven."
+        )
     return jars
 
 
@@ -77,12 +85,11 @@ def _require_maven() -> None:
 def s3_jar_paths(directory: Path = S3_JARS_DIR) -> list[str]:
     """The jars a session needs for a lake on S3; a clear error when set-up has not fetched them."""
     jars = sorted(str(jar) for jar in directory.glob("*.jar"))
-    if not any(Path(jar).name.startswith("hadoop-aws-") for jar in jars) or not (directory / S3_LOGSTORE_JAR).is_file():
+    if not any(Path(jar).name.startswith("hadoop-aws-") for jar in jars):
         raise DeltaJarsMissingError(
             f"the jars for lakes on S3 are not in {directory}. Run `make s3-setup` (or "
             f"`python -m databuild_assets.runtime.delta_jars fetch-s3`) once with access to Maven Central; "
-            f"it fetches {HADOOP_AWS_MAVEN_COORDINATE} and the AWS SDK modules it uses, and builds our "
-            "LogStore for S3 (delta-jars/s3/logstore)."
+            f"it fetches {HADOOP_AWS_MAVEN_COORDINATE} and the AWS SDK modules it uses."
         )
     return jars
 
@@ -115,31 +122,33 @@ def fetch(directory: Path | None = None, pom: Path = POM) -> list[str]:
     return sorted(str(jar) for jar in directory.glob("*.jar"))
 
 
-def build_s3_logstore(directory: Path = S3_JARS_DIR) -> Path:
-    """Build our LogStore for S3 (`mvn package`) and put its jar into `directory`."""
+def build_logstore(directory: Path | None = None) -> Path:
+    """Build our log stores (`mvn package`) and put their jar into `directory` (delta-jars/lib)."""
+    directory = directory or jars_dir()
     _require_maven()
-    subprocess.run(["mvn", "-q", "-B", "-f", str(S3_LOGSTORE_POM), "package", "-DskipTests"], check=True)
+    subprocess.run(["mvn", "-q", "-B", "-f", str(LOGSTORE_POM), "package", "-DskipTests"], check=True)
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / S3_LOGSTORE_JAR
-    shutil.copy2(S3_LOGSTORE_POM.parent / "target" / S3_LOGSTORE_JAR, target)
+    target = directory / LOGSTORE_JAR
+    shutil.copy2(LOGSTORE_POM.parent / "target" / LOGSTORE_JAR, target)
     return target
 
 
 def main(argv: list[str]) -> int:
     if argv == ["fetch-s3"]:
         jars = fetch(S3_JARS_DIR, S3_POM)
-        build_s3_logstore()
-        print(f"fetched {len(jars)} jars for lakes on S3 into {S3_JARS_DIR}, and built {S3_LOGSTORE_JAR} there")
+        print(f"fetched {len(jars)} jars for lakes on S3 into {S3_JARS_DIR}")
+        return 0
+    if argv == ["build-logstore"]:
+        print(f"built {build_logstore()}")
         return 0
     if argv != ["fetch"]:
-        print("usage: python -m databuild_assets.runtime.delta_jars fetch|fetch-s3", file=sys.stderr)
+        print("usage: python -m databuild_assets.runtime.delta_jars fetch|build-logstore|fetch-s3", file=sys.stderr)
         return 2
     _, artifact, version = DELTA_MAVEN_COORDINATE.split(":")
     if (jars_dir() / f"{artifact}-{version}.jar").exists():
         print(f"Delta jars already in {jars_dir()}")
         return 0
-    fetch()
-    jars = delta_jar_paths()
+    jars = fetch()
     print(f"fetched {len(jars)} Delta jars into {jars_dir()}")
     return 0
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 S3_SCHEMES = ("s3a", "s3")
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
-# Our LogStore (delta-jars/s3/logstore): commits with S3's conditional writes, as delta-rs does.
+# Our LogStore (delta-jars/logstore): commits with S3's conditional writes, as delta-rs does.
 S3_LOG_STORE = "io.databuild.delta.S3ConditionalPutLogStore"
 
 

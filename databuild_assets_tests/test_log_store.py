@@ -1,0 +1,70 @@
+"""Spark's log store for local disks (delta-jars/logstore, `LocalLogStore`): the listing Delta
+opens a table with holds what Delta's own store for `file:` gives, file for file, while it reads
+the metadata of only the files after the start (docs/decisions/0053-spark-lists-a-local-log-by-name.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+from databuild_assets.log.serving.backend import DeltaRsEventLog
+from databuild_assets.maintenance.compaction import compact
+from databuild_assets.runtime.delta_jars import LOCAL_LOG_STORE
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+
+
+def _listing(jvm, store, folder: Path, start: str, conf) -> list[tuple[str, int, bool, int]]:
+    """What `store` lists in `folder` from the name `start`: each file's path, size, whether a
+    folder, and modification time, in the order given."""
+    statuses = store.listFrom(jvm.org.apache.hadoop.fs.Path(f"file:{folder / start}"), conf)
+    listed = []
+    while statuses.hasNext():
+        status = statuses.next()
+        listed.append(
+            (status.getPath().toString(), status.getLen(), status.isDirectory(), status.getModificationTime())
+        )
+    return listed
+
+
+def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) -> None:
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    path = lake.table_path(RAW_EVENT_LOG)
+    events = list(generate_events(200, seed=31))
+    with DeltaRsEventLog(lake) as log:  # commits and checkpoints of the JVM-free appends
+        for start in range(0, 100, 5):
+            log.append_events(events[start : start + 5])
+    compact(spark, lake)  # Spark's commits, with their .crc files
+    with DeltaRsEventLog(lake) as log:
+        for start in range(100, 200, 5):
+            log.append_events(events[start : start + 5])
+    folder = Path(path) / "_delta_log"
+    (folder / ".00000000000000000003.json.tmp").write_text("{}")  # a writer's temporary file
+    (folder / "_sidecars").mkdir(exist_ok=True)
+    newest = max(int(name.name[:20]) for name in folder.glob("*.json"))
+    assert any(folder.glob("*.checkpoint.parquet")) and any(folder.glob("*.crc"))
+
+    ours = jvm.io.databuild.delta.LocalLogStore(conf)
+    delta_s = jvm.io.delta.storage.HDFSLogStore(conf)
+    for start in (0, 15, newest - 3, newest, newest + 1):
+        name = f"{start:020d}"
+        expected = _listing(jvm, delta_s, folder, name, conf)
+        assert _listing(jvm, ours, folder, name, conf) == expected, name
+        assert len(expected) >= (newest + 1 - start)  # every commit from the start, and more
+    assert _listing(jvm, ours, folder, "_", conf) == _listing(
+        jvm, delta_s, folder, "_", conf
+    )  # _last_checkpoint, _sidecars
+
+    # A log folder that is not there is Delta's "no such table", as with its own store.
+    for store in (ours, delta_s):
+        with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
+            _listing(jvm, store, Path(path) / "missing", "00000000000000000000", conf)
+
+    # The session lists every local table with it, and reads the log it lists.
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    store = delta_log.store().getDelegate(jvm.org.apache.hadoop.fs.Path(f"file:{folder}"))
+    assert store.logStoreImpl().getClass().getName() == LOCAL_LOG_STORE
+    assert spark.read.format("delta").load(path).count() == len(events)

@@ -1,0 +1,83 @@
+package io.databuild.delta;
+
+import io.delta.storage.HDFSLogStore;
+import java.io.File;
+import java.io.FileNotFoundException;
+import java.io.IOException;
+import java.util.Arrays;
+import java.util.Iterator;
+import java.util.NoSuchElementException;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+
+/**
+ * Delta's log store for local disks (file:), with a listing whose cost follows the files it
+ * returns rather than the folder's size.
+ *
+ * <p>Delta opens a table by listing its log from the newest checkpoint: {@code listFrom} must
+ * return every file of the folder whose name sorts at or after the given one, sorted. The default
+ * store for file: (HDFSLogStore) asks Hadoop for the status of every file in the folder, about a
+ * tenth of a millisecond each, and keeps the few after the checkpoint. A log the JVM-free appends
+ * grow by a commit file each holds tens of thousands of files an hour until the log's retention
+ * cleans them up, so every snapshot Spark took of it cost seconds, growing all day. This store
+ * reads the folder's names (one directory read, no file metadata), keeps those at or after the
+ * start, and reads the size and time of each as the caller takes it: a log cleanup that stops
+ * at the first file still kept reads no more. Writes are HDFSLogStore's.
+ *
+ * <pre>spark.delta.logStore.file.impl=io.databuild.delta.LocalLogStore</pre>
+ */
+public class LocalLogStore extends HDFSLogStore {
+
+  public LocalLogStore(Configuration hadoopConf) {
+    super(hadoopConf);
+  }
+
+  @Override
+  public Iterator<FileStatus> listFrom(Path path, Configuration hadoopConf) throws IOException {
+    FileSystem fs = path.getFileSystem(hadoopConf);
+    Path folder = fs.makeQualified(path.getParent());
+    File directory = new File(Path.getPathWithoutSchemeAndAuthority(folder).toUri().getPath());
+    String[] names = directory.list();
+    if (names == null) {
+      throw new FileNotFoundException("No such file or directory: " + folder);
+    }
+    String start = path.getName();
+    Iterator<String> after =
+        Arrays.stream(names).filter(name -> name.compareTo(start) >= 0).sorted().iterator();
+    long blockSize = fs.getDefaultBlockSize(folder);
+    return new Iterator<FileStatus>() {
+      private FileStatus next = advance();
+
+      private FileStatus advance() {
+        while (after.hasNext()) {
+          String name = after.next();
+          File file = new File(directory, name);
+          long modified = file.lastModified(); // 0 once the file is gone
+          if (modified != 0L) {
+            return new FileStatus(
+                file.length(), file.isDirectory(), 1, blockSize, modified, new Path(folder, name));
+          }
+          // removed since the folder was read (a log cleanup): a listing taken now would not hold it
+        }
+        return null;
+      }
+
+      @Override
+      public boolean hasNext() {
+        return next != null;
+      }
+
+      @Override
+      public FileStatus next() {
+        if (next == null) {
+          throw new NoSuchElementException();
+        }
+        FileStatus current = next;
+        next = advance();
+        return current;
+      }
+    };
+  }
+}
