@@ -23,7 +23,7 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-from databuild_assets.runtime.delta_jars import LOCAL_LOG_STORE, delta_jar_paths, s3_jar_paths
+from databuild_assets.runtime.delta_jars import LOCAL_LOG_STORE, delta_jar_paths, log_store_class_path, s3_jar_paths
 from databuild_assets.runtime.file_modes import lake_umask
 from databuild_assets.runtime.jvm_startup import driver_java_options
 from databuild_assets.runtime.object_store import is_s3, spark_s3_config
@@ -123,8 +123,10 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # Delta lists a table's log at every snapshot; its store for local disks asks Hadoop for
         # the status of every file in the log folder, and the JVM-free appends add one a commit.
         # Ours reads the folder's names and the status of the files after the checkpoint only
-        # (delta-jars/logstore, docs/decisions/0053-spark-lists-a-local-log-by-name.md).
+        # (delta-jars/logstore, docs/decisions/0053-spark-lists-a-local-log-by-name.md), from the
+        # driver's class path: Delta makes a store from its class name at every table it opens.
         "spark.delta.logStore.file.impl": LOCAL_LOG_STORE,
+        "spark.driver.extraClassPath": os.pathsep.join(log_store_class_path()),
         # Delta's VACUUM lists a table's files with this many tasks (Spark's default: 10,000).
         # Sized like the shuffle; on a cluster raise both.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
