@@ -54,9 +54,9 @@ def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) ->
         expected = _listing(jvm, delta_s, folder, name, conf)
         assert _listing(jvm, ours, folder, name, conf) == expected, name
         assert len(expected) >= (newest + 1 - start)  # every commit from the start, and more
-    assert _listing(jvm, ours, folder, "_", conf) == _listing(
-        jvm, delta_s, folder, "_", conf
-    )  # _last_checkpoint, _sidecars
+    # From "_": _last_checkpoint and _sidecars, after every version.
+    after_versions = _listing(jvm, delta_s, folder, "_", conf)
+    assert _listing(jvm, ours, folder, "_", conf) == after_versions
 
     # A log folder that is not there is Delta's "no such table", as with its own store.
     for store in (ours, delta_s):

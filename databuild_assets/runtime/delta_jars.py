@@ -77,13 +77,13 @@ def delta_jar_paths(directory: Path | None = None) -> list[str]:
     return jars
 
 
-def log_store_class_path(directory: Path | None = None) -> list[str]:
-    """Our log stores' jar and delta-storage's (their base classes), for the driver's class path.
+def log_store_class_path(jars: list[str]) -> list[str]:
+    """Of `jars` (`delta_jar_paths`), our log stores' and delta-storage's (their base classes), for
+    the driver's class path.
 
     Delta makes a log store from its class name for every table it opens: from a jar on
     `spark.jars` each time is a search of the JVM's whole class path before Spark's jar loader,
     which made the test suite 2.6x slower; from the class path it is found at once."""
-    jars = delta_jar_paths(directory)
     return [jar for jar in jars if Path(jar).name.startswith("delta-storage-")] + [
         jar for jar in jars if Path(jar).name == LOGSTORE_JAR
     ]

@@ -102,11 +102,12 @@ def warehouse_dir() -> str:
 
 def spark_config(settings: SparkSettings) -> dict[str, str]:
     """The full Spark configuration for `settings`, Delta included."""
+    jars = delta_jar_paths()
     config = {
         "spark.master": settings.master,
         "spark.app.name": settings.app_name,
         "spark.driver.memory": settings.driver_memory,
-        "spark.jars": ",".join(delta_jar_paths()),
+        "spark.jars": ",".join(jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Event dates (the log's partitions) are UTC days, whatever the machine's zone.
@@ -126,7 +127,7 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
         # (delta-jars/logstore, docs/decisions/0053-spark-lists-a-local-log-by-name.md), from the
         # driver's class path: Delta makes a store from its class name at every table it opens.
         "spark.delta.logStore.file.impl": LOCAL_LOG_STORE,
-        "spark.driver.extraClassPath": os.pathsep.join(log_store_class_path()),
+        "spark.driver.extraClassPath": os.pathsep.join(log_store_class_path(jars)),
         # Delta's VACUUM lists a table's files with this many tasks (Spark's default: 10,000).
         # Sized like the shuffle; on a cluster raise both.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
