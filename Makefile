@@ -61,12 +61,13 @@ demo: setup
 	$(BIN)/databuild-assets demo
 
 # `dg check defs` first: the definitions load through Dagster's project tooling ([tool.dg] in pyproject.toml).
-# Then the suite, which prints the line coverage of databuild_assets ([tool.coverage.*] in pyproject.toml).
+# Then the suite, which prints its 25 slowest steps (to tell a slow test from a slow machine) and the
+# line coverage of databuild_assets ([tool.coverage.*] in pyproject.toml).
 # TEST_WORKERS: pytest-xdist worker processes, each with its own JVM (CI has 2 cores); 0 runs in one process.
 TEST_WORKERS ?= 2
 test: setup postgres-setup
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 --cov --cov-report=term
 
 # The other supported interpreters (requires-python): the suite runs whole on $(PYTHON) (make test);
 # on each of these, in a venv of its own (.venv-3.12, .venv-3.13) installed by uv (pinned in [test]:
