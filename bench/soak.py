@@ -14,7 +14,8 @@ time.
 
 Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
 checkpoint, live files and the size of its log, the lake's and the instance's size, the warm Spark
-driver's old generation (jstat). At the end:
+driver's old generation (jstat), and a machine anchor (a fixed Python loop in this process, under
+the soak's load: on a shared host it moves the p95s as much as the code does). At the end:
 every run's outcome and duration; every event sent stored once (erased ones hidden); the
 filtered log and the projections equal to a rebuild (Spark,
 databuild_assets_tests.reliability_workers.verify_lake); the p95 of every call in the last 10 minutes against
@@ -31,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,9 +50,11 @@ from databuild_assets.runtime.spark import SparkSettings
 from databuild_assets.runtime.warm_driver import running_hosts
 from databuild_assets_tests.dagster_deployment import DagsterDeployment
 from databuild_assets_tests.reliability_workers import write_landing_file
+from databuild_assets_tests.support import machine_anchor_s
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LANDING_EVENTS = 40  # a landing file a minute
+ANCHOR_STEPS = 1_000_000  # the machine anchor's loop, timed once a minute
 SENSORS = ("landing_files_sensor", "event_log_commits_sensor", "compaction_by_file_count_sensor")
 
 
@@ -242,6 +246,8 @@ def _minute(deployment: DagsterDeployment, workdir: Path, minute: int, since: fl
         "raw_log_log_mb": _size(deployment.lake_root / "tables" / RAW_EVENT_LOG.name / "_delta_log") / 1e6,
         "lake_mb": _size(deployment.lake_root) / 1e6,
         "driver_old_mb": _driver_old_mb(deployment.drivers_dir),
+        # The host's speed this minute (under the soak's own load): the p95 ratios are read beside it.
+        "anchor_ms": machine_anchor_s(ANCHOR_STEPS) * 1000,
     }
     print(json.dumps(row), flush=True)
     return row
@@ -337,6 +343,10 @@ def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
         "max_raw_log_files": max(m["raw_log_files"] for m in minutes),
         "max_raw_log_log_mb": max(m["raw_log_log_mb"] for m in minutes),
         "max_driver_old_mb": max((m["driver_old_mb"] or 0 for m in minutes), default=None),
+        # The same ratio for the machine anchor: a host slower at the end than at the start moves
+        # the p95 ratios with it.
+        "anchor_ratio": statistics.median(m["anchor_ms"] for m in last)
+        / statistics.median(m["anchor_ms"] for m in first),
         "open_s": as_is,
         "open_checkpointed_s": checkpointed,
     }
@@ -364,6 +374,7 @@ def _summary(results: dict) -> None:
         "max_raw_log_files",
         "max_raw_log_log_mb",
         "max_driver_old_mb",
+        "anchor_ratio",
         "open_s",
         "open_checkpointed_s",
         "instance_bytes",

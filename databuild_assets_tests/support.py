@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -336,3 +337,17 @@ def op_output_metadata(run: Any, op: str) -> dict[str, Any]:
     the purge, the serving index's refresh, then the scrub of Dagster's storage)."""
     [output] = [event for event in run.all_events if event.is_successful_output and event.step_key == op]
     return {key: value.value for key, value in output.step_output_data.metadata.items()}
+
+
+def machine_anchor_s(steps: int = 3_000_000, repeats: int = 3) -> float:
+    """The median time of `repeats` runs of a Python loop of `steps` additions: the host's speed
+    now, beside which a suite's or a bench's times are read (on shared VMs it moves severalfold
+    within minutes; bench/README.md, "Test and demo times")."""
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        total = 0
+        for step in range(steps):
+            total += step
+        timings.append(time.perf_counter() - started)
+    return sorted(timings)[len(timings) // 2]
