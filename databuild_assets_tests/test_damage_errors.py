@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import deltalake
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, SkipReason, job, materialize, op
@@ -31,6 +32,7 @@ from databuild_assets.defs.projections.sensors import event_log_commits_sensor
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.runtime import delta_log
 from databuild_assets.runtime.damage import DamagedTableError
 from databuild_assets.runtime.delta_log import read_log
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -190,6 +192,29 @@ def test_a_data_file_a_later_commit_removed_and_a_vacuum_deleted_is_not_damage(l
         total = log.get_activity_summary().total_events
 
     assert total == sum(1 for event in EVENTS if _day(event["timestamp"]) != day)
+
+
+def test_a_checkpoint_written_while_the_log_is_read_is_not_damage(tmp_path: Path, monkeypatch) -> None:
+    """An appender's thread writes a checkpoint and points `_last_checkpoint` to it beside any
+    reader: one that listed the folder before sees a pointer to a file it did not list (bench.soak:
+    an ingestion run failed on it)."""
+    path = str(tmp_path / "table")
+    for value in range(3):
+        write_deltalake(path, pa.table({"x": [value]}), mode="append")
+    parse_commit, written = delta_log.parse_commit, []
+
+    def parse_while_a_checkpoint_is_written(commit: Path):
+        if not written:
+            deltalake.DeltaTable(path).create_checkpoint()
+            written.append(True)
+        return parse_commit(commit)
+
+    monkeypatch.setattr(delta_log, "parse_commit", parse_while_a_checkpoint_is_written)
+
+    state = read_log(path)
+
+    assert written and (tmp_path / "table" / "_delta_log" / "00000000000000000002.checkpoint.parquet").exists()
+    assert state.damage == []
 
 
 def _day(timestamp_ns: int) -> str:

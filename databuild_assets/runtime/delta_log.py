@@ -360,7 +360,9 @@ def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], sta
     except (OSError, ValueError, KeyError, TypeError) as error:
         state.damage.append(LogDamage(f"{LOG}/{LAST_CHECKPOINT}", -1, f"does not parse: {error}", "pointer"))
         return
-    if pointed not in checkpoints:
+    # A checkpoint written after the folder was listed (an appender's thread writes one beside any
+    # reader, then points to it) is on disk but not in the listing: not damage.
+    if pointed not in checkpoints and not any(folder.glob(f"{pointed:020d}.checkpoint*.parquet")):
         state.damage.append(
             LogDamage(
                 f"{LOG}/{LAST_CHECKPOINT}",
