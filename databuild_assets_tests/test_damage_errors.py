@@ -217,6 +217,16 @@ def test_a_checkpoint_written_while_the_log_is_read_is_not_damage(tmp_path: Path
     assert state.damage == []
 
 
+def test_a_last_checkpoint_naming_a_checkpoint_not_on_disk_is_damage(tmp_path: Path) -> None:
+    path = str(tmp_path / "table")
+    for value in range(3):
+        write_deltalake(path, pa.table({"x": [value]}), mode="append")
+    deltalake.DeltaTable(path).create_checkpoint()
+    (tmp_path / "table" / "_delta_log" / "00000000000000000002.checkpoint.parquet").unlink()
+
+    assert [(d.version, d.kind) for d in read_log(path).damage] == [(2, "pointer")]
+
+
 def _day(timestamp_ns: int) -> str:
     return datetime.fromtimestamp(timestamp_ns // 10**9, UTC).date().isoformat()
 
