@@ -11,7 +11,7 @@ pytest.register_assert_rewrite("databuild_assets_tests.bel_cases", "databuild_as
 
 from databuild_assets.runtime.lake import Lake  # noqa: E402
 from databuild_assets.runtime.spark import build_spark_session  # noqa: E402
-from databuild_assets_tests.support import TEST_SPARK_SETTINGS, machine_anchor_s  # noqa: E402
+from databuild_assets_tests.support import MACHINE_ANCHOR_STEPS, TEST_SPARK_SETTINGS, machine_anchor_s  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +47,6 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         return
     anchors.append(machine_anchor_s())
     terminalreporter.write_line(
-        "machine anchor (3,000,000 Python loop steps, median of 3): "
+        f"machine anchor ({MACHINE_ANCHOR_STEPS:,} Python loop steps, median of 3): "
         f"{anchors[0]:.2f} s before the tests, {anchors[1]:.2f} s after"
     )

@@ -339,7 +339,10 @@ def op_output_metadata(run: Any, op: str) -> dict[str, Any]:
     return {key: value.value for key, value in output.step_output_data.metadata.items()}
 
 
-def machine_anchor_s(steps: int = 3_000_000, repeats: int = 3) -> float:
+MACHINE_ANCHOR_STEPS = 3_000_000
+
+
+def machine_anchor_s(steps: int = MACHINE_ANCHOR_STEPS, repeats: int = 3) -> float:
     """The median time of `repeats` runs of a Python loop of `steps` additions: the host's speed
     now, beside which a suite's or a bench's times are read (on shared VMs it moves severalfold
     within minutes; bench/README.md, "Test and demo times")."""
