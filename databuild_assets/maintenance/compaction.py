@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import reduce
+from functools import partial, reduce
 from typing import NamedTuple
 
 from delta.tables import DeltaTable
@@ -121,6 +124,8 @@ class CompactionResult:
     rows_purged_per_tombstone: dict[str, int] = field(default_factory=dict)
     applied: tuple[str, ...] = ()
     landing: LandingErasureResult = LandingErasureResult()
+    # Seconds per phase, in the order they ran: which one a slow run spent its time in.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class RowsChecksum(NamedTuple):
@@ -319,6 +324,16 @@ def rearrived(spark: SparkSession, lake: Lake, applied: list[Tombstone]) -> list
         rows.unpersist()
 
 
+@contextmanager
+def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds the block takes to `phases[name]`."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - started, 3)
+
+
 def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionResult:
     """Purge pending tombstones everywhere, refresh the projections after the purge, then
     bin-pack. See the module docstring.
@@ -327,42 +342,52 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
     bin-packing; 0 packs every table whole (the file-count sensor's runs: a service's small files
     are in today's date), which a file-count trigger recognises by its OPTIMIZE's empty predicate.
     """
-    # A lake whose tombstones asset never ran has no table yet: none pending, and now an empty one.
-    ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)
-    tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
-    tombstones = read_tombstones(spark, lake, tombstones_version)
-    for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, *PROJECTION_TABLES):  # before Spark reads them
-        refuse_paths_outside(lake.table_path(spec))
-    pending = [t for t in tombstones if t.pending]
-    to_purge = pending + rearrived(spark, lake, [t for t in tombstones if not t.pending])
-    tables = [
-        spec
-        for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES, *PROJECTION_TABLES)
-        if DeltaTable.isDeltaTable(spark, lake.table_path(spec))
-    ]
-    before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
+    phases: dict[str, float] = {}
+    phase = partial(_timed, phases)
+    with phase("tombstones"):
+        # A lake whose tombstones asset never ran has no table yet: none pending, and now an empty one.
+        ensure_table(spark, lake.table_path(TOMBSTONES), TOMBSTONES)
+        tombstones_version = current_version(spark, lake.table_path(TOMBSTONES))
+        tombstones = read_tombstones(spark, lake, tombstones_version)
+        for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, *PROJECTION_TABLES):  # before Spark reads them
+            refuse_paths_outside(lake.table_path(spec))
+        pending = [t for t in tombstones if t.pending]
+        to_purge = pending + rearrived(spark, lake, [t for t in tombstones if not t.pending])
+        tables = [
+            spec
+            for spec in (*EVENT_TABLES, EVENT_QUARANTINE, INGEST_LEDGER, TOMBSTONES, *PROJECTION_TABLES)
+            if DeltaTable.isDeltaTable(spark, lake.table_path(spec))
+        ]
+        before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
     purged: dict[str, Purge] = {}
 
     if to_purge:
-        refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
-        for spec in EVENT_TABLES:
-            if spec in tables:
-                purged[spec.name] = purge_events(spark, lake, spec, to_purge, tombstones_version=tombstones_version)
-        purged[EVENT_QUARANTINE.name] = Purge({"lines": purge_quarantine(spark, lake, to_purge)})
-        refresh_all_projections(spark, lake)
+        with phase("purge"):
+            refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
+            for spec in EVENT_TABLES:
+                if spec in tables:
+                    purged[spec.name] = purge_events(spark, lake, spec, to_purge, tombstones_version=tombstones_version)
+            purged[EVENT_QUARANTINE.name] = Purge({"lines": purge_quarantine(spark, lake, to_purge)})
+        with phase("projections"):
+            refresh_all_projections(spark, lake)
 
     closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1) if open_days > 0 else None
-    compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
+    with phase("bin-pack"):
+        compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
     files = sum(compacted.values())
     dates = "every date" if closed_before is None else f"the dates before {closed_before}"
     log.info("bin-packed %s: %d files rewritten in %d tables", dates, files, len(tables))
     # Every tombstone, not only the pending ones: a landing file ingested after a tombstone was
     # applied may hold its values too. Before record_applied: if it fails, they stay pending.
-    landing = erase_from_landing_files(spark, lake, tombstones)
-    record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
+    with phase("landing files"):
+        landing = erase_from_landing_files(spark, lake, tombstones)
+    with phase("record applied"):
+        record_applied(spark, lake, pending, current_version(spark, lake.table_path(RAW_EVENT_LOG)))
     if not is_s3(lake.root):
-        for spec in tables:
-            thin_checkpoints(lake.table_path(spec))
+        with phase("checkpoints"):
+            for spec in tables:
+                thin_checkpoints(lake.table_path(spec))
+    log.info("compaction's phases (seconds): %s", ", ".join(f"{name} {s:.1f}" for name, s in phases.items()))
 
     raw_log_rows = purged.get(RAW_EVENT_LOG.name, Purge()).rows_per_tombstone
     per_tombstone = {t.tombstone_id: raw_log_rows.get(t.tombstone_id, 0) for t in to_purge}
@@ -377,4 +402,4 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         )
         for spec in tables
     )
-    return CompactionResult(results, per_tombstone, tuple(t.tombstone_id for t in pending), landing)
+    return CompactionResult(results, per_tombstone, tuple(t.tombstone_id for t in pending), landing, phases)

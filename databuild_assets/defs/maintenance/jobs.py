@@ -102,6 +102,9 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
         f"tombstones applied: {len(result.applied)}; rows purged per tombstone: {result.rows_purged_per_tombstone}"
     )
     context.log.info(
+        "seconds per phase: " + ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in result.phase_seconds.items())
+    )
+    context.log.info(
         f"landing files: {landing.files_scanned} ingested or archived files read, {landing.files_parsed} of them "
         f"parsed (the others hold no erased value), {landing.files_rewritten} rewritten "
         f"into the archive, {landing.files_removed} removed (every line erased), "
@@ -119,6 +122,7 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
             "landing_lines_removed": MetadataValue.int(landing.lines_removed),
             "landing_files_not_ingested": MetadataValue.int(landing.not_ingested),
             "rows_purged_per_tombstone": MetadataValue.json(result.rows_purged_per_tombstone),
+            "phase_seconds": MetadataValue.json(result.phase_seconds),
             "tables": _markdown_table(
                 (
                     "table",
