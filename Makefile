@@ -9,6 +9,7 @@
 #   make reliability-test  the multi-process crash and concurrency scenarios (minutes; skipped by `make test`)
 #   make s3-test  the lakehouse on an S3 server on loopback (minutes; skipped by `make test`)
 #   make deploy-test  Dagster as deployed: a code server, the daemon and the webserver as processes (minutes; skipped by `make test`)
+#   make extended-test  the extended tier: properties `make test` proves more cheaply, again on slower paths (skipped by `make test`)
 #   make long-test  every long target above, one after the other, then which passed and which failed
 #   make test-pythons  on Python 3.12 and 3.13 (make test-py312, make test-py313): the demo and a fast subset (.ci/run)
 
@@ -36,10 +37,14 @@ postgres-setup:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql; }
 
+# uv installs the pinned set (3 to 3.5 times pip's speed: docs/decisions/0050-python-3-11-to-3-13.md);
+# pip installs only uv itself, at the version [test] pins.
+UV_PIN = $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
+UV_INSTALL = VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/uv pip install --quiet --python $(BIN)/python
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(UV_PIN)"
+	$(UV_INSTALL) -e ".[test]"
 	touch $@
 
 delta-jars/lib/.fetched: delta-jars/pom.xml $(VENV)/.installed
@@ -72,7 +77,8 @@ test: setup postgres-setup
 # The other supported interpreters (requires-python): the suite runs whole on $(PYTHON) (make test);
 # on each of these, in a venv of its own (.venv-3.12, .venv-3.13) installed by uv (pinned in [test]:
 # a venv in seconds from a warm cache, where pip takes minutes; docs/decisions/0050-python-3-11-to-3-13.md),
-# a small demo (Spark, Dagster, Spark's Python workers on that interpreter) and PYTHON_FAST_TESTS.
+# a small demo (Spark, Dagster's main job, Spark's Python workers on that interpreter) and the quick
+# tests of PYTHON_FAST_TESTS (a materialization on Spark is the demo's, so none of them repeats one).
 # The interpreter: python3.X on PATH, else pyenv's newest 3.X.
 PYTHON_FAST_TESTS := \
 	databuild_assets_tests/test_docs.py \
@@ -81,8 +87,7 @@ PYTHON_FAST_TESTS := \
 	databuild_assets_tests/test_jvm_free_log.py::test_an_append_is_read_at_once_by_the_same_log_and_by_a_log_in_another_process \
 	databuild_assets_tests/test_jvm_free_log.py::test_a_read_with_a_staleness_bound_may_lag_other_writers_but_never_its_own_appends \
 	databuild_assets_tests/test_serving_index.py::test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp \
-	databuild_assets_tests/test_serving_index.py::test_a_torn_or_foreign_index_file_is_rebuilt_never_read \
-	databuild_assets_tests/test_definitions.py::test_materializing_the_event_log_reports_counts_that_reconcile_with_the_landed_lines
+	databuild_assets_tests/test_serving_index.py::test_a_torn_or_foreign_index_file_is_rebuilt_never_read
 PYTHON_DEMO_EVENTS ?= 5000
 python_312 := 3.12
 python_313 := 3.13
@@ -130,7 +135,7 @@ delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml $(VENV)/.installed
 	touch $@
 
 $(VENV)/.s3-test-installed: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[test,s3-test]"
+	$(UV_INSTALL) -e ".[test,s3-test]"
 	touch $@
 
 s3-test: s3-setup
@@ -147,7 +152,7 @@ ui-test: setup $(VENV)/.ui-test-installed
 	DATABUILD_UI_TEST=1 $(BIN)/python -m pytest -m ui databuild_assets_tests/test_ui.py
 
 $(VENV)/.ui-test-installed: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[test,ui-test]"
+	$(UV_INSTALL) -e ".[test,ui-test]"
 	touch $@
 
 # A Spark standalone master and worker started from pyspark's jars on free loopback ports; the
@@ -162,9 +167,14 @@ cluster-test: setup
 deploy-test: setup postgres-setup
 	DATABUILD_DEPLOY_TEST=1 $(BIN)/python -m pytest -m deploy -s databuild_assets_tests/test_deployment.py
 
+# The tests marked `extended` (the Spark backend's shared cases, erasures through whole Dagster runs
+# that `make test` proves on a cheaper path): out of CI's 30 minutes (docs/decisions/0033-test-suite.md).
+extended-test: setup postgres-setup
+	DATABUILD_EXTENDED_TESTS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m extended
+
 # Run before calling an issue resolved that touches what they cover (the UI, a cluster, S3, crashes,
 # the deployment's processes). Each runs even when one before it failed, so one run shows every drift.
-LONG_TARGETS := ui-test cluster-test s3-test reliability-test deploy-test
+LONG_TARGETS := ui-test cluster-test s3-test reliability-test deploy-test extended-test
 long-test:
 	@failed=""; for target in $(LONG_TARGETS); do $(MAKE) --no-print-directory $$target || failed="$$failed $$target"; done; \
 	if [ -n "$$failed" ]; then echo "long targets failed:$$failed"; exit 1; fi; echo "long targets passed: $(LONG_TARGETS)"
