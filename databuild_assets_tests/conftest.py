@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 # bel_cases holds the shared specification's assertions and support the shared builders; test
@@ -50,3 +52,15 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         f"machine anchor ({MACHINE_ANCHOR_STEPS:,} Python loop steps, median of 3): "
         f"{anchors[0]:.2f} s before the tests, {anchors[1]:.2f} s after"
     )
+
+
+# The extended tier (marker `extended`): what `make test` proves more cheaply, run again on a
+# slower path. Skipped unless DATABUILD_EXTENDED_TESTS=1 (`make extended-test`, part of
+# `make long-test`): CI's `make test` has 30 minutes on 2 cores (docs/decisions/0033-test-suite.md).
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("DATABUILD_EXTENDED_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="extended tier: run `make extended-test` (DATABUILD_EXTENDED_TESTS=1)")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)

@@ -80,6 +80,10 @@ def bytes_holding(folder: Path, kept: list[bytes]) -> dict[str, int]:
     return found
 
 
+# The erasure end to end through Dagster's jobs: `make test` proves it on SQLite storage
+# (test_erasure_dagster_home.py) and the Postgres scrub on its own (below); `make deploy-test` runs it
+# on Postgres through the daemon's queue. Here in the extended tier.
+@pytest.mark.extended
 def test_after_compaction_no_erased_value_is_readable_through_sql_or_left_in_the_data_folder_and_the_report_passes(
     spark, lake, postgres, instance
 ):

@@ -214,7 +214,15 @@ class SharedDeltaLog(BuildEventLog):
         return self._log.get_activity_summary()
 
 
-@pytest.fixture(params=sorted(BACKEND_FACTORIES))
+# The Spark backend answers each case through Delta commits and projection refreshes on Spark: a
+# tenth of the suite's time. `make test` checks its answers against SQLite's on a random workload
+# after every batch (test_backend_parity.py); the extended tier runs every case on it.
+@pytest.fixture(
+    params=[
+        pytest.param(name, marks=pytest.mark.extended) if name == "delta" else name
+        for name in sorted(BACKEND_FACTORIES)
+    ]
+)
 def make_event_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], BuildEventLog]]:
     """Opens fresh, empty logs of one backend (each in its own directory); closes them after."""
     factory = BACKEND_FACTORIES[request.param]

@@ -318,6 +318,9 @@ def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake)
     )]  # fmt: skip
 
 
+# Through the Dagster jobs; `make test` proves the serving index's bytes clean after compaction in
+# test_serving_index.py (an erased value leaves the index's bytes). Extended tier.
+@pytest.mark.extended
 def test_a_tombstone_of_each_key_reaches_cold_build_requests_and_leaves_no_byte_in_serving_files(
     lake: Lake,
 ) -> None:

@@ -68,6 +68,7 @@ def test_processes_attach_to_one_jvm_and_ingest_through_it(tmp_path, drivers):
     assert not jvm_alive(host.pid)  # the host is gone when it returns
 
 
+@pytest.mark.extended  # a leak over many attached processes: minutes; bench.soak runs it for an hour
 def test_what_a_process_still_holds_at_exit_is_released_in_the_jvm(tmp_path, drivers):
     """A run that exits holding DataFrames (module globals, its session) must not leave them, their
     plans and broadcast relations bound in the warm JVM: its heap would grow run after run."""
