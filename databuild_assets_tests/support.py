@@ -345,12 +345,21 @@ MACHINE_ANCHOR_STEPS = 3_000_000
 def machine_anchor_s(steps: int = MACHINE_ANCHOR_STEPS, repeats: int = 3) -> float:
     """The median time of `repeats` runs of a Python loop of `steps` additions: the host's speed
     now, beside which a suite's or a bench's times are read (on shared VMs it moves severalfold
-    within minutes; bench/README.md, "Test and demo times")."""
-    timings = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        total = 0
-        for step in range(steps):
-            total += step
-        timings.append(time.perf_counter() - started)
+    within minutes; bench/README.md, "Test and demo times"). Timed with no trace function set: a
+    coverage run's tracer made the same loop three times slower."""
+    timings, tracer = [], sys.gettrace()
+    sys.settrace(None)
+    try:
+        for _ in range(repeats):
+            timings.append(_timed_loop(steps))
+    finally:
+        sys.settrace(tracer)
     return sorted(timings)[len(timings) // 2]
+
+
+def _timed_loop(steps: int) -> float:
+    started = time.perf_counter()
+    total = 0
+    for step in range(steps):
+        total += step
+    return time.perf_counter() - started
