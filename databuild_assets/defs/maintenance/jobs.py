@@ -102,9 +102,6 @@ def compact_lake(context: OpExecutionContext, config: CompactionConfig, lakehous
         f"tombstones applied: {len(result.applied)}; rows purged per tombstone: {result.rows_purged_per_tombstone}"
     )
     context.log.info(
-        "seconds per phase: " + ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in result.phase_seconds.items())
-    )
-    context.log.info(
         f"landing files: {landing.files_scanned} ingested or archived files read, {landing.files_parsed} of them "
         f"parsed (the others hold no erased value), {landing.files_rewritten} rewritten "
         f"into the archive, {landing.files_removed} removed (every line erased), "
