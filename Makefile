@@ -40,11 +40,12 @@ postgres-setup:
 # uv installs the pinned set (3 to 3.5 times pip's speed: docs/decisions/0050-python-3-11-to-3-13.md);
 # pip installs only uv itself, at the version [test] pins.
 UV_PIN = $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
-UV_INSTALL = VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/uv pip install --quiet --python $(BIN)/python
+# $(call uv_install,VENV_DIR): uv (from the main venv) installing into the venv at VENV_DIR.
+uv_install = VIRTUAL_ENV=$(CURDIR)/$(1) $(BIN)/uv pip install --quiet --python $(1)/bin/python
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(UV_PIN)"
-	$(UV_INSTALL) -e ".[test]"
+	$(call uv_install,$(VENV)) -e ".[test]"
 	touch $@
 
 delta-jars/lib/.fetched: delta-jars/pom.xml $(VENV)/.installed
@@ -108,7 +109,7 @@ test-py312 test-py313: test-py%: setup
 	if [ -z "$$py" ]; then \
 	  echo "no Python $* found (python$* on PATH, or pyenv's $$HOME/.pyenv/versions/$*.*): install it (apt-get install python$* python$*-venv, or pyenv install $*)" >&2; exit 1; fi; \
 	echo "Python $*: $$py"; rm -rf .venv-$*; "$$py" -m venv .venv-$*
-	VIRTUAL_ENV=$(CURDIR)/.venv-$* $(BIN)/uv pip install --quiet --python .venv-$*/bin/python -e ".[test]"
+	$(call uv_install,.venv-$*) -e ".[test]"
 	touch $@
 
 # Settings in [tool.ruff] (pyproject.toml). `make format` fixes what the formatter and the import sorter can.
@@ -135,7 +136,7 @@ delta-jars/s3/lib/.fetched: delta-jars/s3/pom.xml $(VENV)/.installed
 	touch $@
 
 $(VENV)/.s3-test-installed: pyproject.toml $(VENV)/.installed
-	$(UV_INSTALL) -e ".[test,s3-test]"
+	$(call uv_install,$(VENV)) -e ".[test,s3-test]"
 	touch $@
 
 s3-test: s3-setup
@@ -152,7 +153,7 @@ ui-test: setup $(VENV)/.ui-test-installed
 	DATABUILD_UI_TEST=1 $(BIN)/python -m pytest -m ui databuild_assets_tests/test_ui.py
 
 $(VENV)/.ui-test-installed: pyproject.toml $(VENV)/.installed
-	$(UV_INSTALL) -e ".[test,ui-test]"
+	$(call uv_install,$(VENV)) -e ".[test,ui-test]"
 	touch $@
 
 # A Spark standalone master and worker started from pyspark's jars on free loopback ports; the
