@@ -32,8 +32,9 @@ import pyarrow as pa
 import pytest
 
 from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
-from databuild_assets.log.serving.backend import DeltaRsEventLog
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.follower import follower_for
+from databuild_assets.log.serving.publish import publication_of
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.delta_tables import read_local_table
@@ -210,6 +211,86 @@ def test_the_jvm_free_log_reads_and_follows_a_lake_on_the_bucket_as_it_reads_the
         extra = dict(events[-1], event_id="appended-on-the-bucket")
         assert remote.append_events([extra]).accepted == 1
         assert remote.get_activity_summary().total_events == writer.get_activity_summary().total_events + 1
+
+
+def _cache_files_holding(folder: Path, value: str) -> list[str]:
+    """Files under a reader's cache folder holding `value`: a segment by its cells, else by bytes."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    found = []
+    for path in (p for p in folder.rglob("*") if p.is_file()):
+        if path.name.endswith(".parquet"):
+            table = pq.read_table(path)
+            hits = any(
+                pc.any(pc.match_substring(column, value)).as_py()
+                for column in table.columns
+                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+            )
+        else:
+            hits = value.encode() in path.read_bytes()
+        if hits:
+            found.append(str(path))
+    return found
+
+
+def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_and_drops_erased_ones(
+    spark, s3, tmp_path, monkeypatch
+):
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    local = Lake(str(tmp_path / "lake"))
+    events = list(generate_events(3_000, seed=5))
+    with DeltaRsEventLog(local) as writer:
+        writer.append_events(events)
+    _upload_new(s3, tmp_path / "lake", "published")
+    lake = Lake(f"s3a://{s3.bucket}/published")
+    pipeline_cache, reader_cache = tmp_path / "pipeline-machine", tmp_path / "reader-machine"
+
+    # The pipeline's refresh, on its machine, moves every finished build request to segments and
+    # publishes the index and the segments in the bucket.
+    monkeypatch.setenv(INDEX_DIR_ENV, str(pipeline_cache))
+    status = refresh_serving_index(lake, hot_window_s=0)
+    assert status.segments >= 1 and status.cold_build_requests > 0
+    published = s3.keys("published/serving_index/")
+    assert "published/serving_index/published.json" in published
+    assert len([key for key in published if key.startswith("published/serving_index/snapshots/")]) == 1
+    assert len([key for key in published if key.endswith(".by-partition.parquet")]) == status.segments
+
+    # A new machine: its first open downloads that index (not built: the stamp's build time is
+    # the pipeline's) and fetches a segment only when a read needs it.
+    monkeypatch.setenv(INDEX_DIR_ENV, str(reader_cache))
+    with (
+        open_event_log(f"delta+s3://{s3.bucket}/published", max_staleness=0) as reader,
+        SqliteEventLog(":memory:") as reference,
+    ):
+        assert publication_of(reader._store()._connection) is not None  # downloaded, not built
+        assert not list(reader_cache.rglob("segment-*.parquet"))
+        cold = [
+            row[0] for row in reader._store()._connection.execute("SELECT build_request_id FROM cold_build_requests")
+        ]
+        assert cold
+        reference.append_events(events)
+        keys = bel_cases.keys_of(events)
+        assert bel_cases.answers(reader, *keys) == bel_cases.answers(reference, *keys)
+        fetched = list(reader_cache.rglob("segment-*.parquet"))
+        assert 0 < len(fetched) <= 2 * status.segments
+
+        # An erasure of a cold build request: the pipeline's refresh republishes, and deletes the
+        # objects that held it; the reader's catch-up drops the fetched segments no longer named.
+        erased = cold[0]
+        request_erasure(spark, local, "build_request_id", erased, actor="alice", reason="publication test")
+        _upload_new(s3, tmp_path / "lake", "published")
+        monkeypatch.setenv(INDEX_DIR_ENV, str(pipeline_cache))
+        refresh_serving_index(lake, hot_window_s=0)
+        assert _objects_holding(s3, "published/serving_index/", erased) == {}
+        assert reader.get_build_request_events(erased) == []
+        assert _cache_files_holding(reader_cache, erased) == []
+        # Every other cold request is still answered: a segment gone from the bucket makes the
+        # reader start again from the current publication.
+        for request in cold[1:]:
+            assert reader.get_build_request_events(request) == reference.get_build_request_events(request)
+        assert _cache_files_holding(reader_cache, erased) == []
 
 
 def test_an_append_whose_commit_the_store_throttles_is_retried_and_stores_every_event_once(s3, tmp_path, monkeypatch):

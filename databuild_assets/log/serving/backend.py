@@ -42,11 +42,13 @@ from databuild_assets.log.interface import (
 )
 from databuild_assets.log.serving.answers import IndexAnswers
 from databuild_assets.log.serving.appends import IndexedAppends
+from databuild_assets.log.serving.bucket import BucketPublication
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp
+from databuild_assets.log.serving.publish import adopt, publication_folder, publication_of
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
@@ -71,7 +73,7 @@ class _NotFollowable(Exception):
     """The index cannot be brought to the lake's latest versions commit by commit: rebuild it."""
 
 
-class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
+class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEventLog):
     """The Build Event Log of a local lake, read and appended without a JVM (see the module doc).
 
     Opening it opens the lake's serving index (`<root>/serving_index/`), building it first when
@@ -156,8 +158,12 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
             self._rebuild(why)
 
     def _reopen(self) -> None:
-        """Drop the index in hand for the lake's current one (a segment it named is gone)."""
+        """Drop the index in hand for the lake's current one (a segment it named is gone); on S3,
+        for the bucket's current publication when its own one's segment is gone from the bucket."""
         log.info("%r: a segment %s names is gone (the lake's refresh rewrote it): reopening", self, self._store().path)
+        if is_s3(self.lake.root) and publication_of(self._store()._connection) is not None:
+            self._rebuild("a segment of the publication it was downloaded from is gone from the bucket")
+            return
         self._open()
 
     def _followable(self, path: str) -> tuple[ServingIndex | None, str]:
@@ -208,8 +214,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
 
     def _replace(self, index: ServingIndex | None) -> None:
         old, self._index = self._index, index
-        if index is not None:
-            index.index_folder = self._folder.path  # its segments, a private copy's too
+        if index is not None:  # its segments, a private copy's too; a downloaded one's, per publication
+            publication = publication_of(index._connection)
+            own = self._folder.path
+            index.index_folder = publication_folder(own, publication) if publication else own
         self._seen = index.versions() if index is not None else (-1, -1)
         self._table = None  # its protocol or schema may have changed: opened again by the next append
         if old is not None and old is not index:
@@ -237,6 +245,8 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
                     self._marker = marker
                     self._replace(index)
                     return
+            if is_s3(self.lake.root) and self._start_from_publication():
+                return
             log.info("%r: building the serving index (%s)", self, reason)
             self._publish_generation(lambda building: build_index(self.lake, building, self._progress))
 
@@ -312,7 +322,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
                     self._apply_since(index, index.stamp())
                 self._seen = index.versions()
                 if self._private is not None or is_s3(self.lake.root):  # a reader's cache: no pipeline rewrites it
+                    deleted = index.deleted_events() > 0
                     index = self._rewritten_if_deleted(index)
+                    if is_s3(self.lake.root):
+                        self._check_publication(deleted)
                 return index
             except _NotFollowable as why:
                 self._rebuild(str(why))  # the new index's versions are `_seen` (`_replace`)
@@ -405,6 +418,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
                     self._open()
         index = self._catch_up(fresh=True)
         if self._private is None and not index.read_only:  # cold build requests to segments (evict.py)
+            if publication_of(index._connection) is not None:  # downloaded: evictions write its own segments
+                with self._folder.build_lock():
+                    adopt(index._connection, self._folder.path)
+                index.index_folder = self._folder.path
             evict_under_lock(self._folder, index._connection, hot_window_ns(self._hot_window_s), self._marker)
         deadline = time.monotonic() + _CHECKPOINT_WAIT_S
         while not index.checkpoint():
@@ -415,7 +432,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog):
                     "Run the serving_index asset again"
                 )
             time.sleep(0.1)
-        return self._rewritten_if_deleted(index).stamp()
+        index = self._rewritten_if_deleted(index)
+        if is_s3(self.lake.root) and self._private is None and not index.read_only:
+            self._publish(index)
+        return index.stamp()
 
     def _rewritten_if_deleted(self, index: ServingIndex) -> ServingIndex:
         """The index written whole if it deleted events since it last was (an erased value's

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
+from databuild_assets.log.serving.publish import fetch_segment, touch_read
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
@@ -152,12 +153,25 @@ _footers_lock = threading.Lock()
 
 def parquet_file(path: str) -> pq.ParquetFile:
     """The file with its footer read once per process (keyed by its inode and size: a name never
-    names two segments at once, but a rebuilt index may reuse it)."""
-    status = os.stat(path)
-    key = (path, status.st_ino, status.st_size)
-    with _footers_lock:
-        metadata = _footers.get(key)
-    file = pq.ParquetFile(path, metadata=metadata)
+    names two segments at once, but a rebuilt index may reuse it). A reader's segment of a
+    publication is fetched from the bucket the first time it is read (publish.py)."""
+    for attempt in range(2):  # a fetched segment the cache bound removed between stat and open
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            if not fetch_segment(path):
+                raise
+            status = os.stat(path)
+        key = (path, status.st_ino, status.st_size)
+        with _footers_lock:
+            metadata = _footers.get(key)
+        try:
+            file = pq.ParquetFile(path, metadata=metadata)
+            break
+        except FileNotFoundError:
+            if attempt:
+                raise
+    touch_read(path)
     if metadata is None:
         with _footers_lock:
             _footers[key] = file.metadata

@@ -1,0 +1,99 @@
+"""How `DeltaRsEventLog` (backend.py) uses what the pipeline publishes of a lake on S3 (publish.py):
+a new reader starts from the published index instead of building one from the whole raw log, a
+reader drops the fetched segments the bucket no longer names, and the pipeline's refresh
+publishes when one is due (docs/decisions/0054).
+
+    class DeltaRsEventLog(..., BucketPublication, BuildEventLog): ...
+    self._start_from_publication()     # in _rebuild, under the build lock, on S3
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex
+from databuild_assets.log.serving.publish import (
+    Publication,
+    PublicationError,
+    drop_unpublished,
+    keep_manifest,
+    publication_of,
+    publish_interval_s,
+)
+from databuild_assets.log.serving.store import remove_index_files
+
+log = logging.getLogger(__name__)
+
+# A reader on S3 asks the bucket which segments are still published (and drops the others from its
+# cache) after a catch-up that deleted events, and at most this often otherwise.
+PUBLICATION_CHECK_S = 60.0
+
+
+class BucketPublication:
+    """Mixed into DeltaRsEventLog, which provides the lake, its index folder and `_replace`."""
+
+    _publication_checked_at = -math.inf
+
+    def _start_from_publication(self) -> bool:
+        """(Under the build lock.) The index the pipeline published in the bucket, downloaded as
+        this machine's, when there is one this process can follow; False when there is none."""
+        publication = Publication.of(self.lake.root)
+        building, why = None, ""
+        try:
+            manifest = publication.manifest()
+            if manifest is None:
+                return False
+            building = self._folder.new_building_path()
+            publication.download(manifest.snapshot, building, manifest.snapshot_bytes)
+            index = ServingIndex.open(building)
+            try:
+                if publication_of(index._connection) != manifest.id:
+                    why = f"{manifest.snapshot} names another publication than its manifest's"
+                else:
+                    why = self._unfollowable_stamp(index.stamp())
+            finally:
+                index.close()
+        except (FileNotFoundError, PublicationError, IndexUnusableError) as error:
+            why = str(error)
+        if why:
+            log.warning("%r: the published serving index cannot be used (%s): building one", self, why)
+            if building is not None:
+                remove_index_files(building)
+            return False
+        keep_manifest(self._folder.path, manifest, publication)
+        final = self._folder.publish(building)
+        self._marker = self._folder.marker()
+        self._replace(ServingIndex.open(final))
+        drop_unpublished(self._folder.path, manifest, manifest.id)
+        self._publication_checked_at = time.monotonic()
+        log.info("%r: started from the published index %s (%d bytes)", self, manifest.snapshot, manifest.snapshot_bytes)
+        return True
+
+    def _check_publication(self, deleted: bool) -> None:
+        """On S3: drop the fetched segments the bucket's publication no longer names (an erasure's
+        rewrite), after a catch-up that `deleted` events, else at most every PUBLICATION_CHECK_S."""
+        if not deleted and time.monotonic() - self._publication_checked_at < PUBLICATION_CHECK_S:
+            return
+        self._publication_checked_at = time.monotonic()
+        try:
+            manifest = Publication.of(self.lake.root).manifest()
+        except PublicationError as error:
+            log.warning("%r: %s", self, error)
+            return
+        if manifest is not None:
+            drop_unpublished(self._folder.path, manifest, publication_of(self._store()._connection))
+
+    def _publish(self, index: ServingIndex) -> None:
+        """Publish the index and its segments in the bucket for new readers when one is due
+        (publish.py): none yet, the index written whole since (an erasure), or the last too old."""
+        with self._folder.build_lock():
+            publication = Publication.of(self.lake.root)
+            if publication.due(os.path.basename(index.path), publish_interval_s()):
+                segments = [row[0] for row in index._connection.execute("SELECT segment FROM main.cold_segments")]
+                publication.publish(index.path, index.segment_folder, segments)
+
+
+__all__ = ["PUBLICATION_CHECK_S", "BucketPublication"]

@@ -1,0 +1,463 @@
+"""What the pipeline publishes of a lake's serving index on an object store, so that a new reader
+starts from it instead of building its own from the whole raw log (docs/decisions/0054).
+
+A lake on S3 keeps its serving index on each reading machine's disk (store.py). The pipeline's
+refresh publishes one in the lake, beside the tables:
+
+    <root>/serving_index/
+        published.json                                  the manifest, replaced last
+        snapshots/index-<id>.sqlite                     the index written whole (VACUUM INTO)
+        segments/segment-<n>-<key>.parquet              its cold segments (and .by-partition.parquet)
+
+Objects are immutable: a snapshot is named by its publication's id, a segment by its number and
+a key of the local file it was uploaded from (a rewritten segment is a new file, so a new key).
+After the manifest is replaced, every object it does not name is deleted: a snapshot or segment
+that held an erased value leaves the bucket with the publication that follows the erasure.
+
+A reader with no usable index downloads the snapshot (`download_snapshot`; its size checked) and
+catches up commit by commit, as from an index of its own. The snapshot names its publication
+(`serving_publication`), and its segments are read from `<index folder>/published/<id>/segments/`,
+fetched from the bucket the first time a read needs one (`fetch_segment`) and dropped when a
+later manifest no longer names them (`drop_unpublished`). A segment gone from the bucket
+(republished after an erasure) makes the reader start again from the current snapshot.
+
+    publication = Publication.of("s3a://bucket/lake")
+    publication.publish(index_path, segments_folder, segments)   # the pipeline, under the build lock
+    manifest = publication.manifest()                            # a new reader
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from databuild_assets.runtime.durable import fsync_file, fsync_folder
+from databuild_assets.runtime.file_modes import file_mode, make_folders
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "published.json"
+PUBLISHED_FOLDER = "published"  # a reader's segments, per publication, under its index folder
+_FORMAT = 1
+# The pipeline publishes when none is published, when its index was written whole since (an
+# erasure or purge deleted events: the published copy may hold their values), or when the
+# published one is older than this: a new reader then catches up at most this much log.
+PUBLISH_INTERVAL_ENV = "DATABUILD_SERVING_PUBLISH_INTERVAL_S"
+DEFAULT_PUBLISH_INTERVAL_S = 3600.0
+# A reader's fetched segments take at most this many bytes of its disk: past it, the least recently
+# read are removed after a fetch (a later read fetches them again).
+CACHE_BYTES_ENV = "DATABUILD_SERVING_CACHE_BYTES"
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+_LOCAL_SEGMENT = re.compile(r"^segment-(\d+)\.(by-partition\.)?parquet$")
+_ID = re.compile(r"^[0-9a-f]{32}$")
+_KEY = re.compile(r"^[0-9a-f]{16}$")
+_CHUNK = 1 << 20
+
+
+class PublicationError(RuntimeError):
+    """A published manifest or snapshot that cannot be used (malformed, or not what it says)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A publication: its id, the snapshot's object and size, the index generation it was taken
+    from, when, and each cold segment's number -> (key, main file's size, by-partition's size)."""
+
+    id: str
+    snapshot: str
+    snapshot_bytes: int
+    source: str
+    published_at: float
+    segments: Mapping[int, tuple[str, int, int]]
+
+    def segment_objects(self) -> dict[str, int]:
+        """The segments' object names (under serving_index/) and sizes."""
+        objects = {}
+        for segment, (key, main, by_partition) in self.segments.items():
+            names = segment_object_names(segment, key)
+            objects[names[0]], objects[names[1]] = main, by_partition
+        return objects
+
+    def to_json(self) -> str:
+        body = {**self.__dict__, "format": _FORMAT, "segments": {str(n): list(v) for n, v in self.segments.items()}}
+        return json.dumps(body, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Manifest:
+        try:
+            body = json.loads(text)
+            if body.get("format") != _FORMAT:
+                raise PublicationError(f"{where}: manifest format {body.get('format')!r}, this code reads {_FORMAT}")
+            manifest = cls(
+                id=str(body["id"]),
+                snapshot=str(body["snapshot"]),
+                snapshot_bytes=int(body["snapshot_bytes"]),
+                source=str(body["source"]),
+                published_at=float(body["published_at"]),
+                segments={int(n): (str(k), int(a), int(b)) for n, (k, a, b) in body["segments"].items()},
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise PublicationError(f"{where}: not a serving index manifest ({error})") from error
+        # Names come from the bucket: a reader turns them into local paths, so only ours pass.
+        if not _ID.match(manifest.id) or manifest.snapshot != snapshot_object_name(manifest.id):
+            raise PublicationError(f"{where}: id {manifest.id!r} or snapshot {manifest.snapshot!r} is not one we write")
+        if any(not _KEY.match(key) for key, _, _ in manifest.segments.values()):
+            raise PublicationError(f"{where}: a segment key is not one we write")
+        return manifest
+
+
+def snapshot_object_name(publication_id: str) -> str:
+    return f"snapshots/index-{publication_id}.sqlite"
+
+
+def segment_object_names(segment: int, key: str) -> tuple[str, str]:
+    return f"segments/segment-{segment}-{key}.parquet", f"segments/segment-{segment}-{key}.by-partition.parquet"
+
+
+def local_segment_key(main: os.stat_result, by_partition: os.stat_result) -> str:
+    """A key of a segment's two local files: a rewrite makes new files (a new inode, time, size)."""
+    identity = f"{main.st_ino}:{main.st_size}:{main.st_mtime_ns}:{by_partition.st_ino}:{by_partition.st_size}"
+    return hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
+
+
+def publication_of(connection: sqlite3.Connection) -> str | None:
+    """The id of the publication an index was downloaded from (None: built or kept here)."""
+    try:
+        row = connection.execute("SELECT id FROM main.serving_publication").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return row[0] if row and _ID.match(str(row[0])) else None
+
+
+def publication_folder(index_folder: str, publication_id: str) -> str:
+    """Where a reader keeps the segments of publication `publication_id` (and its manifest)."""
+    return os.path.join(index_folder, PUBLISHED_FOLDER, publication_id)
+
+
+def _setting(environ: Mapping[str, str], name: str, default: float, unit: str) -> float:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{name}={raw!r}: a number of {unit}, 0 or more")
+    return value
+
+
+def publish_interval_s(environ: Mapping[str, str] = os.environ) -> float:
+    return _setting(environ, PUBLISH_INTERVAL_ENV, DEFAULT_PUBLISH_INTERVAL_S, "seconds")
+
+
+def cache_bytes(environ: Mapping[str, str] = os.environ) -> float:
+    return _setting(environ, CACHE_BYTES_ENV, DEFAULT_CACHE_BYTES, "bytes")
+
+
+class Publication:
+    """The published serving index of one lake on an object store (`fs`: a pyarrow filesystem,
+    `base`: the serving_index folder there)."""
+
+    def __init__(self, fs: Any, base: str) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")
+
+    @classmethod
+    def of(cls, root: str) -> Publication:
+        from databuild_assets.runtime.object_store import arrow_filesystem
+
+        fs, path = arrow_filesystem(root.rstrip("/") + "/serving_index")
+        return cls(fs, path)
+
+    def __repr__(self) -> str:
+        return f"Publication({self.base!r})"
+
+    def _path(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def manifest(self) -> Manifest | None:
+        """The current manifest, None when nothing is published."""
+        try:
+            with self.fs.open_input_stream(self._path(MANIFEST)) as stream:
+                text = stream.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
+        return Manifest.from_json(text, self._path(MANIFEST))
+
+    def due(self, source: str, interval_s: float) -> bool:
+        """Whether the pipeline should publish its index `source` (file name) now (module doc)."""
+        current = self.manifest()
+        return current is None or current.source != source or time.time() - current.published_at >= interval_s
+
+    def publish(self, index_path: str, segments_folder: str, segments: Iterable[int]) -> Manifest:
+        """Publish a snapshot of the index at `index_path` (written whole, so no byte of a deleted
+        row) and its cold `segments` (from `segments_folder`), then delete what the new manifest
+        does not name. The caller holds the index folder's build lock (no eviction meanwhile)."""
+        publication_id = uuid.uuid4().hex
+        named = {}
+        for segment in sorted(segments):
+            main, by_partition = (os.path.join(segments_folder, n) for n in _local_names(segment))
+            main_status, by_partition_status = os.stat(main), os.stat(by_partition)
+            key = local_segment_key(main_status, by_partition_status)
+            named[segment] = (key, main_status.st_size, by_partition_status.st_size)
+            for local, remote in zip((main, by_partition), segment_object_names(segment, key), strict=True):
+                if self.fs.get_file_info(self._path(remote)).size is None:
+                    self._upload(local, remote)
+        snapshot = f"{index_path}.publishing-{publication_id}"
+        try:
+            source = sqlite3.connect(index_path)
+            try:
+                source.execute("VACUUM INTO ?", (snapshot,))
+            finally:
+                source.close()
+            target = sqlite3.connect(snapshot, isolation_level=None)
+            try:
+                target.execute("DROP TABLE IF EXISTS serving_publication")
+                target.execute("CREATE TABLE serving_publication (id TEXT NOT NULL)")
+                target.execute("INSERT INTO serving_publication VALUES (?)", (publication_id,))
+                if target.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
+                    target.execute("DELETE FROM deleted_events")
+                target.execute("PRAGMA journal_mode = WAL")
+            finally:
+                target.close()
+            manifest = Manifest(
+                publication_id,
+                snapshot_object_name(publication_id),
+                os.path.getsize(snapshot),
+                os.path.basename(index_path),
+                time.time(),
+                named,
+            )
+            self._upload(snapshot, manifest.snapshot)
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                if os.path.exists(snapshot + suffix):
+                    os.unlink(snapshot + suffix)
+        with self.fs.open_output_stream(self._path(MANIFEST)) as stream:
+            stream.write(manifest.to_json().encode("utf-8"))
+        self._delete_unnamed(manifest)
+        log.info(
+            "%r: published %s (%d bytes), %d segments", self, manifest.snapshot, manifest.snapshot_bytes, len(named)
+        )
+        return manifest
+
+    def _upload(self, local: str, name: str) -> None:
+        with open(local, "rb") as source, self.fs.open_output_stream(self._path(name)) as stream:
+            while chunk := source.read(_CHUNK):
+                stream.write(chunk)
+
+    def _delete_unnamed(self, manifest: Manifest) -> None:
+        from pyarrow import fs as pafs
+
+        keep = {manifest.snapshot, *manifest.segment_objects()}
+        for folder in ("snapshots", "segments"):
+            for info in self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True)):
+                name = f"{folder}/{info.base_name}"
+                if info.type == pafs.FileType.File and name not in keep:
+                    self.fs.delete_file(info.path)
+
+    def download(self, name: str, target: str, expected_bytes: int) -> None:
+        """Object `name` into `target` (a new file made with the lake's file mode, fsynced);
+        FileNotFoundError when the object is gone, PublicationError when its size is not the
+        manifest's."""
+        building = f"{target}.{uuid.uuid4().hex[:8]}.fetching"
+        try:
+            with self.fs.open_input_stream(self._path(name)) as stream:
+                descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+                with os.fdopen(descriptor, "wb") as file:
+                    while chunk := stream.read(_CHUNK):
+                        file.write(chunk)
+            if os.path.getsize(building) != expected_bytes:
+                raise PublicationError(
+                    f"{self._path(name)}: {os.path.getsize(building)} bytes, its manifest says {expected_bytes}"
+                )
+            fsync_file(building)
+            os.replace(building, target)
+        finally:
+            if os.path.exists(building):
+                os.unlink(building)
+
+
+def _local_names(segment: int) -> tuple[str, str]:
+    return f"segment-{segment}.parquet", f"segment-{segment}.by-partition.parquet"
+
+
+def keep_manifest(index_folder: str, manifest: Manifest, publication: Publication) -> str:
+    """Record `manifest` (and where it was published) in the reader's folder of that publication,
+    where `fetch_segment` finds what to fetch; returns the folder."""
+    folder = publication_folder(index_folder, manifest.id)
+    make_folders(os.path.join(folder, "segments"))
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.exists(path):
+        building = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(json.dumps({"base": publication.base, "manifest": json.loads(manifest.to_json())}))
+        fsync_file(building)
+        os.replace(building, path)
+        fsync_folder(folder)
+    return folder
+
+
+def fetch_segment(path: str) -> bool:
+    """Fetch the missing segment file `path` from the bucket, when it lies in a reader's folder of
+    a publication (`<index folder>/published/<id>/segments/`): both of the segment's files. False
+    when `path` is not such a file; FileNotFoundError when the bucket no longer has it."""
+    segments_folder = os.path.dirname(path)
+    match = _LOCAL_SEGMENT.match(os.path.basename(path))
+    folder = os.path.dirname(segments_folder)
+    if not match or os.path.basename(os.path.dirname(folder)) != PUBLISHED_FOLDER:
+        return False
+    try:
+        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as file:
+            kept = json.load(file)
+    except FileNotFoundError:
+        return False
+    manifest = Manifest.from_json(json.dumps(kept["manifest"]), os.path.join(folder, MANIFEST))
+    segment = int(match.group(1))
+    if segment not in manifest.segments:
+        raise FileNotFoundError(f"{path}: publication {manifest.id} names no segment {segment}")
+    from databuild_assets.runtime.object_store import arrow_filesystem
+
+    fs, _ = arrow_filesystem("s3://" + str(kept["base"]))
+    publication = Publication(fs, str(kept["base"]))
+    key, main_bytes, by_partition_bytes = manifest.segments[segment]
+    fetched = []
+    for local, remote, size in zip(
+        _local_names(segment), segment_object_names(segment, key), (main_bytes, by_partition_bytes), strict=True
+    ):
+        target = os.path.join(segments_folder, local)
+        if not os.path.exists(target):
+            publication.download(remote, target, size)
+        fetched.append(target)
+    _bound_cache(os.path.dirname(folder), cache_bytes(), keep=fetched)
+    return True
+
+
+def _bound_cache(root: str, limit: float, keep: Iterable[str]) -> None:
+    """Remove the least recently read fetched segments under `root` (a reader's `published/`)
+    until they take at most `limit` bytes, never those in `keep`. A read touches its file
+    (`touch_read`), so modification time orders them."""
+    files = []
+    for parent, _, names in os.walk(root):
+        for name in names:
+            if _LOCAL_SEGMENT.match(name):
+                path = os.path.join(parent, name)
+                try:
+                    status = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                files.append((status.st_mtime_ns, status.st_size, path))
+    total = sum(size for _, size, _ in files)
+    kept = set(keep)
+    for _, size, path in sorted(files):
+        if total <= limit:
+            break
+        if path in kept:
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        total -= size
+
+
+def touch_read(path: str) -> None:
+    """Mark a fetched segment as just read (the cache bound removes the least recently read)."""
+    if os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(path)))) == PUBLISHED_FOLDER:
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            pass
+
+
+def drop_unpublished(index_folder: str, manifest: Manifest, keep_id: str | None) -> list[str]:
+    """A reader's fetched segments that `manifest` (the bucket's current one) no longer names, and
+    the folders of publications other than `keep_id` (the one its index reads) and the
+    manifest's: removed, so that a value erased since leaves this machine's cache too."""
+    root = os.path.join(index_folder, PUBLISHED_FOLDER)
+    removed = []
+    if not os.path.isdir(root):
+        return removed
+    current = {(n, key) for n, (key, _, _) in manifest.segments.items()}
+    for publication_id in os.listdir(root):
+        folder = os.path.join(root, publication_id)
+        if publication_id not in (keep_id, manifest.id):
+            _remove_tree(folder)
+            removed.append(folder)
+            continue
+        try:
+            with open(os.path.join(folder, MANIFEST), encoding="utf-8") as file:
+                kept = Manifest.from_json(json.dumps(json.load(file)["manifest"]), folder)
+        except (FileNotFoundError, PublicationError, KeyError, ValueError):
+            _remove_tree(folder)
+            removed.append(folder)
+            continue
+        segments_folder = os.path.join(folder, "segments")
+        for name in os.listdir(segments_folder) if os.path.isdir(segments_folder) else []:
+            match = _LOCAL_SEGMENT.match(name)
+            segment = int(match.group(1)) if match else None
+            if segment in kept.segments and (segment, kept.segments[segment][0]) not in current:
+                os.unlink(os.path.join(segments_folder, name))
+                removed.append(os.path.join(segments_folder, name))
+    return removed
+
+
+def adopt(connection: sqlite3.Connection, index_folder: str) -> None:
+    """Make a downloaded index the pipeline's own before it evicts into it: every segment it
+    names fetched and linked into `<index folder>/segments/` (where evictions write), and its
+    publication forgotten, so that later evictions and sweeps never touch a reader's fetched files."""
+    publication_id = publication_of(connection)
+    if publication_id is None:
+        return
+    fetched = os.path.join(publication_folder(index_folder, publication_id), "segments")
+    own = os.path.join(index_folder, "segments")
+    make_folders(own)
+    named = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments")]
+    for name in os.listdir(own):  # files of an older lineage: the index names none of them
+        os.unlink(os.path.join(own, name))
+    for segment in named:
+        for name in _local_names(segment):
+            source = os.path.join(fetched, name)
+            if not os.path.exists(source):
+                fetch_segment(source)
+            os.link(source, os.path.join(own, name))
+    fsync_folder(own)
+    connection.execute("DROP TABLE main.serving_publication")
+
+
+def _remove_tree(folder: str) -> None:
+    for parent, folders, files in os.walk(folder, topdown=False):
+        for name in files:
+            os.unlink(os.path.join(parent, name))
+        for name in folders:
+            os.rmdir(os.path.join(parent, name))
+    os.rmdir(folder)
+
+
+__all__ = [
+    "DEFAULT_PUBLISH_INTERVAL_S",
+    "MANIFEST",
+    "Manifest",
+    "Publication",
+    "PublicationError",
+    "adopt",
+    "cache_bytes",
+    "drop_unpublished",
+    "fetch_segment",
+    "keep_manifest",
+    "publication_folder",
+    "publication_of",
+    "publish_interval_s",
+    "touch_read",
+]

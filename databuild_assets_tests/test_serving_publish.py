@@ -1,0 +1,89 @@
+"""What a reader on S3 takes from the bucket's published serving index (docs/decisions/0054),
+checked without a bucket: a manifest's names are ours before they become local paths, and the
+reader's fetched segments stay within the cache bound, least recently read first. The flow on a
+bucket (publish, start from it, fetch, drop after an erasure) is test_object_store's."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from databuild_assets.log.serving import publish
+from databuild_assets.log.serving.publish import Manifest, PublicationError
+
+
+def _manifest(**changes) -> str:
+    body = {
+        "format": 1,
+        "id": "0" * 32,
+        "snapshot": "snapshots/index-" + "0" * 32 + ".sqlite",
+        "snapshot_bytes": 4096,
+        "source": "index-3.sqlite",
+        "published_at": 1.0,
+        "segments": {"1": ["ab" * 8, 10, 20]},
+        **changes,
+    }
+    return json.dumps(body)
+
+
+def test_a_manifest_written_by_the_pipeline_reads_back_whole():
+    manifest = Manifest.from_json(_manifest(), "published.json")
+    assert manifest.segments == {1: ("ab" * 8, 10, 20)}
+    assert Manifest.from_json(manifest.to_json(), "again") == manifest
+    assert manifest.segment_objects() == {
+        "segments/segment-1-abababababababab.parquet": 10,
+        "segments/segment-1-abababababababab.by-partition.parquet": 20,
+    }
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"id": "../../../home/user/.ssh"}, "is not one we write"),
+        ({"snapshot": "../../index-x.sqlite"}, "is not one we write"),
+        ({"segments": {"1": ["../../../../etc/x", 1, 1]}}, "segment key is not one we write"),
+        ({"segments": {"../1": ["ab" * 8, 1, 1]}}, "not a serving index manifest"),
+        ({"format": 2}, "manifest format 2"),
+        ({"snapshot_bytes": "many"}, "not a serving index manifest"),
+    ],
+)
+def test_a_manifest_naming_paths_we_never_write_is_refused_before_any_becomes_a_local_path(changes, says):
+    with pytest.raises(PublicationError, match=says):
+        Manifest.from_json(_manifest(**changes), "s3://bucket/lake/serving_index/published.json")
+
+
+def _fetched(folder, name: str, size: int, mtime: int) -> str:
+    path = os.path.join(folder, name)
+    with open(path, "wb") as file:
+        file.write(b"x" * size)
+    os.utime(path, ns=(mtime, mtime))
+    return path
+
+
+def test_the_fetched_segments_beyond_the_cache_bound_go_least_recently_read_first(tmp_path):
+    root = tmp_path / "published"
+    one, two = root / ("1" * 32) / "segments", root / ("2" * 32) / "segments"
+    one.mkdir(parents=True)
+    two.mkdir(parents=True)
+    oldest = _fetched(one, "segment-1.parquet", 100, 1_000)
+    older = _fetched(two, "segment-4.by-partition.parquet", 100, 2_000)
+    newer = _fetched(one, "segment-2.parquet", 100, 3_000)
+    just = _fetched(two, "segment-5.parquet", 100, 500)  # fetched now, kept whatever its time
+    other = _fetched(one, "published.json", 1_000, 0)  # not a segment: never counted or removed
+
+    publish._bound_cache(str(root), 250, keep=[just])
+    assert [os.path.exists(path) for path in (oldest, older, newer, just, other)] == [False, False, True, True, True]
+
+    publish.touch_read(newer)  # a read makes it the most recent
+    assert os.stat(newer).st_mtime_ns > 3_000
+    publish._bound_cache(str(root), 0, keep=[])
+    assert not os.path.exists(newer) and not os.path.exists(just) and os.path.exists(other)
+
+
+def test_the_cache_bound_and_publish_interval_refuse_what_is_not_a_number():
+    assert publish.cache_bytes({}) == publish.DEFAULT_CACHE_BYTES
+    assert publish.publish_interval_s({"DATABUILD_SERVING_PUBLISH_INTERVAL_S": "60"}) == 60.0
+    with pytest.raises(ValueError, match="DATABUILD_SERVING_CACHE_BYTES='-1': a number of bytes"):
+        publish.cache_bytes({"DATABUILD_SERVING_CACHE_BYTES": "-1"})
