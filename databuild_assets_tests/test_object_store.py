@@ -36,6 +36,7 @@ from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_servin
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.publish import publication_of
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
+from databuild_assets.maintenance.erasure_report import _parquet_values, _zstd_bytes, lines_holding
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.delta_tables import read_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -234,6 +235,20 @@ def _cache_files_holding(folder: Path, value: str) -> list[str]:
     return found
 
 
+def _report_lines(spark, s3: LoopbackS3, prefix: str, value: str) -> int:
+    """The lines of the published segments and snapshot under `prefix` holding `value`, as the
+    erasure report reads them: a segment by its values, the snapshot unpacked (zstd hides both
+    from a byte search)."""
+    total = 0
+    for key in s3.keys(prefix):
+        if key.endswith((".parquet", ".zst")):
+            path = f"s3a://{s3.bucket}/{key}"
+            values = _parquet_values(spark, path) or _zstd_bytes(spark, path)
+            assert values is not None, key
+            total += lines_holding(values, {"erased": (value.encode(),)})["erased"]
+    return total
+
+
 def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_and_drops_erased_ones(
     spark, s3, tmp_path, monkeypatch
 ):
@@ -254,7 +269,8 @@ def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_a
     assert status.segments >= 1 and status.cold_build_requests > 0
     published = s3.keys("published/serving_index/")
     assert "published/serving_index/published.json" in published
-    assert len([key for key in published if key.startswith("published/serving_index/snapshots/")]) == 1
+    snapshots = [key for key in published if key.startswith("published/serving_index/snapshots/")]
+    assert len(snapshots) == 1 and snapshots[0].endswith(".sqlite.zst")
     assert len([key for key in published if key.endswith(".by-partition.parquet")]) == status.segments
 
     # A new machine: its first open downloads that index (not built: the stamp's build time is
@@ -281,9 +297,13 @@ def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_a
         erased = cold[0]
         request_erasure(spark, local, "build_request_id", erased, actor="alice", reason="publication test")
         _upload_new(s3, tmp_path / "lake", "published")
+        # The erasure report reads the published segments' values (zstd pages hide them from a
+        # byte search): it finds the value there until the pipeline republishes.
+        assert _report_lines(spark, s3, "published/serving_index/", erased) > 0
         monkeypatch.setenv(INDEX_DIR_ENV, str(pipeline_cache))
         refresh_serving_index(lake, hot_window_s=0)
         assert _objects_holding(s3, "published/serving_index/", erased) == {}
+        assert _report_lines(spark, s3, "published/serving_index/", erased) == 0
         assert reader.get_build_request_events(erased) == []
         assert _cache_files_holding(reader_cache, erased) == []
         # Every other cold request is still answered: a segment gone from the bucket makes the

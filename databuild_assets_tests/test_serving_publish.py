@@ -18,8 +18,9 @@ def _manifest(**changes) -> str:
     body = {
         "format": 1,
         "id": "0" * 32,
-        "snapshot": "snapshots/index-" + "0" * 32 + ".sqlite",
+        "snapshot": "snapshots/index-" + "0" * 32 + ".sqlite.zst",
         "snapshot_bytes": 4096,
+        "snapshot_frames": [1024],
         "source": "index-3.sqlite",
         "published_at": 1.0,
         "segments": {"1": ["ab" * 8, 10, 20]},
@@ -47,6 +48,7 @@ def test_a_manifest_written_by_the_pipeline_reads_back_whole():
         ({"segments": {"../1": ["ab" * 8, 1, 1]}}, "not a serving index manifest"),
         ({"format": 2}, "manifest format 2"),
         ({"snapshot_bytes": "many"}, "not a serving index manifest"),
+        ({"snapshot_frames": []}, "0 frames for 4096 bytes"),
     ],
 )
 def test_a_manifest_naming_paths_we_never_write_is_refused_before_any_becomes_a_local_path(changes, says):

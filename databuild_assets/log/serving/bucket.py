@@ -47,7 +47,7 @@ class BucketPublication:
             if manifest is None:
                 return False
             building = self._folder.new_building_path()
-            publication.download(manifest.snapshot, building, manifest.snapshot_bytes)
+            publication.download(manifest.snapshot, building, manifest.snapshot_bytes, manifest.snapshot_frames)
             index = ServingIndex.open(building)
             try:
                 if publication_of(index._connection) != manifest.id:

@@ -6,7 +6,7 @@ refresh publishes one in the lake, beside the tables:
 
     <root>/serving_index/
         published.json                                  the manifest, replaced last
-        snapshots/index-<id>.sqlite                     the index written whole (VACUUM INTO)
+        snapshots/index-<id>.sqlite.zst                 the index written whole (VACUUM INTO), zstd
         segments/segment-<n>-<key>.parquet              its cold segments (and .by-partition.parquet)
 
 Objects are immutable: a snapshot is named by its publication's id, a segment by its number and
@@ -14,7 +14,9 @@ a key of the local file it was uploaded from (a rewritten segment is a new file,
 After the manifest is replaced, every object it does not name is deleted: a snapshot or segment
 that held an erased value leaves the bucket with the publication that follows the erasure.
 
-A reader with no usable index downloads the snapshot (`download_snapshot`; its size checked) and
+The snapshot is zstd frames of 16 MiB of the file each (about half the bytes to move), so a reader
+fetches and unpacks them in parallel. A reader with no usable index downloads it (its frames'
+sizes checked against the manifest's) and
 catches up commit by commit, as from an index of its own. The snapshot names its publication
 (`serving_publication`), and its segments are read from `<index folder>/published/<id>/segments/`,
 fetched from the bucket the first time a read needs one (`fetch_segment`) and dropped when a
@@ -37,6 +39,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +64,9 @@ _LOCAL_SEGMENT = re.compile(r"^segment-(\d+)\.(by-partition\.)?parquet$")
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _KEY = re.compile(r"^[0-9a-f]{16}$")
 _CHUNK = 1 << 20
+# A download reads this many byte ranges of this size at once (at most their product in memory).
+_RANGE = 16 << 20
+_PARALLEL_RANGES = 8
 
 
 class PublicationError(RuntimeError):
@@ -69,12 +75,14 @@ class PublicationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Manifest:
-    """A publication: its id, the snapshot's object and size, the index generation it was taken
-    from, when, and each cold segment's number -> (key, main file's size, by-partition's size)."""
+    """A publication: its id, the snapshot's object, the index file's size and the sizes of its
+    frames (zstd, `_RANGE` bytes of the file each), the index generation it was taken from, when,
+    and each cold segment's number -> (key, main file's size, by-partition's size)."""
 
     id: str
     snapshot: str
     snapshot_bytes: int
+    snapshot_frames: tuple[int, ...]
     source: str
     published_at: float
     segments: Mapping[int, tuple[str, int, int]]
@@ -88,7 +96,8 @@ class Manifest:
         return objects
 
     def to_json(self) -> str:
-        body = {**self.__dict__, "format": _FORMAT, "segments": {str(n): list(v) for n, v in self.segments.items()}}
+        segments = {str(n): list(v) for n, v in self.segments.items()}
+        body = {**self.__dict__, "format": _FORMAT, "segments": segments, "snapshot_frames": list(self.snapshot_frames)}
         return json.dumps(body, sort_keys=True)
 
     @classmethod
@@ -101,6 +110,7 @@ class Manifest:
                 id=str(body["id"]),
                 snapshot=str(body["snapshot"]),
                 snapshot_bytes=int(body["snapshot_bytes"]),
+                snapshot_frames=tuple(int(size) for size in body["snapshot_frames"]),
                 source=str(body["source"]),
                 published_at=float(body["published_at"]),
                 segments={int(n): (str(k), int(a), int(b)) for n, (k, a, b) in body["segments"].items()},
@@ -112,11 +122,18 @@ class Manifest:
             raise PublicationError(f"{where}: id {manifest.id!r} or snapshot {manifest.snapshot!r} is not one we write")
         if any(not _KEY.match(key) for key, _, _ in manifest.segments.values()):
             raise PublicationError(f"{where}: a segment key is not one we write")
+        if (
+            len(manifest.snapshot_frames) != -(-manifest.snapshot_bytes // _RANGE)
+            or min(manifest.snapshot_frames, default=1) < 1
+        ):
+            raise PublicationError(
+                f"{where}: {len(manifest.snapshot_frames)} frames for {manifest.snapshot_bytes} bytes"
+            )
         return manifest
 
 
 def snapshot_object_name(publication_id: str) -> str:
-    return f"snapshots/index-{publication_id}.sqlite"
+    return f"snapshots/index-{publication_id}.sqlite.zst"
 
 
 def segment_object_names(segment: int, key: str) -> tuple[str, str]:
@@ -188,7 +205,7 @@ class Publication:
     def manifest(self) -> Manifest | None:
         """The current manifest, None when nothing is published."""
         try:
-            with self.fs.open_input_stream(self._path(MANIFEST)) as stream:
+            with self.fs.open_input_stream(self._path(MANIFEST), compression=None) as stream:
                 text = stream.read().decode("utf-8")
         except FileNotFoundError:
             return None
@@ -230,20 +247,21 @@ class Publication:
                 target.execute("PRAGMA journal_mode = WAL")
             finally:
                 target.close()
+            frames = self._upload_frames(snapshot, snapshot_object_name(publication_id))
             manifest = Manifest(
                 publication_id,
                 snapshot_object_name(publication_id),
                 os.path.getsize(snapshot),
+                tuple(frames),
                 os.path.basename(index_path),
                 time.time(),
                 named,
             )
-            self._upload(snapshot, manifest.snapshot)
         finally:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 if os.path.exists(snapshot + suffix):
                     os.unlink(snapshot + suffix)
-        with self.fs.open_output_stream(self._path(MANIFEST)) as stream:
+        with self.fs.open_output_stream(self._path(MANIFEST), compression=None) as stream:
             stream.write(manifest.to_json().encode("utf-8"))
         self._delete_unnamed(manifest)
         log.info(
@@ -252,9 +270,19 @@ class Publication:
         return manifest
 
     def _upload(self, local: str, name: str) -> None:
-        with open(local, "rb") as source, self.fs.open_output_stream(self._path(name)) as stream:
+        with open(local, "rb") as source, self.fs.open_output_stream(self._path(name), compression=None) as stream:
             while chunk := source.read(_CHUNK):
                 stream.write(chunk)
+
+    def _upload_frames(self, local: str, name: str) -> list[int]:
+        """`local` as zstd frames of `_RANGE` bytes each, one after the other; their sizes."""
+        codec, frames = _codec(), []
+        with open(local, "rb") as source, self.fs.open_output_stream(self._path(name), compression=None) as stream:
+            while chunk := source.read(_RANGE):
+                frame = codec.compress(chunk, asbytes=True)
+                stream.write(frame)
+                frames.append(len(frame))
+        return frames
 
     def _delete_unnamed(self, manifest: Manifest) -> None:
         from pyarrow import fs as pafs
@@ -266,26 +294,56 @@ class Publication:
                 if info.type == pafs.FileType.File and name not in keep:
                     self.fs.delete_file(info.path)
 
-    def download(self, name: str, target: str, expected_bytes: int) -> None:
-        """Object `name` into `target` (a new file made with the lake's file mode, fsynced);
-        FileNotFoundError when the object is gone, PublicationError when its size is not the
-        manifest's."""
+    def download(self, name: str, target: str, expected_bytes: int, frames: tuple[int, ...] = ()) -> None:
+        """Object `name` into `target` (a new file made with the lake's file mode, fsynced),
+        unpacked from zstd `frames` (their sizes) when given; FileNotFoundError when the object is
+        gone, PublicationError when its size or a frame's is not the manifest's."""
         building = f"{target}.{uuid.uuid4().hex[:8]}.fetching"
+        stored = sum(frames) if frames else expected_bytes
+        # (offset in the object, its size there, offset in the file, its size there)
+        ranges = (
+            [
+                (sum(frames[:i]), size, i * _RANGE, min(_RANGE, expected_bytes - i * _RANGE))
+                for i, size in enumerate(frames)
+            ]
+            if frames
+            else [(at, min(_RANGE, stored - at), at, min(_RANGE, stored - at)) for at in range(0, stored, _RANGE)]
+        )
         try:
-            with self.fs.open_input_stream(self._path(name)) as stream:
+            with self.fs.open_input_file(self._path(name)) as source:
+                size = source.size()
+                if size != stored:
+                    raise PublicationError(f"{self._path(name)}: {size} bytes, its manifest says {stored}")
                 descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
-                with os.fdopen(descriptor, "wb") as file:
-                    while chunk := stream.read(_CHUNK):
-                        file.write(chunk)
-            if os.path.getsize(building) != expected_bytes:
-                raise PublicationError(
-                    f"{self._path(name)}: {os.path.getsize(building)} bytes, its manifest says {expected_bytes}"
-                )
-            fsync_file(building)
+                try:
+                    # Ranges read at once: one stream of small reads is several times slower.
+                    def copy(piece: tuple[int, int, int, int]) -> None:
+                        at, length, offset, unpacked = piece
+                        data = source.read_at(length, at)
+                        if frames:
+                            try:
+                                data = _codec().decompress(data, decompressed_size=unpacked, asbytes=True)
+                            except OSError as error:
+                                raise PublicationError(f"{self._path(name)}: frame at {at}: {error}") from error
+                        os.pwrite(descriptor, data, offset)
+
+                    with ThreadPoolExecutor(_PARALLEL_RANGES) as pool:
+                        list(pool.map(copy, ranges))
+                    if os.fstat(descriptor).st_size != expected_bytes:
+                        raise PublicationError(f"{self._path(name)}: unpacked to other than {expected_bytes} bytes")
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
             os.replace(building, target)
         finally:
             if os.path.exists(building):
                 os.unlink(building)
+
+
+def _codec():
+    import pyarrow as pa
+
+    return pa.Codec("zstd", compression_level=1)
 
 
 def _local_names(segment: int) -> tuple[str, str]:
