@@ -28,6 +28,7 @@ from databuild_assets.maintenance.dagster_home import scan_dagster_home
 from databuild_assets.maintenance.tombstones import Tombstone, json_string_forms, read_tombstones, text_forms
 from databuild_assets.maintenance.vacuum import lake_tables
 from databuild_assets.runtime.lake import TOMBSTONES, Lake, is_local
+from databuild_assets.runtime.object_store import arrow_filesystem
 
 # Folders under the lake root that always get a finding, files or not, so a report shows they were looked at.
 ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive", SERVING_INDEX_FOLDER)
@@ -207,19 +208,45 @@ def _chunks(spark: SparkSession, path: str) -> Iterator[bytes]:
 
 
 def _parquet_values(spark: SparkSession, path: str) -> Iterator[bytes] | None:
-    """A local Parquet file outside the tables (the serving index's cold segments) as text, one
-    row a line, its values as stored: its compressed pages hide their values from a byte search.
-    None for any other file."""
-    if not path.endswith(".parquet") or not is_local(path):
+    """A Parquet file outside the tables (the serving index's cold segments, on disk or published
+    in a bucket) as text, one row a line, its values as stored: its compressed pages hide their
+    values from a byte search. None for any other file."""
+    if not path.endswith(".parquet"):
         return None
-    local = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().getPath()
+    if is_local(path):
+        source = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().getPath()
+    else:
+        filesystem, key = arrow_filesystem(path)
+        source = filesystem.open_input_file(key)
 
     def lines() -> Iterator[bytes]:
-        for batch in pq.ParquetFile(local).iter_batches():
+        for batch in pq.ParquetFile(source).iter_batches():
             for row in batch.to_pylist():
                 yield ("\t".join("" if value is None else str(value) for value in row.values()) + "\n").encode()
 
     return lines()
+
+
+def _zstd_bytes(spark: SparkSession, path: str) -> Iterator[bytes] | None:
+    """A zstd file outside the tables (the serving index's published snapshot, log/serving/
+    publish.py) unpacked, in chunks: compressed, its values are hidden from a byte search. None
+    for any other file."""
+    if not path.endswith(".zst"):
+        return None
+    import pyarrow as pa
+
+    if is_local(path):
+        raw = pa.OSFile(spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path).toUri().getPath())
+    else:
+        filesystem, key = arrow_filesystem(path)
+        raw = filesystem.open_input_stream(key, compression=None)  # unpacked below
+
+    def chunks() -> Iterator[bytes]:
+        with pa.CompressedInputStream(raw, "zstd") as stream:
+            while chunk := stream.read(_CHUNK_BYTES):
+                yield chunk
+
+    return chunks()
 
 
 def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) -> dict[str, int]:
@@ -268,7 +295,7 @@ def _file_findings(
         lines = dict.fromkeys(forms, 0)
         folder_forms = bare if folder == SERVING_INDEX_FOLDER else forms
         for path in paths:
-            chunks = _parquet_values(spark, path) or _chunks(spark, path)
+            chunks = _parquet_values(spark, path) or _zstd_bytes(spark, path) or _chunks(spark, path)
             for tombstone_id, count in lines_holding(chunks, folder_forms).items():
                 lines[tombstone_id] += count
         findings.extend(
