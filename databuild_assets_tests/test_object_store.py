@@ -32,6 +32,7 @@ import pyarrow as pa
 import pytest
 
 from databuild_assets.log import AppendResult, SqliteEventLog, open_event_log
+from databuild_assets.log.serving import bucket
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.publish import publication_of
@@ -292,19 +293,24 @@ def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_a
         fetched = list(reader_cache.rglob("segment-*.parquet"))
         assert 0 < len(fetched) <= 2 * status.segments
 
-        # An erasure of a cold build request: the pipeline's refresh republishes, and deletes the
-        # objects that held it; the reader's catch-up drops the fetched segments no longer named.
+        # An erasure of a cold build request. The reader hides it at once; its fetched segment
+        # still holds it while the bucket's publication does.
         erased = cold[0]
         request_erasure(spark, local, "build_request_id", erased, actor="alice", reason="publication test")
         _upload_new(s3, tmp_path / "lake", "published")
-        # The erasure report reads the published segments' values (zstd pages hide them from a
-        # byte search): it finds the value there until the pipeline republishes.
+        assert reader.get_build_request_events(erased) == []
+        assert _cache_files_holding(reader_cache, erased)
+        # The erasure report reads the published segments' values and the snapshot unpacked
+        # (zstd hides them from a byte search): it finds the value until the pipeline republishes.
         assert _report_lines(spark, s3, "published/serving_index/", erased) > 0
         monkeypatch.setenv(INDEX_DIR_ENV, str(pipeline_cache))
         refresh_serving_index(lake, hot_window_s=0)
         assert _objects_holding(s3, "published/serving_index/", erased) == {}
         assert _report_lines(spark, s3, "published/serving_index/", erased) == 0
-        assert reader.get_build_request_events(erased) == []
+        # The lake is quiet now; the reader's next read after its check interval drops the
+        # fetched segments the bucket no longer names.
+        monkeypatch.setattr(bucket, "PUBLICATION_CHECK_S", 0.0)
+        reader.get_activity_summary()
         assert _cache_files_holding(reader_cache, erased) == []
         # Every other cold request is still answered: a segment gone from the bucket makes the
         # reader start again from the current publication.

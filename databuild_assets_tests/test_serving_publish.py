@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 
 import pytest
 
@@ -89,3 +90,14 @@ def test_the_cache_bound_and_publish_interval_refuse_what_is_not_a_number():
     assert publish.publish_interval_s({"DATABUILD_SERVING_PUBLISH_INTERVAL_S": "60"}) == 60.0
     with pytest.raises(ValueError, match="DATABUILD_SERVING_CACHE_BYTES='-1': a number of bytes"):
         publish.cache_bytes({"DATABUILD_SERVING_CACHE_BYTES": "-1"})
+
+
+def test_a_publication_names_its_index_by_generation_not_by_a_file_name_a_new_machine_reuses(tmp_path):
+    # The pipeline on a new machine names its files from index-1 again: a rewrite after an
+    # erasure must still make a publication due, so it is told by the id each generation gets.
+    path = str(tmp_path / "index-2.sqlite")
+    sqlite3.connect(path).close()
+    publish.mark_generation(path)
+    first = publish.generation_of(path)
+    publish.mark_generation(path)  # the same name, another generation
+    assert first.startswith("index-2.sqlite#") and publish.generation_of(path) != first

@@ -220,9 +220,13 @@ def _parquet_values(spark: SparkSession, path: str) -> Iterator[bytes] | None:
         source = filesystem.open_input_file(key)
 
     def lines() -> Iterator[bytes]:
-        for batch in pq.ParquetFile(source).iter_batches():
-            for row in batch.to_pylist():
-                yield ("\t".join("" if value is None else str(value) for value in row.values()) + "\n").encode()
+        try:
+            for batch in pq.ParquetFile(source).iter_batches():
+                for row in batch.to_pylist():
+                    yield ("\t".join("" if value is None else str(value) for value in row.values()) + "\n").encode()
+        finally:
+            if not isinstance(source, str):
+                source.close()  # the object's stream on the bucket
 
     return lines()
 

@@ -48,7 +48,7 @@ from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp
-from databuild_assets.log.serving.publish import adopt, publication_folder, publication_of
+from databuild_assets.log.serving.publish import adopt, mark_generation, publication_folder, publication_of
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
@@ -161,7 +161,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         """Drop the index in hand for the lake's current one (a segment it named is gone); on S3,
         for the bucket's current publication when its own one's segment is gone from the bucket."""
         log.info("%r: a segment %s names is gone (the lake's refresh rewrote it): reopening", self, self._store().path)
-        if is_s3(self.lake.root) and publication_of(self._store()._connection) is not None:
+        if is_s3(self.lake.root) and self._publication_replaced():
             self._rebuild("a segment of the publication it was downloaded from is gone from the bucket")
             return
         self._open()
@@ -254,6 +254,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         """Publish (under the build lock) a generation `write(path)` makes; older ones are removed."""
         building = self._folder.new_building_path()
         write(building)
+        mark_generation(building)  # what the bucket's publication says it was taken from (publish.py)
         final = self._folder.publish(building)
         self._marker = self._folder.marker()
         self._replace(ServingIndex.open(final))
@@ -294,6 +295,8 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         checked_at = time.monotonic()
         index = self._follow()
         self._checked_at = checked_at
+        if is_s3(self.lake.root):  # the fetched segments the bucket no longer names leave, even on a quiet lake
+            self._check_publication(deleted=False)
         return index
 
     def _follow(self) -> ServingIndex:
@@ -420,6 +423,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         if self._private is None and not index.read_only:  # cold build requests to segments (evict.py)
             if publication_of(index._connection) is not None:  # downloaded: evictions write its own segments
                 with self._folder.build_lock():
+                    # A new generation: a reader on this machine keeps the file it reads, whose
+                    # segments are the publication's, while evictions change this one's.
+                    self._publish_generation(index.rewrite_into)
+                    index = self._store()
                     adopt(index._connection, self._folder.path)
                 index.index_folder = self._folder.path
             evict_under_lock(self._folder, index._connection, hot_window_ns(self._hot_window_s), self._marker)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex
@@ -19,6 +18,7 @@ from databuild_assets.log.serving.publish import (
     Publication,
     PublicationError,
     drop_unpublished,
+    generation_of,
     keep_manifest,
     publication_of,
     publish_interval_s,
@@ -72,16 +72,27 @@ class BucketPublication:
         log.info("%r: started from the published index %s (%d bytes)", self, manifest.snapshot, manifest.snapshot_bytes)
         return True
 
+    def _publication_replaced(self) -> bool:
+        """Whether the bucket's publication is another than the one this index was downloaded
+        from (a segment gone from the bucket then means: start again from the new one)."""
+        try:
+            manifest = Publication.of(self.lake.root).manifest()
+        except PublicationError:
+            return True
+        mine = publication_of(self._store()._connection)
+        return mine is not None and (manifest is None or manifest.id != mine)
+
     def _check_publication(self, deleted: bool) -> None:
         """On S3: drop the fetched segments the bucket's publication no longer names (an erasure's
-        rewrite), after a catch-up that `deleted` events, else at most every PUBLICATION_CHECK_S."""
+        rewrite), after a catch-up that `deleted` events, else at a read at most every
+        PUBLICATION_CHECK_S, whether the lake moved or not."""
         if not deleted and time.monotonic() - self._publication_checked_at < PUBLICATION_CHECK_S:
             return
         self._publication_checked_at = time.monotonic()
         try:
             manifest = Publication.of(self.lake.root).manifest()
-        except PublicationError as error:
-            log.warning("%r: %s", self, error)
+        except (PublicationError, OSError) as error:  # a read is still answered; the next check drops
+            log.warning("%r: the bucket's publication could not be read (%s)", self, error)
             return
         if manifest is not None:
             drop_unpublished(self._folder.path, manifest, publication_of(self._store()._connection))
@@ -89,10 +100,13 @@ class BucketPublication:
     def _publish(self, index: ServingIndex) -> None:
         """Publish the index and its segments in the bucket for new readers when one is due
         (publish.py): none yet, the index written whole since (an erasure), or the last too old."""
+        connection = index._connection
+        if connection.execute("SELECT EXISTS (SELECT 1 FROM main.cold_segments WHERE stale)").fetchone()[0]:
+            return  # a stale segment may hold an erased event: the refresh that rewrites it publishes
         with self._folder.build_lock():
             publication = Publication.of(self.lake.root)
-            if publication.due(os.path.basename(index.path), publish_interval_s()):
-                segments = [row[0] for row in index._connection.execute("SELECT segment FROM main.cold_segments")]
+            if publication.due(generation_of(index.path), publish_interval_s()):
+                segments = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments")]
                 publication.publish(index.path, index.segment_folder, segments)
 
 

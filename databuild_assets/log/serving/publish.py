@@ -10,7 +10,7 @@ refresh publishes one in the lake, beside the tables:
         segments/segment-<n>-<key>.parquet              its cold segments (and .by-partition.parquet)
 
 Objects are immutable: a snapshot is named by its publication's id, a segment by its number and
-a key of the local file it was uploaded from (a rewritten segment is a new file, so a new key).
+a digest of its bytes (a rewritten segment is another object).
 After the manifest is replaced, every object it does not name is deleted: a snapshot or segment
 that held an erased value leaves the bucket with the publication that follows the erasure.
 
@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sqlite3
 import time
 import uuid
@@ -42,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders
@@ -67,6 +69,8 @@ _CHUNK = 1 << 20
 # A download reads this many byte ranges of this size at once (at most their product in memory).
 _RANGE = 16 << 20
 _PARALLEL_RANGES = 8
+# A fetch's temporary file older than this is a killed process's: removed at the next drop.
+_STALE_FETCH_S = 600.0
 
 
 class PublicationError(RuntimeError):
@@ -122,13 +126,9 @@ class Manifest:
             raise PublicationError(f"{where}: id {manifest.id!r} or snapshot {manifest.snapshot!r} is not one we write")
         if any(not _KEY.match(key) for key, _, _ in manifest.segments.values()):
             raise PublicationError(f"{where}: a segment key is not one we write")
-        if (
-            len(manifest.snapshot_frames) != -(-manifest.snapshot_bytes // _RANGE)
-            or min(manifest.snapshot_frames, default=1) < 1
-        ):
-            raise PublicationError(
-                f"{where}: {len(manifest.snapshot_frames)} frames for {manifest.snapshot_bytes} bytes"
-            )
+        frames = manifest.snapshot_frames  # each read whole into memory: bounded by zstd's worst case
+        if len(frames) != -(-manifest.snapshot_bytes // _RANGE) or not all(0 < f <= 2 * _RANGE for f in frames):
+            raise PublicationError(f"{where}: {len(frames)} frames for {manifest.snapshot_bytes} bytes, or too large")
         return manifest
 
 
@@ -140,10 +140,16 @@ def segment_object_names(segment: int, key: str) -> tuple[str, str]:
     return f"segments/segment-{segment}-{key}.parquet", f"segments/segment-{segment}-{key}.by-partition.parquet"
 
 
-def local_segment_key(main: os.stat_result, by_partition: os.stat_result) -> str:
-    """A key of a segment's two local files: a rewrite makes new files (a new inode, time, size)."""
-    identity = f"{main.st_ino}:{main.st_size}:{main.st_mtime_ns}:{by_partition.st_ino}:{by_partition.st_size}"
-    return hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
+def segment_key(paths: Iterable[str]) -> str:
+    """A digest of a segment's two files' bytes: the same segment is the same object whatever
+    machine, file time or number reuse; a rewritten one is another. (Reading them is about what
+    uploading them costs, once per publication.)"""
+    digest = hashlib.blake2b(digest_size=8)
+    for path in paths:
+        with open(path, "rb") as file:
+            while chunk := file.read(_RANGE):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def publication_of(connection: sqlite3.Connection) -> str | None:
@@ -153,6 +159,30 @@ def publication_of(connection: sqlite3.Connection) -> str | None:
     except sqlite3.OperationalError:
         return None
     return row[0] if row and _ID.match(str(row[0])) else None
+
+
+def mark_generation(path: str) -> None:
+    """Give the index file at `path` (a new generation: built, rewritten or adopted) an id of
+    its own, which a publication names as its source: file names restart on a new machine."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("CREATE TABLE IF NOT EXISTS serving_generation (id TEXT NOT NULL)")
+        connection.execute("DELETE FROM serving_generation")
+        connection.execute("INSERT INTO serving_generation VALUES (?)", (uuid.uuid4().hex,))
+    finally:
+        connection.close()
+
+
+def generation_of(path: str) -> str:
+    """The index file's name and generation id (`mark_generation`), as a publication's source."""
+    connection = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
+    try:
+        row = connection.execute("SELECT id FROM serving_generation").fetchone()
+    except sqlite3.OperationalError:
+        row = None
+    finally:
+        connection.close()
+    return f"{os.path.basename(path)}#{row[0] if row else ''}"
 
 
 def publication_folder(index_folder: str, publication_id: str) -> str:
@@ -224,13 +254,13 @@ class Publication:
         named = {}
         for segment in sorted(segments):
             main, by_partition = (os.path.join(segments_folder, n) for n in _local_names(segment))
-            main_status, by_partition_status = os.stat(main), os.stat(by_partition)
-            key = local_segment_key(main_status, by_partition_status)
-            named[segment] = (key, main_status.st_size, by_partition_status.st_size)
+            key = segment_key((main, by_partition))
+            named[segment] = (key, os.path.getsize(main), os.path.getsize(by_partition))
             for local, remote in zip((main, by_partition), segment_object_names(segment, key), strict=True):
                 if self.fs.get_file_info(self._path(remote)).size is None:
                     self._upload(local, remote)
-        snapshot = f"{index_path}.publishing-{publication_id}"
+        # Ends in .building: a publisher killed here leaves a file the next build lock removes.
+        snapshot = os.path.join(os.path.dirname(index_path), f".publishing-{publication_id}.building")
         try:
             source = sqlite3.connect(index_path)
             try:
@@ -253,7 +283,7 @@ class Publication:
                 snapshot_object_name(publication_id),
                 os.path.getsize(snapshot),
                 tuple(frames),
-                os.path.basename(index_path),
+                generation_of(index_path),
                 time.time(),
                 named,
             )
@@ -298,7 +328,7 @@ class Publication:
         """Object `name` into `target` (a new file made with the lake's file mode, fsynced),
         unpacked from zstd `frames` (their sizes) when given; FileNotFoundError when the object is
         gone, PublicationError when its size or a frame's is not the manifest's."""
-        building = f"{target}.{uuid.uuid4().hex[:8]}.fetching"
+        building = f"{target}.fetching-{uuid.uuid4().hex[:8]}.building"  # a killed fetch's: see drop_unpublished
         stored = sum(frames) if frames else expected_bytes
         # (offset in the object, its size there, offset in the file, its size there)
         ranges = (
@@ -320,6 +350,8 @@ class Publication:
                     def copy(piece: tuple[int, int, int, int]) -> None:
                         at, length, offset, unpacked = piece
                         data = source.read_at(length, at)
+                        if len(data) != length:
+                            raise PublicationError(f"{self._path(name)}: {len(data)} bytes at {at}, not {length}")
                         if frames:
                             try:
                                 data = _codec().decompress(data, decompressed_size=unpacked, asbytes=True)
@@ -465,9 +497,11 @@ def drop_unpublished(index_folder: str, manifest: Manifest, keep_id: str | None)
         for name in os.listdir(segments_folder) if os.path.isdir(segments_folder) else []:
             match = _LOCAL_SEGMENT.match(name)
             segment = int(match.group(1)) if match else None
-            if segment in kept.segments and (segment, kept.segments[segment][0]) not in current:
-                os.unlink(os.path.join(segments_folder, name))
-                removed.append(os.path.join(segments_folder, name))
+            path = os.path.join(segments_folder, name)
+            stale_fetch = name.endswith(".building") and _older_than(path, _STALE_FETCH_S)
+            if stale_fetch or (segment in kept.segments and (segment, kept.segments[segment][0]) not in current):
+                _unlink(path)
+                removed.append(path)
     return removed
 
 
@@ -495,12 +529,27 @@ def adopt(connection: sqlite3.Connection, index_folder: str) -> None:
 
 
 def _remove_tree(folder: str) -> None:
-    for parent, folders, files in os.walk(folder, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(parent, name))
-        for name in folders:
-            os.rmdir(os.path.join(parent, name))
-    os.rmdir(folder)
+    """Remove `folder`; another process of this machine may be removing or filling it too."""
+    aside = f"{folder}.removing-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _older_than(path: str, seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime > seconds
+    except FileNotFoundError:
+        return False
 
 
 __all__ = [
@@ -513,7 +562,9 @@ __all__ = [
     "cache_bytes",
     "drop_unpublished",
     "fetch_segment",
+    "generation_of",
     "keep_manifest",
+    "mark_generation",
     "publication_folder",
     "publication_of",
     "publish_interval_s",
