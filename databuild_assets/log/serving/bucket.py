@@ -105,9 +105,10 @@ class BucketPublication:
             return  # a stale segment may hold an erased event: the refresh that rewrites it publishes
         with self._folder.build_lock():
             publication = Publication.of(self.lake.root)
-            if publication.due(generation_of(index.path), publish_interval_s()):
+            source = generation_of(index.path)
+            if publication.due(source, publish_interval_s()):
                 segments = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments")]
-                publication.publish(index.path, index.segment_folder, segments)
+                publication.publish(index, source, segments)
 
 
 __all__ = ["PUBLICATION_CHECK_S", "BucketPublication"]

@@ -24,7 +24,7 @@ later manifest no longer names them (`drop_unpublished`). A segment gone from th
 (republished after an erasure) makes the reader start again from the current snapshot.
 
     publication = Publication.of("s3a://bucket/lake")
-    publication.publish(index_path, segments_folder, segments)   # the pipeline, under the build lock
+    publication.publish(index, generation_of(index.path), segments)   # the pipeline, under the build lock
     manifest = publication.manifest()                            # a new reader
 """
 
@@ -42,11 +42,15 @@ import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from databuild_assets.log.serving.store import remove_index_files
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders
+
+if TYPE_CHECKING:  # publish.py is imported by cold.py, which index.py imports
+    from databuild_assets.log.serving.index import ServingIndex
 
 log = logging.getLogger(__name__)
 
@@ -242,39 +246,32 @@ class Publication:
         return Manifest.from_json(text, self._path(MANIFEST))
 
     def due(self, source: str, interval_s: float) -> bool:
-        """Whether the pipeline should publish its index `source` (file name) now (module doc)."""
+        """Whether the pipeline should publish its index `source` (`generation_of`) now (module doc)."""
         current = self.manifest()
         return current is None or current.source != source or time.time() - current.published_at >= interval_s
 
-    def publish(self, index_path: str, segments_folder: str, segments: Iterable[int]) -> Manifest:
-        """Publish a snapshot of the index at `index_path` (written whole, so no byte of a deleted
-        row) and its cold `segments` (from `segments_folder`), then delete what the new manifest
-        does not name. The caller holds the index folder's build lock (no eviction meanwhile)."""
+    def publish(self, index: ServingIndex, source: str, segments: Iterable[int]) -> Manifest:
+        """Publish a snapshot of `index` (`source`: its `generation_of`; written whole, so no byte
+        of a deleted row) and its cold `segments`, then delete what the new manifest does not
+        name. The caller holds the index folder's build lock (no eviction meanwhile)."""
         publication_id = uuid.uuid4().hex
         named = {}
         for segment in sorted(segments):
-            main, by_partition = (os.path.join(segments_folder, n) for n in _local_names(segment))
+            main, by_partition = (os.path.join(index.segment_folder, n) for n in _local_names(segment))
             key = segment_key((main, by_partition))
             named[segment] = (key, os.path.getsize(main), os.path.getsize(by_partition))
             for local, remote in zip((main, by_partition), segment_object_names(segment, key), strict=True):
                 if self.fs.get_file_info(self._path(remote)).size is None:
                     self._upload(local, remote)
         # Ends in .building: a publisher killed here leaves a file the next build lock removes.
-        snapshot = os.path.join(os.path.dirname(index_path), f".publishing-{publication_id}.building")
+        snapshot = os.path.join(os.path.dirname(index.path), f".publishing-{publication_id}.building")
         try:
-            source = sqlite3.connect(index_path)
-            try:
-                source.execute("VACUUM INTO ?", (snapshot,))
-            finally:
-                source.close()
+            index.rewrite_into(snapshot)
             target = sqlite3.connect(snapshot, isolation_level=None)
             try:
                 target.execute("DROP TABLE IF EXISTS serving_publication")
                 target.execute("CREATE TABLE serving_publication (id TEXT NOT NULL)")
                 target.execute("INSERT INTO serving_publication VALUES (?)", (publication_id,))
-                if target.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
-                    target.execute("DELETE FROM deleted_events")
-                target.execute("PRAGMA journal_mode = WAL")
             finally:
                 target.close()
             frames = self._upload_frames(snapshot, snapshot_object_name(publication_id))
@@ -283,14 +280,12 @@ class Publication:
                 snapshot_object_name(publication_id),
                 os.path.getsize(snapshot),
                 tuple(frames),
-                generation_of(index_path),
+                source,
                 time.time(),
                 named,
             )
         finally:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                if os.path.exists(snapshot + suffix):
-                    os.unlink(snapshot + suffix)
+            remove_index_files(snapshot)
         with self.fs.open_output_stream(self._path(MANIFEST), compression=None) as stream:
             stream.write(manifest.to_json().encode("utf-8"))
         self._delete_unnamed(manifest)
