@@ -68,3 +68,31 @@ def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) ->
     store = delta_log.store().getDelegate(jvm.org.apache.hadoop.fs.Path(f"file:{folder}"))
     assert store.logStoreImpl().getClass().getName() == LOCAL_LOG_STORE
     assert spark.read.format("delta").load(path).count() == len(events)
+
+
+def test_a_commit_is_written_whole_only_where_no_file_has_its_name(spark, tmp_path: Path) -> None:
+    # Spark commits by a hard link, as the JVM-free appends do (decision 0055): a file already
+    # under the name stays as it was, and the writer hears that its version is taken.
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    store = jvm.io.databuild.delta.LocalLogStore(conf)
+    folder = tmp_path / "_delta_log"
+    folder.mkdir()
+    commit = folder / f"{0:020d}.json"
+
+    def write(lines: list[str], overwrite: bool) -> None:
+        actions = jvm.java.util.ArrayList()
+        for line in lines:
+            actions.add(line)
+        store.write(jvm.org.apache.hadoop.fs.Path(f"file:{commit}"), actions.iterator(), overwrite, conf)
+
+    write(['{"commitInfo":{"by":"spark"}}', '{"add":{}}'], overwrite=False)
+    assert commit.read_text() == '{"commitInfo":{"by":"spark"}}\n{"add":{}}\n'
+    with pytest.raises(Py4JJavaError) as taken:
+        write(['{"commitInfo":{"by":"another"}}'], overwrite=False)
+    assert taken.value.java_exception.getClass().getName() == "java.nio.file.FileAlreadyExistsException"
+    assert commit.read_text() == '{"commitInfo":{"by":"spark"}}\n{"add":{}}\n'
+    assert sorted(p.name for p in folder.iterdir()) == [commit.name]  # no temporary file, no .crc
+    assert commit.stat().st_mode & 0o077 == 0  # the lake's umask, as Hadoop writes
+    write(['{"checkpoint":1}'], overwrite=True)  # _last_checkpoint's way: replaced whole
+    assert commit.read_text() == '{"checkpoint":1}\n'

@@ -4,12 +4,20 @@ import io.delta.storage.HDFSLogStore;
 import java.io.File;
 import java.io.FileNotFoundException;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.FileAlreadyExistsException;
+import java.nio.file.Files;
 import java.util.Arrays;
+import java.util.EnumSet;
 import java.util.Iterator;
 import java.util.NoSuchElementException;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.CreateFlag;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileContext;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Options;
 import org.apache.hadoop.fs.Path;
 
 /**
@@ -24,7 +32,16 @@ import org.apache.hadoop.fs.Path;
  * cleans them up, so every snapshot Spark took of it cost seconds, growing all day. This store
  * reads the folder's names (one directory read, no file metadata), keeps those at or after the
  * start, and reads the size and time of each as the caller takes it: a log cleanup that stops
- * at the first file still kept reads no more. Writes are HDFSLogStore's.
+ * at the first file still kept reads no more.
+ *
+ * <p>A new file (a commit: {@code overwrite} false) is written whole to a temporary file, then
+ * made visible under its name by a hard link, which the filesystem refuses when the name exists:
+ * "write version N if absent" in one step, as delta-rs and the JVM-free appends do on a local
+ * disk. HDFSLogStore checks that the name is free, then renames, and a rename on a local disk
+ * replaces what another process committed between the two. With every writer committing by a
+ * hard link, Spark needs no lock against the appends to commit safely
+ * (docs/decisions/0055-spark-commits-a-local-table-by-hard-link.md). Overwrites are
+ * HDFSLogStore's.
  *
  * <pre>spark.delta.logStore.file.impl=io.databuild.delta.LocalLogStore</pre>
  */
@@ -35,10 +52,42 @@ public class LocalLogStore extends HDFSLogStore {
   }
 
   @Override
+  public void write(Path path, Iterator<String> actions, Boolean overwrite, Configuration hadoopConf)
+      throws IOException {
+    if (overwrite) {
+      super.write(path, actions, true, hadoopConf);
+      return;
+    }
+    FileContext fc = FileContext.getFileContext(path.toUri(), hadoopConf);
+    Path temporary = createTempPath(path);
+    // Through Hadoop, as HDFSLogStore writes: the lake's umask (fs.permissions.umask-mode) holds.
+    try {
+      try (FSDataOutputStream stream =
+          fc.create(
+              temporary,
+              EnumSet.of(CreateFlag.CREATE),
+              Options.CreateOpts.checksumParam(Options.ChecksumOpt.createDisabled()))) {
+        while (actions.hasNext()) {
+          stream.write((actions.next() + "\n").getBytes(StandardCharsets.UTF_8));
+        }
+      }
+      Files.createLink(localFile(path).toPath(), localFile(temporary).toPath());
+    } catch (FileAlreadyExistsException taken) {
+      throw new FileAlreadyExistsException(path.toString()); // Delta's cue to check and retry
+    } finally {
+      fc.delete(temporary, false);
+    }
+  }
+
+  private static File localFile(Path path) {
+    return new File(Path.getPathWithoutSchemeAndAuthority(path).toUri().getPath());
+  }
+
+  @Override
   public Iterator<FileStatus> listFrom(Path path, Configuration hadoopConf) throws IOException {
     FileSystem fs = path.getFileSystem(hadoopConf);
     Path folder = fs.makeQualified(path.getParent());
-    File directory = new File(Path.getPathWithoutSchemeAndAuthority(folder).toUri().getPath());
+    File directory = localFile(folder);
     String[] names = directory.list();
     if (names == null) {
       throw new FileNotFoundException("No such file or directory: " + folder);
