@@ -6,6 +6,7 @@ parity property test in test_backend_parity.py.)"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -31,9 +32,10 @@ from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
+from databuild_assets.workload.event_stream import DEFAULT_START_NS
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import BR, P, build_request_event, partition_event
-from databuild_assets_tests.support import REPO_ROOT, AppenderProcess, lakehouse_for
+from databuild_assets_tests.support import REPO_ROOT, AppenderProcess, lakehouse_for, log_uri
 
 
 def _in_another_process(lake: Lake, code: str) -> str:
@@ -305,3 +307,60 @@ def test_events_committed_while_an_append_waits_for_the_lock_are_stored_once_and
     assert _files_on_disk(path) == _files_named(path)
     stored = deltalake.DeltaTable(path).to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()
     assert sorted(stored) == sorted(e["event_id"] for e in events)
+
+
+def test_a_purge_and_a_bin_pack_let_appender_processes_commit_while_they_run(spark, lake: Lake, tmp_path: Path) -> None:
+    # Neither holds the raw log's commit lock through its Spark job (decision 0055): an appender
+    # commits between the version each read and the one it committed, and every event lands once.
+    # Its events are a week later than those the purge rewrites: an append into a partition the
+    # purge rewrites makes it run again under the lock.
+    early = list(itertools.islice(generate_events(1_000_000, seed=55), 300))
+    later_start = DEFAULT_START_NS + 7 * 86_400 * 10**9
+    stream = f"generate_events(1_000_000, seed=56, start_ns={later_start})"  # appended until told to stop
+    with DeltaRsEventLog(lake) as log:
+        for start in range(0, len(early), 30):  # ten small files in each day's partition to pack
+            log.append_events(early[start : start + 30])
+    erased = early[0]["build_request_id"]
+    request_erasure(spark, lake, "build_request_id", erased, actor="alice", reason="ticket 55")
+    stop = tmp_path / "stop"
+    appender = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import itertools, os, time\n"
+            "from databuild_assets.log import open_event_log\n"
+            "from databuild_assets.workload import generate_events\n"
+            f"events, sent = {stream}, 0\n"
+            f"with open_event_log({log_uri(lake)!r}, writer='beside-compaction') as log:\n"
+            f"    while not os.path.exists({str(stop)!r}):\n"
+            "        sent += log.append_events(list(itertools.islice(events, 3))).accepted\n"
+            "        time.sleep(0.2)\n"
+            "print(sent)\n",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        compact(spark, lake)
+    finally:
+        stop.touch()
+        out, err = appender.communicate(timeout=300)
+    assert appender.returncode == 0, err[-3000:]
+    later = list(itertools.islice(generate_events(1_000_000, seed=56, start_ns=later_start), int(out.split()[-1])))
+
+    history = deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG)).history()
+    appends = {commit["version"] for commit in history if "beside-compaction" in str(commit.get("userMetadata", ""))}
+    purge = next(c for c in history if c["operation"] == "MERGE" and '"purge"' in str(c.get("userMetadata")))
+    pack = next(c for c in history if c["operation"] == "OPTIMIZE")
+    for commit in (purge, pack):
+        beside = [v for v in appends if commit["readVersion"] < v < commit["version"]]
+        assert beside, f"{commit['operation']}: read v{commit['readVersion']}, committed v{commit['version']}"
+    stored = [row["event_id"] for row in spark.read.format("delta").load(lake.table_path(RAW_EVENT_LOG)).collect()]
+    assert len(stored) == len(set(stored))  # none twice
+    sent_ids = {e["event_id"] for e in later}
+    # The erased build request's events that were there to purge are gone, every other one is kept;
+    # of those appended beside, all are kept but the erased request's (purged if committed in time).
+    assert set(stored) - sent_ids == {e["event_id"] for e in early if e["build_request_id"] != erased}
+    assert {e["event_id"] for e in later if e["build_request_id"] != erased} <= set(stored)

@@ -29,6 +29,7 @@ old checkpoints of each local table are thinned to one an hour (maintenance/log_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -62,6 +63,7 @@ from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.commits import PURGE, find_commit
 from databuild_assets.runtime.delta_tables import (
+    RETRYABLE_CONFLICTS,
     USER_METADATA,
     TableSize,
     current_version,
@@ -147,46 +149,65 @@ def _drop_dir(spark: SparkSession, path: str) -> None:
 
 
 def _delete_by_event_id(
-    spark: SparkSession, path: str, event_ids: DataFrame, tombstones_version: int | None
+    spark: SparkSession, path: str, event_ids: DataFrame, tombstones_version: int | None, scope: Column
 ) -> tuple[int, int]:
-    """Delete the rows of `event_ids` from the table at `path`: (rows deleted, files rewritten).
-    The commit records the version of the tombstones whose events these are, if given: the
-    filtered log then knows it hides them already, and reads past the commit (`log_changes`)."""
+    """Delete the rows of `event_ids` from the table at `path`, all within the rows `scope` (on
+    columns of the alias `t`) selects: (rows deleted, files rewritten). The commit records the
+    version of the tombstones whose events these are, if given: the filtered log then knows it
+    hides them already, and reads past the commit (`log_changes`)."""
     token = uuid.uuid4().hex
     metadata = (
         {PURGE: token} if tombstones_version is None else {PURGE: token, "tombstones_version": tombstones_version}
     )
 
-    def delete() -> Row:
-        with commit_lock(path), session_settings(spark, {USER_METADATA: json.dumps(metadata)}):
-            return (
-                DeltaTable.forPath(spark, path)
-                .alias("t")
-                .merge(event_ids.alias("erase"), "t.event_id = erase.event_id")
-                .whenMatchedDelete()
-                .execute()
-                .first()
-            )
+    def delete(locked: bool) -> Row:
+        with commit_lock(path) if locked else contextlib.nullcontext():
+            with session_settings(spark, {USER_METADATA: json.dumps(metadata)}):
+                return (
+                    DeltaTable.forPath(spark, path)
+                    .alias("t")
+                    .merge(event_ids.alias("erase"), (F.col("t.event_id") == F.col("erase.event_id")) & scope)
+                    .whenMatchedDelete()
+                    .execute()
+                    .first()
+                )
 
-    metrics = retry_on_conflict(delete, what=f"purge erased events from {path}")
+    # First without the commit lock: the MERGE reads and rewrites for as long as the partitions
+    # in `scope` take, and the appends would wait all that time. Its commit is atomic (our log
+    # store commits by hard link), and Delta checks it against what committed meanwhile: an
+    # append into another partition does not touch it. An append into one of its partitions
+    # does (Delta's open-source tables are Serializable), and then it runs again under the lock
+    # (decision 0055).
+    try:
+        metrics = delete(locked=False)
+    except RETRYABLE_CONFLICTS as conflict:
+        log.info("purge of %s: %s; again under the commit lock", path, type(conflict).__name__)
+        metrics = retry_on_conflict(lambda: delete(locked=True), what=f"purge erased events from {path}")
     found = find_commit(spark, path, lambda recorded: recorded == metadata)
     rewritten = int(((found[1].get("operationMetrics") or {}) if found else {}).get("numTargetFilesRemoved", 0))
     return int(metrics["num_deleted_rows"]), rewritten
 
 
-def _partitions_holding(table: DataFrame, spec: TableSpec, event_ids: DataFrame) -> Column:
-    """A predicate on `spec`'s partition columns that holds for every row of `table` whose
-    event_id is in `event_ids` (the whole table when it has no partition columns): the part of
-    the table a delete of those ids can change, so the part a check of that delete must read."""
+def _partitions_holding(table: DataFrame, spec: TableSpec, event_ids: DataFrame, alias: str = "") -> list[Column]:
+    """Predicates on `spec`'s partition columns (of `alias`, when given) that hold for every row
+    of `table` whose event_id is in `event_ids`, the first on unqualified columns and the second
+    on `alias`'s (the whole table when it has no partition columns): the part of the table a
+    delete of those ids can change, so the part a check of that delete must read."""
     if not spec.partition_by:
-        return F.lit(True)
+        return [F.lit(True), F.lit(True)]
     values = table.join(event_ids, "event_id", "left_semi").select(*spec.partition_by).distinct().collect()
     if not values:
-        return F.lit(False)
-    return reduce(
-        lambda a, b: a | b,
-        (reduce(lambda a, b: a & b, (F.col(c) == F.lit(row[c]) for c in spec.partition_by)) for row in values),
-    )
+        return [F.lit(False), F.lit(False)]
+    return [
+        reduce(
+            lambda a, b: a | b,
+            (
+                reduce(lambda a, b: a & b, (F.col(prefix + c) == F.lit(row[c]) for c in spec.partition_by))
+                for row in values
+            ),
+        )
+        for prefix in ("", f"{alias}.")
+    ]
 
 
 def purge_events(
@@ -215,15 +236,14 @@ def purge_events(
         if not per_tombstone and event_ids is None:
             return Purge()
         ids = (event_ids if event_ids is not None else matched.select("event_id")).distinct().cache()
-        scope = _partitions_holding(at_version, spec, ids.unionByName(matched.select("event_id")))
+        scope, target_scope = _partitions_holding(at_version, spec, ids.unionByName(matched.select("event_id")), "t")
         expected = _checksum(visible_events(at_version.where(scope), tombstones))
-        # The clone in a folder of its own, dropped whole: with it goes the commit lock file a
-        # local lake keeps beside a table's folder (runtime/commit_lock.py).
+        # The clone in a folder of its own, dropped whole.
         scratch = lake.path("_scratch", f"purge-{spec.name}-{uuid.uuid4().hex[:12]}")
         clone = f"{scratch}/{spec.name}"
         try:
             spark.sql(f"CREATE TABLE delta.`{clone}` SHALLOW CLONE delta.`{path}` VERSION AS OF {version}")
-            _delete_by_event_id(spark, clone, ids, tombstones_version)
+            _delete_by_event_id(spark, clone, ids, tombstones_version, target_scope)
             dry_run = spark.read.format("delta").load(clone).where(scope)
             kept, still_matching = _checksum(dry_run), matching_events(dry_run, tombstones).count()
             if kept != expected or still_matching:
@@ -232,7 +252,7 @@ def purge_events(
                     f"(checksum {kept.checksum}), {still_matching} of them matching a tombstone; expected "
                     f"{expected.rows} rows (checksum {expected.checksum}) and none matching. The table is unchanged."
                 )
-            deleted, rewritten = _delete_by_event_id(spark, path, ids, tombstones_version)
+            deleted, rewritten = _delete_by_event_id(spark, path, ids, tombstones_version, target_scope)
             files = len(at_version.inputFiles())  # from the snapshot at `version`: no data read
             log.info(
                 "%s: purged %d rows for %d tombstones, rewrote %d of %d files (dry run at v%d verified)",
@@ -292,8 +312,10 @@ def bin_pack(
         packed_bytes = int(spark.sparkContext.getConf().get(_MIN_FILE_SIZE, str(PACKED_FILE_BYTES)))
     session = spark.newSession()  # the setting stays off other threads' work
 
+    # Without the commit lock: the appends go on while it packs. A bin-pack changes no data, so
+    # Delta checks it only against removals of the files it packs (decision 0055).
     def optimize() -> int:
-        with commit_lock(path), session_settings(session, {_MIN_FILE_SIZE: str(packed_bytes)}):
+        with session_settings(session, {_MIN_FILE_SIZE: str(packed_bytes)}):
             builder = DeltaTable.forPath(session, path).optimize()
             if "event_date" in spec.partition_by and closed_before is not None:
                 builder = builder.where(f"event_date < '{closed_before.isoformat()}'")

@@ -1,15 +1,17 @@
-"""One lock per table that every committer of a local lake takes: Spark jobs and delta-rs writers.
+"""One lock per local table for the commits whose check must hold until they land.
 
-Delta's optimistic concurrency rests on an atomic "write the next commit file if absent". On a
-local disk, delta-rs does that atomically (a hard link), but Spark's default log store for
-`file:` checks and renames in two steps, guarded only inside its own JVM. A Spark job and a
-JVM-free appender committing to the same table at the same instant could both write version N.
-So every code path that commits to a table a JVM-free process also writes (the raw event log)
-holds this lock while it reads what it checks and commits: an OS advisory lock (flock) on
-a hidden file beside the table's folder (`tables/.raw_event_log.commit-lock`), released by
-the OS if the holder dies. The raw log's MERGE (ingestion, writer API) takes it, and so do
-the paths shared by every table (create, purge, OPTIMIZE, VACUUM, schema upgrade): a system
-call each.
+Delta's optimistic concurrency rests on an atomic "write the next commit file if absent", which
+every writer of a local lake does by a hard link: delta-rs, the JVM-free appends, and Spark
+through our log store (delta-jars/logstore, docs/decisions/0055-spark-commits-a-local-table-by-hard-link.md).
+So two commits never overwrite each other; what this lock adds is that a writer's *reading* and
+its commit are one step. An append or an ingestion dedupes against the raw log and must commit
+before another writer adds the same event: both hold this lock from their dedupe to their
+commit. So do the steps that rewrite a table's log in ways Delta cannot check (create, VACUUM's
+records, schema upgrade, repair): an OS advisory lock (flock) on a hidden file beside the
+table's folder (`tables/.raw_event_log.commit-lock`), released by the OS if the holder dies. A
+purge's MERGE and a bin-pack only remove what is already there, so they run without it first
+(the purge again under it when an append landed in a partition it rewrites): Delta checks them
+against whatever committed meanwhile, and the appends go on beside them.
 
 The lock file is made 0600 and must be this user's, and a wait is bounded (runtime/lock_files.py):
 a lock others could open would let them stall every commit. A process that commits narrows its
@@ -18,8 +20,8 @@ umask (runtime/file_modes.py), so what delta-rs writes under the lock is not rea
     with commit_lock(lake.table_path(RAW_EVENT_LOG)):
         merge_new_events(...)
 
-Object stores (s3a://, abfss://) are not locked here: they need a log store made for them
-(docs/decisions/0009-one-commit-lock-for-the-raw-log.md).
+Object stores (s3a://, abfss://) are not locked here: every commit there is a conditional write
+(docs/decisions/0009-one-commit-lock-for-the-raw-log.md, 0040).
 """
 
 from __future__ import annotations
