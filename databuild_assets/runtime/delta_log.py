@@ -267,13 +267,14 @@ def _read_checkpoint(parts: list[Path]) -> tuple[dict[str, LiveFile], dict[str, 
     return files, transactions
 
 
-def read_log(table_path: str) -> LogState:
-    """The table's state at the newest version that can be read whole, with every damaged or
-    missing log file found on the way (see the module's docstring)."""
-    state = LogState(table_path)
-    folder = log_folder(table_path)
-    if not folder.is_dir():
-        return state
+_MISSED_COMMITS_CHECKED = 1_000  # a listing race misses a few versions; a longer run is damage
+
+
+def log_files(folder: Path) -> tuple[dict[int, Path], dict[int, list[Path]]]:
+    """The commit files and the checkpoint files (their parts) in the log folder, by version.
+    A folder's read is no snapshot (on ext4 a commit linked during it may be missed and the next
+    one seen), and commits are removed oldest first only: so a version missing between two listed
+    ones is looked for by name, as Spark's log store does (`LocalLogStore.withMissedCommits`)."""
     commits: dict[int, Path] = {}
     checkpoints: dict[int, list[Path]] = {}
     for name in sorted(os.listdir(folder)):
@@ -281,6 +282,23 @@ def read_log(table_path: str) -> LogState:
             commits[int(match.group(1))] = folder / name
         elif match := CHECKPOINT_FILE.match(name):
             checkpoints.setdefault(int(match.group(1)), []).append(folder / name)
+    listed = sorted(commits)
+    for low, high in zip(listed, listed[1:], strict=False):
+        if high - low - 1 <= _MISSED_COMMITS_CHECKED:
+            for version in range(low + 1, high):
+                if (path := folder / f"{version:020d}.json").is_file():
+                    commits[version] = path
+    return dict(sorted(commits.items())), checkpoints
+
+
+def read_log(table_path: str) -> LogState:
+    """The table's state at the newest version that can be read whole, with every damaged or
+    missing log file found on the way (see the module's docstring)."""
+    state = LogState(table_path)
+    folder = log_folder(table_path)
+    if not folder.is_dir():
+        return state
+    commits, checkpoints = log_files(folder)
     state.newest_on_disk = max(commits, default=None)
     parsed: dict[int, _Commit] = {}
     for version, path in commits.items():
