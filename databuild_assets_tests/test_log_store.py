@@ -33,6 +33,14 @@ def _listing(jvm, store, folder: Path, start: str, conf) -> list[tuple[str, int,
     return listed
 
 
+def _our_store_and_a_log_folder(spark, tmp_path: Path) -> tuple:
+    """The session's JVM and Hadoop configuration, our LocalLogStore, and an empty `_delta_log`."""
+    conf = spark._jsc.hadoopConfiguration()
+    folder = tmp_path / "_delta_log"
+    folder.mkdir()
+    return spark._jvm, conf, spark._jvm.io.databuild.delta.LocalLogStore(conf), folder
+
+
 def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) -> None:
     jvm = spark._jvm
     conf = spark._jsc.hadoopConfiguration()
@@ -77,11 +85,7 @@ def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) ->
 def test_a_commit_is_written_whole_only_where_no_file_has_its_name(spark, tmp_path: Path) -> None:
     # Spark commits by a hard link, as the JVM-free appends do (decision 0055): a file already
     # under the name stays as it was, and the writer hears that its version is taken.
-    jvm = spark._jvm
-    conf = spark._jsc.hadoopConfiguration()
-    store = jvm.io.databuild.delta.LocalLogStore(conf)
-    folder = tmp_path / "_delta_log"
-    folder.mkdir()
+    jvm, conf, store, folder = _our_store_and_a_log_folder(spark, tmp_path)
     commit = folder / f"{0:020d}.json"
 
     def write(lines: list[str], overwrite: bool) -> None:
@@ -123,11 +127,7 @@ def test_a_listing_holds_every_commit_linked_while_the_folder_is_read(spark, tmp
     # may be missed while the next one is seen, and Delta refuses a log with a gap
     # (DELTA_VERSIONS_NOT_CONTIGUOUS: a bin-pack's commit failed so in bench.soak). Spark's store
     # and the Python reader of the log (`check`, the damage report) look a missed version up.
-    jvm = spark._jvm
-    conf = spark._jsc.hadoopConfiguration()
-    store = jvm.io.databuild.delta.LocalLogStore(conf)
-    folder = tmp_path / "_delta_log"
-    folder.mkdir()
+    jvm, conf, store, folder = _our_store_and_a_log_folder(spark, tmp_path)
     first_linked = 20_000  # a log a day of appends leaves before its cleanup: a read of it takes a while
     for version in range(first_linked):
         (folder / f"{version:020d}.json").write_text("{}\n")
