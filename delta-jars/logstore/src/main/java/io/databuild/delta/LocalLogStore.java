@@ -111,8 +111,10 @@ public class LocalLogStore extends HDFSLogStore {
             .toArray();
     List<String> names = new ArrayList<>(Arrays.asList(listed));
     for (int i = 1; i < versions.length; i++) {
-      long gap = versions[i] - versions[i - 1] - 1;
-      for (long version = versions[i - 1] + 1; gap <= MISSED_COMMITS_CHECKED && version < versions[i]; version++) {
+      if (versions[i] - versions[i - 1] - 1 > MISSED_COMMITS_CHECKED) {
+        continue;
+      }
+      for (long version = versions[i - 1] + 1; version < versions[i]; version++) {
         String name = String.format("%020d.json", version);
         if (new File(directory, name).exists()) {
           names.add(name);
