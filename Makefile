@@ -40,11 +40,17 @@ postgres-setup:
 # uv installs the pinned set (3 to 3.5 times pip's speed: docs/decisions/0050-python-3-11-to-3-13.md);
 # pip installs only uv itself, at the version [test] pins.
 UV_PIN = $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
+# pyspark is published only as a source archive, which uv builds again (and keeps again) for each
+# venv when the index answers its revalidation as modified. So pip builds the wheel once into WHEELS
+# (pip's own wheel cache serves the next clone) and uv installs it from there (decision 0050).
+PYSPARK_PIN = $(shell grep -o '"pyspark\[sql\]==[^"]*"' pyproject.toml | tr -d '"' | sed 's/\[sql\]//')
+WHEELS := .wheels
 # $(call uv_install,VENV_DIR): uv (from the main venv) installing into the venv at VENV_DIR.
-uv_install = VIRTUAL_ENV=$(CURDIR)/$(1) $(BIN)/uv pip install --quiet --python $(1)/bin/python
+uv_install = VIRTUAL_ENV=$(CURDIR)/$(1) $(BIN)/uv pip install --quiet --find-links $(WHEELS) --python $(1)/bin/python
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(UV_PIN)"
+	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps "$(PYSPARK_PIN)" --wheel-dir $(WHEELS)
 	$(call uv_install,$(VENV)) -e ".[test]"
 	touch $@
 
