@@ -16,12 +16,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-from dagster import DagsterInstance
+from typing import TYPE_CHECKING
 
 from databuild_assets.runtime.file_modes import restrict_umask
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake, LakeRootError, is_local
 from databuild_assets.runtime.object_store import is_s3
+
+if TYPE_CHECKING:  # Dagster is imported by the commands that run it, not by `query` or `check`
+    from dagster import DagsterInstance
 
 # Exit codes: 0 done; 1 the work failed (a run, Spark); 2 what the command was given is wrong (an
 # argument, a URI, a log or a lake root that is not there, Spark settings Spark cannot start with):
@@ -51,6 +53,8 @@ def _spark_or_refusal(command: str):
 
 def _instance() -> DagsterInstance:
     """The DAGSTER_HOME instance when set (runs then show in the UI), else a throwaway one."""
+    from dagster import DagsterInstance
+
     return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
 
 

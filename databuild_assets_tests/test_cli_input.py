@@ -1,11 +1,12 @@
 """Bad input at the command line's front door: a mistyped lake or log, an argument that does not
 fit its method, a URI no backend accepts, a lake root whose parent is missing. Each is refused
 with exit 2 and one line on stderr that names what is wrong and what to do, never a traceback,
-and creates nothing on disk (docs/query-api.md, The command line).
+and creates nothing on disk (docs/query-api.md, The command line). A query imports no Dagster.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,6 +135,20 @@ def test_a_partition_ref_holding_an_equals_sign_is_still_a_positional_value(sqli
 
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "null"
+
+
+def test_a_query_answers_without_importing_dagster(sqlite_uri):
+    # A query serves a live service's reader: it pays neither a JVM nor the orchestrator's import.
+    program = (
+        "import sys; from databuild_assets.cli import main; "
+        f"code = main(['query', {sqlite_uri!r}, 'get_activity_summary']); "
+        "print('dagster' in sys.modules, file=sys.stderr); sys.exit(code)"
+    )
+    run = subprocess.run([sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["total_events"] == len(one_build_events()), run.stdout
+    assert run.stderr.strip().splitlines()[-1] == "False", run.stderr
 
 
 @pytest.mark.parametrize("command", [["demo", "--events", "10"], ["migrate", "sqlite:///:memory:"]])
