@@ -18,8 +18,8 @@ import pytest
 
 from databuild_assets.runtime.private_folders import UnsafeFolderError, private_folder
 from databuild_assets.runtime.spark import SparkSettings, spark_config
-from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, HOST_MODULE, stop_hosts
-from databuild_assets_tests.support import REPO_ROOT, as_other_user, needs_another_user
+from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, HOST_MODULE, running_hosts, stop_hosts
+from databuild_assets_tests.support import REPO_ROOT, as_other_user, needs_another_user, process_alive
 
 # What a process of the pipeline does first: ask for its warm session. Run in a child so that
 # whatever it attaches to (on code that trusts a planted registry) leaves this process alone.
@@ -276,6 +276,9 @@ def test_a_local_warm_driver_keeps_secrets_off_command_lines_and_listens_on_loop
         addresses = listening_addresses(reported["jvm"])
         assert addresses, "the JVM listens on nothing: the test sees no sockets"
         assert [address for address in addresses if not is_loopback(address)] == []
+        [(_, host, _)] = running_hosts(drivers)
+        assert stop_hosts(drivers, wait_s=60) == [host.pid]  # what `spark-driver stop` does
+        assert not process_alive(host.pid)  # the host is gone when it returns
     finally:
         stop_hosts(drivers, wait_s=60)
 
