@@ -38,7 +38,7 @@ postgres-setup:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql; }
 
 # uv installs the pinned set (3 to 3.5 times pip's speed: docs/decisions/0050-python-3-11-to-3-13.md);
-# pip installs only uv itself, at the version [test] pins.
+# pip installs uv itself, at the version [test] pins, and builds the one wheel below.
 UV_PIN = $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
 # pyspark is published only as a source archive, which uv builds again (and keeps again) for each
 # venv when the index answers its revalidation as modified. So pip builds the wheel once into WHEELS
