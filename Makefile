@@ -47,10 +47,15 @@ PYSPARK_PIN = $(shell grep -o '"pyspark\[sql\]==[^"]*"' pyproject.toml | tr -d '
 WHEELS := .wheels
 # $(call uv_install,VENV_DIR): uv (from the main venv) installing into the venv at VENV_DIR.
 uv_install = VIRTUAL_ENV=$(CURDIR)/$(1) $(BIN)/uv pip install --quiet --find-links $(WHEELS) --python $(1)/bin/python
-$(VENV)/.installed: pyproject.toml
+# Its own target, so that a clone set up before it gets the wheel too.
+$(WHEELS)/.built: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps "$(PYSPARK_PIN)" --wheel-dir $(WHEELS)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(WHEELS)/.built
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(UV_PIN)"
-	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps "$(PYSPARK_PIN)" --wheel-dir $(WHEELS)
 	$(call uv_install,$(VENV)) -e ".[test]"
 	touch $@
 
@@ -109,7 +114,7 @@ test-py312 test-py313: test-py%: setup
 	DAGSTER_HOME="$$tmp/home" DATABUILD_LAKE_ROOT="$$tmp/lake" .venv-$(python_$*)/bin/databuild-assets demo --events $(PYTHON_DEMO_EVENTS)
 	.venv-$(python_$*)/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTHON_FAST_TESTS)
 
-.venv-%/.installed: pyproject.toml $(VENV)/.installed
+.venv-%/.installed: pyproject.toml $(VENV)/.installed $(WHEELS)/.built
 	@py=; for candidate in $$(command -v python$* 2>/dev/null) $$(ls -d $$HOME/.pyenv/versions/$*.*/bin/python$* 2>/dev/null | sort -rV); do \
 	  if "$$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$*".split("."))))' 2>/dev/null; then py=$$candidate; break; fi; done; \
 	if [ -z "$$py" ]; then \
