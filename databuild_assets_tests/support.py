@@ -83,15 +83,6 @@ def evaluate_sensor(sensor: SensorDefinition, **context: Any) -> Any:
         return sensor(sensor_context)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether `pid` runs: a zombie (exited, not yet reaped by its parent) counts as gone."""
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return not stat.read_text().split(") ", 1)[1].startswith("Z")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def tree(root: Path) -> dict[str, tuple]:
     """Every file and folder under `root` (root included) with its kind, size and mtime: what
     "nothing changed on disk" is compared on."""

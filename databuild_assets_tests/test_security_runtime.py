@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from databuild_assets.runtime.private_folders import UnsafeFolderError, private_folder
+from databuild_assets.runtime.processes import process_alive
 from databuild_assets.runtime.spark import SparkSettings, spark_config
 from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, HOST_MODULE, running_hosts, stop_hosts
-from databuild_assets_tests.support import REPO_ROOT, as_other_user, needs_another_user, process_alive
+from databuild_assets_tests.support import REPO_ROOT, as_other_user, needs_another_user
 
 # What a process of the pipeline does first: ask for its warm session. Run in a child so that
 # whatever it attaches to (on code that trusts a planted registry) leaves this process alone.

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from databuild_assets.runtime.lake import Lake
+from databuild_assets.runtime.processes import process_alive
 from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, driver_key, running_hosts, stop_hosts
-from databuild_assets_tests.support import REPO_ROOT, one_partition_build, process_alive, write_landing
+from databuild_assets_tests.support import REPO_ROOT, one_partition_build, write_landing
 from databuild_assets_tests.warm_driver_client import SETTINGS
 
 
