@@ -314,7 +314,8 @@ def test_after_the_compaction_and_vacuum_jobs_no_file_on_disk_holds_an_erased_va
     assert op_output_metadata(compaction, "compact_lake")["tombstones_applied"] == 1
     # Where a run's time went, phase by phase, in the order they ran (a tombstone was pending: a purge ran).
     assert list(op_output_metadata(compaction, "compact_lake")["phase_seconds"]) == [
-        "tombstones", "purge", "projections", "bin-pack", "landing files", "record applied", "checkpoints"
+        "tombstones", "bin-pack logs", "purge", "projections", "bin-pack", "landing files", "record applied",
+        "checkpoints",
     ]  # fmt: skip
     assert op_output_metadata(vacuum, "vacuum_tables")["files_deleted"] > 0
     assert op_output_metadata(report, "report_erasure")["rows_still_holding_values"] == 0

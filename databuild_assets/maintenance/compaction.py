@@ -1,5 +1,8 @@
 """Compaction: physically purge what tombstones match, and bin-pack small files.
 
+When there is something to purge, the logs are bin-packed first (see below): the purge then reads
+a few packed files, not the thousands of small ones a service's appends leave.
+
 Purge, table by table (raw log, filtered log, quarantine), for the tombstones pending when the
 run starts, and for applied tombstones that match raw log rows again (events that arrived after
 their purge: a writer's retried call, a landing file delivered again; hidden at once like any
@@ -19,9 +22,9 @@ match, and purged now, or the raw log would keep them for good):
 
 The projections are then refreshed (in full when their source, the filtered log, removed data
 since their last refresh: their live files then no longer hold the values). Then OPTIMIZE bin-packs
-closed date partitions of the logs (dataChange=false: it does not conflict with appends), the
-small tables and the projections (whose refreshes leave a few small files each). Then every
-ingested landing file and archived landing file that holds a line any tombstone matches is
+closed date partitions of the logs (dataChange=false: it does not conflict with appends; before
+the purge when there is one), the small tables and the projections (whose refreshes leave a few
+small files each). Then every ingested landing file and archived landing file that holds a line any tombstone matches is
 rewritten without it (maintenance/landing_files.py). Then exactly the tombstones this run
 purged are recorded as applied; one recorded while it ran stays pending for the next run. Last,
 old checkpoints of each local table are thinned to one an hour (maintenance/log_checkpoints.py).
@@ -357,8 +360,8 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
 
 
 def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionResult:
-    """Purge pending tombstones everywhere, refresh the projections after the purge, then
-    bin-pack. See the module docstring.
+    """Bin-pack the logs, purge pending tombstones everywhere, refresh the projections after the
+    purge, then bin-pack the other tables. See the module docstring.
 
     `open_days`: the most recent event dates that writers may still append to are left out of
     bin-packing; 0 packs every table whole (the file-count sensor's runs: a service's small files
@@ -382,8 +385,18 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         ]
         before = {spec.name: table_size(spark, lake.table_path(spec)) for spec in tables}
     purged: dict[str, Purge] = {}
+    compacted: dict[str, int] = {}
+    closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1) if open_days > 0 else None
 
     if to_purge:
+        # The logs are bin-packed before the purge reads them: a service leaves one small file per
+        # append, and the purge's dry run, checks and MERGE would read every one of them several
+        # times (and the MERGE again under the commit lock when an append into its dates
+        # conflicts), where after the bin-pack they read a few packed files.
+        with phase("bin-pack logs"):
+            compacted = {
+                spec.name: bin_pack(spark, lake, spec, closed_before) for spec in EVENT_TABLES if spec in tables
+            }
         with phase("purge"):
             refresh_filtered_log(spark, lake)  # it holds nothing matching a tombstone it has seen
             for spec in EVENT_TABLES:
@@ -393,9 +406,10 @@ def compact(spark: SparkSession, lake: Lake, open_days: int = 2) -> CompactionRe
         with phase("projections"):
             refresh_all_projections(spark, lake)
 
-    closed_before = datetime.now(UTC).date() - timedelta(days=open_days - 1) if open_days > 0 else None
     with phase("bin-pack"):
-        compacted = {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables}
+        compacted.update(
+            {spec.name: bin_pack(spark, lake, spec, closed_before) for spec in tables if spec.name not in compacted}
+        )
     files = sum(compacted.values())
     dates = "every date" if closed_before is None else f"the dates before {closed_before}"
     log.info("bin-packed %s: %d files rewritten in %d tables", dates, files, len(tables))
