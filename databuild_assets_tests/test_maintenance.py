@@ -250,23 +250,24 @@ def test_a_bin_pack_leaves_the_files_already_packed_to_size_and_packs_only_the_s
     # A service's raw log is bin-packed every ~10,000 appends: with Delta's default (files under
     # 1 GB are packed) each bin-pack would rewrite the day so far, under the commit lock.
     path = lake.table_path(RAW_EVENT_LOG)
-    for n in range(4):
-        append_events(spark, lake, one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n))
+    builds = [one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n) for n in range(19)]
+    for first in (0, 8):  # two files of 8 builds: packed, larger than a file of one build
+        append_events(spark, lake, [event for build in builds[first : first + 8] for event in build])
+    rows = sorted(map(str, spark.read.format("delta").load(path).collect()))
     bin_pack(spark, lake, RAW_EVENT_LOG, None)
+    assert sorted(map(str, spark.read.format("delta").load(path).collect())) == rows  # every value, as Spark wrote it
     [packed] = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").collect()
     assert packed["numFiles"] == 1
     first = set(spark.read.format("delta").load(path).inputFiles())
-    for n in range(4, 7):
-        append_events(spark, lake, one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n))
+    for build in builds[16:]:
+        append_events(spark, lake, build)
 
     rewritten = bin_pack(spark, lake, RAW_EVENT_LOG, None, packed_bytes=packed["sizeInBytes"])
 
     files = set(spark.read.format("delta").load(path).inputFiles())
     assert first <= files  # the packed file stays as it is
     assert rewritten == 3 and len(files) == 2  # the three small ones became one
-    assert spark.read.format("delta").load(path).count() == sum(
-        len(one_partition_build(f"br-{n}", f"data/a/{n}", 10 + 10 * n)) for n in range(7)
-    )
+    assert spark.read.format("delta").load(path).count() == sum(map(len, builds))
 
 
 def test_erased_events_that_arrive_again_stay_hidden_and_the_next_compaction_purges_them(spark, two_builds):

@@ -50,6 +50,7 @@ from pyspark.sql import functions as F
 
 from databuild_assets.maintenance.filtered_log import refresh_filtered_log
 from databuild_assets.maintenance.landing_files import LandingErasureResult, erase_from_landing_files
+from databuild_assets.maintenance.local_bin_pack import PackConflictError, bin_pack_locally
 from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
 from databuild_assets.maintenance.tombstones import (
     Tombstone,
@@ -84,6 +85,8 @@ from databuild_assets.runtime.lake import (
     TOMBSTONES,
     Lake,
     TableSpec,
+    is_local,
+    plain_path,
 )
 from databuild_assets.runtime.object_store import is_s3
 
@@ -313,6 +316,15 @@ def bin_pack(
     path = lake.table_path(spec)
     if packed_bytes is None:
         packed_bytes = int(spark.sparkContext.getConf().get(_MIN_FILE_SIZE, str(PACKED_FILE_BYTES)))
+    if is_local(path):
+        # Without Spark when the table is one the JVM-free appends could write (decisions/0056).
+        try:
+            removed = bin_pack_locally(plain_path(path), closed_before, packed_bytes)
+        except PackConflictError as conflict:
+            log.info("bin-pack of %s: %s; by Spark's OPTIMIZE instead", path, conflict)
+            removed = None
+        if removed is not None:
+            return removed
     session = spark.newSession()  # the setting stays off other threads' work
 
     # Without the commit lock: the appends go on while it packs. A bin-pack changes no data, so

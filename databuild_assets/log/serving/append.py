@@ -128,7 +128,9 @@ def _stat(value: Any) -> Any:
     return value
 
 
-def _statistics(rows: pa.Table, stats_columns: Sequence[str]) -> str:
+def statistics(rows: pa.Table, stats_columns: Sequence[str]) -> str:
+    """The `stats` of an `add` action for `rows`: row count, and the minimum, maximum and null
+    count of each of `stats_columns` the rows have (strings cut as Spark and delta-rs cut them)."""
     minimum, maximum, nulls = {}, {}, {}
     for name in stats_columns:
         if name not in rows.column_names:
@@ -144,7 +146,8 @@ def _statistics(rows: pa.Table, stats_columns: Sequence[str]) -> str:
     )
 
 
-def _partition_text(value: Any) -> str | None:
+def partition_text(value: Any) -> str | None:
+    """A partition value as the log writes it (None for null)."""
     return None if value is None else value.isoformat() if isinstance(value, date) else str(value)
 
 
@@ -160,7 +163,7 @@ def write_data_files(
     keys = rows.select(list(partition_by)).to_pylist() if partition_by else [{}] * rows.num_rows
     groups: dict[tuple, list[int]] = {}
     for index, key in enumerate(keys):
-        groups.setdefault(tuple(_partition_text(key[name]) for name in partition_by), []).append(index)
+        groups.setdefault(tuple(partition_text(key[name]) for name in partition_by), []).append(index)
     for values, indexes in groups.items():
         part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
         folder = "/".join(f"{name}={value}" for name, value in zip(partition_by, values, strict=True))
@@ -180,7 +183,7 @@ def write_data_files(
                     "size": os.path.getsize(full),
                     "modificationTime": now_ms,
                     "dataChange": True,
-                    "stats": _statistics(part, stats_columns),
+                    "stats": statistics(part, stats_columns),
                 }
             }
         )
@@ -238,7 +241,7 @@ def append_files(
         raise
 
 
-def _fast_layout(table: deltalake.DeltaTable) -> tuple[list[str], list[str]] | None:
+def fast_layout(table: deltalake.DeltaTable) -> tuple[list[str], list[str]] | None:
     """The partition and statistics columns `write_data_files` writes the table's files with,
     when its protocol allows a blind append and it names its statistics columns; else None."""
     configuration = table.metadata().configuration
@@ -254,7 +257,7 @@ def append_locally(
     """Commit `rows` as `version` of the local table at `table_path` by `append_files`, when the
     table's protocol allows a blind append and it names its statistics columns. False, with
     nothing written, when it does not: the caller commits through delta-rs."""
-    layout = _fast_layout(table)
+    layout = fast_layout(table)
     if layout is None:
         return False
     append_files(table_path, version, rows, *layout, commit_info)
@@ -266,7 +269,7 @@ def stage_locally(table_path: str, table: deltalake.DeltaTable, rows: pa.Table) 
     (`write_data_files`), for `commit_append(..., staged=...)` to name: the work of an append that
     needs no commit lock, done before taking it. None, with nothing written, when the table's
     protocol does not allow `append_files`."""
-    layout = _fast_layout(table)
+    layout = fast_layout(table)
     return None if layout is None else write_data_files(table_path, rows, *layout)
 
 
@@ -352,9 +355,12 @@ __all__ = [
     "commit_append",
     "commit_exactly",
     "commit_files",
+    "fast_layout",
+    "partition_text",
     "raw_log_rows",
     "remove_data_files",
     "stage_locally",
+    "statistics",
     "writable_by_fast_append",
     "write_data_files",
 ]

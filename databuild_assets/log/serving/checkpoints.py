@@ -95,7 +95,7 @@ def checkpoint_if_due(table_path: str, version: int) -> int | None:
         last, actions = last_checkpoint(table_path) or (None, 0)
         if last is not None and last >= version or checkpoint_path(table_path, version).exists():
             return None
-        table = _open_at(table_path, version)
+        table = open_listed(table_path, version)
         if not checkpoint_due(version, last, actions, table.metadata().configuration):
             return None  # written by another process since the append looked
         table.create_checkpoint()
@@ -103,8 +103,8 @@ def checkpoint_if_due(table_path: str, version: int) -> int | None:
         return version
 
 
-def _open_at(table_path: str, version: int, attempts: int = 3) -> deltalake.DeltaTable:
-    """The table at `version`, its log listed again when the listing had a gap: read while the
+def open_listed(table_path: str, version: int | None = None, attempts: int = 3) -> deltalake.DeltaTable:
+    """The table at `version` (None: the newest), its log listed again when the listing had a gap: read while the
     other appenders write commits, a folder listing may return commit N+1 and miss N (ext4 lists
     a large folder in hash order; seen in bench.soak). A gap still there after `attempts`
     listings is raised: a damaged log, which `check` names."""
