@@ -25,7 +25,6 @@ import json
 import os
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,13 +39,13 @@ from databuild_assets.log.serving.append import (
     CommitConflictError,
     commit_files,
     fast_layout,
+    new_data_file,
     partition_text,
     statistics,
 )
 from databuild_assets.log.serving.checkpoints import checkpoint_if_due, open_listed
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_log import commit_path
-from databuild_assets.runtime.file_modes import make_folders
 
 # Delta's spark.databricks.delta.optimize.maxFileSize: the input bytes of one packed file.
 BIN_BYTES = 2**30
@@ -56,6 +55,7 @@ _ROW_GROUP_ROWS = 131_072
 _READERS = min(4, os.cpu_count() or 1)
 _READ_AHEAD = 64  # files read ahead of the writer: a bin's decoded rows are not all held at once
 _PLAIN_PATH = re.compile(r"^[A-Za-z0-9_.=/-]+$")
+_PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _COMMIT_ATTEMPTS = 5
 
 
@@ -75,7 +75,8 @@ def _small_files(
     table: deltalake.DeltaTable, partition_by: Sequence[str], closed_before: date | None, packed_bytes: int
 ) -> list[_File] | None:
     """The table's files under `packed_bytes` (in partitions whose event_date is before
-    `closed_before`, when given); None when a path is not a plain relative one."""
+    `closed_before`, when given); None when a path is not a plain relative one or a partition
+    value is null or not plain text."""
     adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     files = []
     for add in adds:
@@ -88,6 +89,8 @@ def _small_files(
         if closed_before is not None and "event_date" in values and values["event_date"] >= closed_before:
             continue
         partition = tuple((name, partition_text(values[name])) for name in partition_by)
+        if any(text is None or not _PLAIN_VALUE.match(text) for _, text in partition):
+            return None  # a null or escaped partition value: its folder is named as Delta escapes it
         files.append(_File(path, add["size_bytes"], partition))
     return files
 
@@ -120,15 +123,7 @@ def _in_order(pool: ThreadPoolExecutor, read: Callable[[_File], pa.Table], files
 def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns: Sequence[str]) -> dict[str, Any]:
     """Write the rows of `files` (in their order) as one Parquet file of their partition; its
     `add` action (dataChange=false)."""
-    partition = dict(files[0].partition)
-    folder = "/".join(f"{name}={value}" for name, value in files[0].partition)
-    relative = (
-        f"{folder}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        if folder
-        else f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    )
-    full = os.path.join(table_path, relative)
-    make_folders(os.path.dirname(full))  # narrows the umask first: the file is the owner's alone
+    relative, full = new_data_file(table_path, files[0].partition)
     stats_chunks: list[pa.Table] = []
 
     def row_group(parts: list[pa.Table]) -> pa.Table:
@@ -160,7 +155,7 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
     return {
         "add": {
             "path": relative,
-            "partitionValues": partition,
+            "partitionValues": dict(files[0].partition),
             "size": os.path.getsize(full),
             "modificationTime": int(time.time() * 1000),
             "dataChange": False,

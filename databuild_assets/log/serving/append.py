@@ -151,6 +151,17 @@ def partition_text(value: Any) -> str | None:
     return None if value is None else value.isoformat() if isinstance(value, date) else str(value)
 
 
+def new_data_file(table_path: str, partition: Sequence[tuple[str, str | None]]) -> tuple[str, str]:
+    """A new data file's name in the table (relative, as a commit names it) and its path on disk,
+    in the folder of `partition` ((column, value as text) pairs), that folder made if missing."""
+    folder = "/".join(f"{name}={value}" for name, value in partition)
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    relative = f"{folder}/{name}" if folder else name
+    full = os.path.join(table_path, relative)
+    make_folders(os.path.dirname(full))  # narrows the umask first: the file is the owner's alone
+    return relative, full
+
+
 def write_data_files(
     table_path: str, rows: pa.Table, partition_by: Sequence[str], stats_columns: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -166,14 +177,7 @@ def write_data_files(
         groups.setdefault(tuple(partition_text(key[name]) for name in partition_by), []).append(index)
     for values, indexes in groups.items():
         part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
-        folder = "/".join(f"{name}={value}" for name, value in zip(partition_by, values, strict=True))
-        relative = (
-            f"{folder}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            if folder
-            else f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        )
-        full = os.path.join(table_path, relative)
-        make_folders(os.path.dirname(full))  # narrows the umask first: the file is the owner's alone
+        relative, full = new_data_file(table_path, tuple(zip(partition_by, values, strict=True)))
         pq.write_table(part, full, compression="snappy")
         actions.append(
             {
@@ -356,6 +360,7 @@ __all__ = [
     "commit_exactly",
     "commit_files",
     "fast_layout",
+    "new_data_file",
     "partition_text",
     "raw_log_rows",
     "remove_data_files",
