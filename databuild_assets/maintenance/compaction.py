@@ -21,13 +21,15 @@ match, and purged now, or the raw log would keep them for good):
    already, reads past the raw log's purge instead of rebuilding (runtime/commits.py).
 
 The projections are then refreshed (in full when their source, the filtered log, removed data
-since their last refresh: their live files then no longer hold the values). Then OPTIMIZE bin-packs
+since their last refresh: their live files then no longer hold the values). Bin-packing covers
 closed date partitions of the logs (dataChange=false: it does not conflict with appends; before
 the purge when there is one), the small tables and the projections (whose refreshes leave a few
-small files each). Then every ingested landing file and archived landing file that holds a line any tombstone matches is
-rewritten without it (maintenance/landing_files.py). Then exactly the tombstones this run
-purged are recorded as applied; one recorded while it ran stays pending for the next run. Last,
-old checkpoints of each local table are thinned to one an hour (maintenance/log_checkpoints.py).
+small files each): without Spark where maintenance/local_bin_pack.py can, else by OPTIMIZE.
+Then every ingested landing file and archived landing file that holds a line any tombstone
+matches is rewritten without it (maintenance/landing_files.py). Then exactly the tombstones this
+run purged are recorded as applied; one recorded while it ran stays pending for the next run.
+Last, old checkpoints of each local table are thinned to one an hour
+(maintenance/log_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -308,11 +310,13 @@ def bin_pack(
     closed_before: date | None,
     packed_bytes: int | None = None,
 ) -> int:
-    """OPTIMIZE the table's closed date partitions (the whole table when unpartitioned, or when
+    """Bin-pack the table's closed date partitions (the whole table when unpartitioned, or when
     `closed_before` is None), packing the files under `packed_bytes` (default: the Spark
     configuration's spark.databricks.delta.optimize.minFileSize when the operator set one, else
-    PACKED_FILE_BYTES). Redone on a conflict: a projection's refresh may replace rows of the
-    files it packs."""
+    PACKED_FILE_BYTES); the number of files packed. A local table the JVM-free appends could
+    write is packed by `bin_pack_locally`; any other, or one a purge changed meanwhile, by
+    Spark's OPTIMIZE, redone on a conflict (a projection's refresh may replace rows of the
+    files it packs)."""
     path = lake.table_path(spec)
     if packed_bytes is None:
         packed_bytes = int(spark.sparkContext.getConf().get(_MIN_FILE_SIZE, str(PACKED_FILE_BYTES)))
