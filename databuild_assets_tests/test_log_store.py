@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
+from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.serving.backend import DeltaRsEventLog
-from databuild_assets.maintenance.compaction import compact
 from databuild_assets.runtime.delta_jars import LOCAL_LOG_STORE
 from databuild_assets.runtime.delta_log import log_files
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -45,11 +45,11 @@ def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) ->
     jvm = spark._jvm
     conf = spark._jsc.hadoopConfiguration()
     path = lake.table_path(RAW_EVENT_LOG)
-    events = list(generate_events(200, seed=31))
+    events = list(generate_events(210, seed=31))
     with DeltaRsEventLog(lake) as log:  # commits and checkpoints of the JVM-free appends
         for start in range(0, 100, 5):
             log.append_events(events[start : start + 5])
-    compact(spark, lake)  # Spark's commits, with their .crc files
+    append_events(spark, lake, events[200:210], writer="spark")  # a commit of Spark's, with its .crc file
     with DeltaRsEventLog(lake) as log:
         for start in range(100, 200, 5):
             log.append_events(events[start : start + 5])
