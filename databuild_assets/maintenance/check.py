@@ -125,6 +125,9 @@ def check_lake(
     report = LakeCheck(lake.root)
     tables_folder = lake.path("tables")
     names = sorted(os.listdir(tables_folder)) if os.path.isdir(tables_folder) else []
+    # The serving index before the logs: a version it reflects is then one the logs listed after
+    # it hold, however many commits the appends add meanwhile.
+    index, index_file, stamp = _read_serving_index(lake, deep)
     states: dict[str, LogState] = {}
     for name in names:
         path = os.path.join(tables_folder, name)
@@ -134,7 +137,10 @@ def check_lake(
         report.tables.append(_check_table(lake, name, state, read_data, workers, progress))
     _check_lineage(lake, states, report)
     _check_ledger(lake, states, report)
-    report.tables.append(_check_serving_index(lake, states, deep))
+    for source, recorded in zip((RAW_EVENT_LOG.name, TOMBSTONES.name), stamp, strict=True):
+        if recorded >= 0 and (why := _beyond(index.name, recorded, source, states)):
+            index.problems.append(Problem(index.name, index_file, why, _INDEX_COST, repair_command(lake)))
+    report.tables.append(index)
     report.seconds = time.monotonic() - started
     return report
 
@@ -326,19 +332,24 @@ def _add(report: LakeCheck, problem: Problem) -> None:
     table.problems.append(problem)
 
 
-def _check_serving_index(lake: Lake, states: dict[str, LogState], deep: bool) -> TableCheck:
+_INDEX_COST = "the JVM-free readers rebuild it at their next open (minutes at 10M events)"
+# A checkpoint of the index's write-ahead log writes its first page, which holds the new size,
+# before the pages that extend the file: a size check that meets one in flight looks again.
+_SIZE_LOOKS = 5
+_SIZE_LOOK_PAUSE_S = 0.2
+
+
+def _read_serving_index(lake: Lake, deep: bool) -> tuple[TableCheck, str, tuple[int, int]]:
+    """The serving index's check but for its stamp's versions, the file's name under the lake
+    root, and the raw log's and the tombstones' versions its stamp holds (-1 when none)."""
     table = TableCheck(SERVING_INDEX_FOLDER)
     path, _ = IndexFolder(lake.path(SERVING_INDEX_FOLDER)).current()
     if path is None or not os.path.exists(path):
-        return table  # none yet: the first reader builds it
-    relative = f"{SERVING_INDEX_FOLDER}/{os.path.basename(path)}"
-    repair = repair_command(lake)
-    cost = "the JVM-free readers rebuild it at their next open (minutes at 10M events)"
-    table.files, table.bytes = 1, os.path.getsize(path)
+        return table, "", (-1, -1)  # none yet: the first reader builds it
+    relative, repair = f"{SERVING_INDEX_FOLDER}/{os.path.basename(path)}", repair_command(lake)
     try:
         connection = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
         try:
-            page_size, pages = (connection.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count"))
             verdict = connection.execute("PRAGMA quick_check").fetchone()[0] if deep else "ok"
             raw_version, tombstones_version, events = connection.execute(
                 "SELECT raw_log_version, tombstones_version, visible_events FROM serving_stamp"
@@ -346,17 +357,35 @@ def _check_serving_index(lake: Lake, states: dict[str, LogState], deep: bool) ->
         finally:
             connection.close()
     except sqlite3.DatabaseError as error:
-        table.problems.append(Problem(table.name, relative, f"index file does not read ({error})", cost, repair))
-        return table
-    table.version, table.records = raw_version, events
-    if page_size * pages > table.bytes:
-        verdict = f"it is {table.bytes:,} bytes, its header says {page_size * pages:,}: cut short"
+        table.problems.append(Problem(table.name, relative, f"index file does not read ({error})", _INDEX_COST, repair))
+        return table, relative, (-1, -1)
+    table.files, table.version, table.records = 1, raw_version, events
+    table.bytes, short = _cut_short(path)
+    verdict = short or verdict
     if verdict != "ok":
-        table.problems.append(Problem(table.name, relative, f"index file fails quick_check ({verdict})", cost, repair))
-    for source, recorded in ((RAW_EVENT_LOG.name, raw_version), (TOMBSTONES.name, tombstones_version)):
-        if recorded >= 0 and (why := _beyond(table.name, recorded, source, states)):
-            table.problems.append(Problem(table.name, relative, why, cost, repair))
-    return table
+        table.problems.append(
+            Problem(table.name, relative, f"index file fails quick_check ({verdict})", _INDEX_COST, repair)
+        )
+    return table, relative, (raw_version, tombstones_version)
+
+
+def _cut_short(path: str) -> tuple[int, str | None]:
+    """The index file's size, and why it is shorter than its own header says, if it is. The
+    header's size, not SQLite's page count: in WAL mode the pages a writer added since the last
+    checkpoint are in the write-ahead log, and the file itself holds only what was checkpointed."""
+    for look in range(_SIZE_LOOKS):
+        with open(path, "rb") as file:
+            header, size = file.read(100), os.fstat(file.fileno()).st_size
+        if len(header) < 100:
+            return size, f"it is {size:,} bytes, shorter than a header"
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65_536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        if header[24:28] != header[92:96] or page_size * pages <= size:  # no size in the header, or all there
+            return size, None
+        if look < _SIZE_LOOKS - 1:
+            time.sleep(_SIZE_LOOK_PAUSE_S)
+    return size, f"it is {size:,} bytes, its header says {page_size * pages:,}: cut short"
 
 
 def format_check(report: LakeCheck) -> str:
