@@ -338,10 +338,12 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
         connection.execute("DELETE FROM temp.thawing")
         connection.executemany(f"INSERT INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
         new = "temp.thawing AS t WHERE NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
+        # Counted once per partition, then joined: a subquery per partition would scan every
+        # thawing row for each (a whole segment thawed: minutes).
         connection.execute(
-            "UPDATE main.cold_partition_events SET count = count - (SELECT COUNT(*) FROM"
-            f" {new} AND t.partition_ref = cold_partition_events.partition_ref)"
-            " WHERE segment = ? AND partition_ref IN (SELECT partition_ref FROM temp.thawing)",
+            "UPDATE main.cold_partition_events AS c SET count = c.count - n.k FROM"
+            f" (SELECT t.partition_ref, COUNT(*) AS k FROM {new} GROUP BY t.partition_ref) AS n"
+            " WHERE c.segment = ? AND c.partition_ref = n.partition_ref",
             (segment,),
         )
         # The pinned rows get their payloads and listed partitions back (_SLIM_PINNED); the rest
