@@ -16,7 +16,8 @@ Prints a line a minute: append and read p95, runs by status, the raw log's commi
 checkpoint, live files and the size of its log, the lake's and the instance's size, the warm Spark
 driver's old generation (jstat), and a machine anchor (a fixed Python loop in this process, under
 the soak's load: on a shared host it moves the p95s as much as the code does). At the end:
-every run's outcome and duration; every event sent stored once (erased ones hidden); the
+every run's outcome and duration, and the asset checks in it that did not pass (a run with one
+counts as failed); every event sent stored once (erased ones hidden); the
 filtered log and the projections equal to a rebuild (Spark,
 databuild_assets_tests.reliability_workers.verify_lake); the p95 of every call in the last 10 minutes against
 the first 10's (and the worst minute's p95 of each, a stricter reading), the slowest append;
@@ -275,7 +276,7 @@ def _driver_old_mb(drivers: Path) -> float | None:
 
 
 def _settle(deployment: DagsterDeployment, timeout: float = 1800) -> dict:
-    """Wait for the sensors' last requests to run; every run's outcome and duration."""
+    """Wait for the sensors' last requests to run; every run's outcome, duration and failed checks."""
     deadline = time.monotonic() + timeout
     quiet_since = None
     while time.monotonic() < deadline:
@@ -288,7 +289,12 @@ def _settle(deployment: DagsterDeployment, timeout: float = 1800) -> dict:
     runs = deployment.runs(limit=1000)
     return {
         "runs": [
-            {"job": r["jobName"], "status": r["status"], "s": (r["endTime"] or 0) - (r["startTime"] or 0)}
+            {
+                "job": r["jobName"],
+                "status": r["status"],
+                "s": (r["endTime"] or 0) - (r["startTime"] or 0),
+                "failed_checks": deployment.failed_checks(r["runId"]),
+            }
             for r in sorted(runs, key=lambda r: r["creationTime"])
         ]
     }
@@ -355,7 +361,7 @@ def _verify(lake: Lake, workdir: Path, results: dict) -> dict:
         "open_s": as_is,
         "open_checkpointed_s": checkpointed,
     }
-    failed = [r for r in results["runs"] if r["status"] != "SUCCESS"]
+    failed = [r for r in results["runs"] if r["status"] != "SUCCESS" or r["failed_checks"]]
     # Every erased event purged is the expected outcome, not a problem; one left would be `tombstoned_visible`.
     expected = {"sent", "in_log", "erased_purged"}
     problems = {k: v for k, v in verdict.items() if k not in expected and v not in (0, [], {})}
@@ -367,6 +373,8 @@ def _summary(results: dict) -> None:
     print("\nruns:")
     for run in results.get("runs", []):
         print(f"  {run['job']:28} {run['status']:8} {run['s']:7.1f} s")
+        for check in run["failed_checks"]:
+            print(f"    check did not pass: {check[:300]}")
     for key in (
         "verdict",
         "problems",

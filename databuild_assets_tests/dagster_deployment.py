@@ -458,6 +458,21 @@ class DagsterDeployment:
         )["logsForRun"]
         return "\n".join(f"{e['level']}: {e['message']}" for e in data.get("events", []) if "message" in e)
 
+    def failed_checks(self, run_id: str) -> list[str]:
+        """The asset checks of a run that did not pass, each as 'asset/check: its description'."""
+        data = self.graphql(
+            """query ($id: ID!) { logsForRun(runId: $id) { __typename ... on EventConnection { events {
+                 __typename ... on AssetCheckEvaluationEvent { evaluation { success checkName description
+                   assetKey { path } } } } } } }""",
+            {"id": run_id},
+        )["logsForRun"]
+        return [
+            f"{'/'.join(e['evaluation']['assetKey']['path'])}/{e['evaluation']['checkName']}: "
+            f"{e['evaluation']['description']}"
+            for e in data.get("events", [])
+            if e["__typename"] == "AssetCheckEvaluationEvent" and not e["evaluation"]["success"]
+        ]
+
     def output_metadata(self, run_id: str, step: str) -> dict[str, Any]:
         """The output metadata of step `step` in run `run_id`: each entry's int, text or markdown value."""
         data = self.graphql(
