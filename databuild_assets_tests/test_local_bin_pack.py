@@ -1,7 +1,8 @@
 """The bin-pack without Spark (maintenance/local_bin_pack.py): a service's small files packed into
 one, every row kept, committed as the OPTIMIZE the file-count trigger recognises; appends that
 land meanwhile kept; a purge that removed a packed file meanwhile makes it give up with the
-table unchanged; a file path in the log that leaves the table is not read."""
+table unchanged; a pack that fails partway leaves none of its files; a file path in the log
+that leaves the table is not read."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import deltalake
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from databuild_assets.log import open_event_log
 from databuild_assets.log.serving.append import commit_files
@@ -122,6 +124,24 @@ def test_a_purge_of_a_packed_file_meanwhile_leaves_the_table_as_it_was(tmp_path:
     assert isinstance(outcome[0], PackConflictError), outcome
     assert deltalake.DeltaTable(path).version() == version + 1  # no OPTIMIZE committed
     assert set(Path(path).rglob("*.parquet")) == listed  # its packed file removed
+
+
+def test_a_pack_that_fails_in_a_later_bin_leaves_no_file_of_its_own(tmp_path: Path) -> None:
+    lake, _ = _lake_of_small_appends(tmp_path / "lake", batches=40)
+    path = lake.table_path(RAW_EVENT_LOG)
+    table = deltalake.DeltaTable(path)
+    version, adds = table.version(), pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    dates = list(dict.fromkeys(add["partition.event_date"] for add in adds))
+    assert len(dates) >= 2  # a bin per date: the last date's is packed after the others
+    damaged = Path(path) / [add for add in adds if add["partition.event_date"] == dates[-1]][-1]["path"]
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    listed = set(Path(path).rglob("*.parquet"))
+
+    with pytest.raises(pa.ArrowInvalid):
+        bin_pack_locally(path, closed_before=None, packed_bytes=PACKED_BYTES)
+
+    assert set(Path(path).rglob("*.parquet")) == listed  # neither the earlier bins' files nor its part
+    assert deltalake.DeltaTable(path).version() == version
 
 
 def test_a_path_in_the_log_that_leaves_the_table_is_not_read(tmp_path: Path) -> None:

@@ -141,17 +141,22 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
         # timestamps stored as INT96 (read as naive nanoseconds; UTC instants, as Spark wrote them).
         return part if part.schema.equals(schema) else part.cast(schema)
 
-    with pq.ParquetWriter(full, schema, compression="snappy") as writer, ThreadPoolExecutor(_READERS) as pool:
-        pending: list[pa.Table] = []
-        pending_rows = 0
-        for part in _in_order(pool, read, files):
-            pending.append(part)
-            pending_rows += part.num_rows
-            if pending_rows >= _ROW_GROUP_ROWS:
+    try:
+        with pq.ParquetWriter(full, schema, compression="snappy") as writer, ThreadPoolExecutor(_READERS) as pool:
+            pending: list[pa.Table] = []
+            pending_rows = 0
+            for part in _in_order(pool, read, files):
+                pending.append(part)
+                pending_rows += part.num_rows
+                if pending_rows >= _ROW_GROUP_ROWS:
+                    writer.write_table(row_group(pending))
+                    pending, pending_rows = [], 0
+            if pending:
                 writer.write_table(row_group(pending))
-                pending, pending_rows = [], 0
-        if pending:
-            writer.write_table(row_group(pending))
+    except BaseException:
+        if os.path.exists(full):  # written in part: no commit names it
+            os.unlink(full)
+        raise
     return {
         "add": {
             "path": relative,
@@ -162,6 +167,15 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
             "stats": statistics(pa.concat_tables(stats_chunks), stats_columns),
         }
     }
+
+
+def _named_by(table_path: str, version: int, path: str) -> bool:
+    """Whether commit `version` of the table exists and adds `path`."""
+    try:
+        with open(os.path.join(table_path, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as commit:
+            return any(json.loads(line).get("add", {}).get("path") == path for line in commit if line.strip())
+    except FileNotFoundError:
+        return False
 
 
 def _remove(file: _File, now_ms: int) -> dict[str, Any]:
@@ -219,20 +233,23 @@ def bin_pack_locally(table_path: str, closed_before: date | None, packed_bytes: 
     read_version = table.version()
     arrow_schema = pa.schema(table.schema().to_arrow())
     schema = pa.schema([field for field in arrow_schema if field.name not in partition_by])
-    adds = [_pack(table_path, group, schema, stats_columns) for group in bins]
     packed = [file for group in bins for file in group]
-    now_ms = int(time.time() * 1000)
     predicate = [] if closed_before is None or "event_date" not in partition_by else [f"event_date < '{closed_before}'"]
-    info = {
-        "operation": "OPTIMIZE",
-        "operationParameters": {"predicate": json.dumps(predicate), "zOrderBy": "[]", "auto": False},
-        "readVersion": read_version,
-        "isolationLevel": "SnapshotIsolation",
-        "isBlindAppend": False,
-        "operationMetrics": {"numRemovedFiles": str(len(packed)), "numAddedFiles": str(len(adds))},
-    }
-    actions = [*adds, *(_remove(file, now_ms) for file in packed)]
+    adds: list[dict[str, Any]] = []
+    version = read_version + 1
     try:
+        for group in bins:  # a failure in any bin removes the files of those before it (below)
+            adds.append(_pack(table_path, group, schema, stats_columns))
+        now_ms = int(time.time() * 1000)
+        info = {
+            "operation": "OPTIMIZE",
+            "operationParameters": {"predicate": json.dumps(predicate), "zOrderBy": "[]", "auto": False},
+            "readVersion": read_version,
+            "isolationLevel": "SnapshotIsolation",
+            "isBlindAppend": False,
+            "operationMetrics": {"numRemovedFiles": str(len(packed)), "numAddedFiles": str(len(adds))},
+        }
+        actions = [*adds, *(_remove(file, now_ms) for file in packed)]
         for attempt in range(_COMMIT_ATTEMPTS):
             with commit_lock(table_path):
                 version = _check_since(table_path, read_version, {file.path for file in packed}) + 1
@@ -243,8 +260,9 @@ def bin_pack_locally(table_path: str, closed_before: date | None, packed_bytes: 
                     if attempt == _COMMIT_ATTEMPTS - 1:
                         raise
     except BaseException:
-        for add in adds:
-            os.unlink(os.path.join(table_path, add["add"]["path"]))
+        if adds and not _named_by(table_path, version, adds[0]["add"]["path"]):  # not committed after all
+            for add in adds:
+                os.unlink(os.path.join(table_path, add["add"]["path"]))
         raise
     checkpoint_if_due(table_path, version)
     return len(packed)
