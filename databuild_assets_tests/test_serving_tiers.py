@@ -21,6 +21,7 @@ from databuild_assets.log.serving import cold, evict
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.cold import parquet_file
+from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
@@ -177,6 +178,32 @@ def test_refreshes_that_each_evict_a_few_build_requests_leave_merged_segments_no
     assert [path.name for path in Path(lake.path("serving_index"), "segments").iterdir()] and len(
         list(Path(lake.path("serving_index"), "segments").glob("segment-*.by-partition.parquet"))
     ) == len(sizes)  # the merged segments' files are gone
+
+
+def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_events_back(lake: Lake, monkeypatch) -> None:
+    # A merge that thawed its segments wrote every event of them into the index and deleted them
+    # again, holding the write lock the appends wait for: seconds under a service's load.
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 4000)
+    monkeypatch.setattr(evict, "MERGE_FANIN", 1000)  # no merge while the small segments are made
+    events = list(generate_events(2000, seed=8))
+    for start in range(0, len(events), 200):
+        with DeltaRsEventLog(lake) as log:
+            log.append_events(events[start : start + 200])
+        refresh_serving_index(lake, hot_window_s=0)
+    monkeypatch.setattr(evict, "MERGE_FANIN", 4)
+    with DeltaRsEventLog(lake) as log:
+        index = log._store()
+        connection, folder = index._connection, str(Path(index.segment_folder).parent)
+        sizes = "SELECT segment, events FROM cold_segments"
+        before, changes = dict(connection.execute(sizes).fetchall()), connection.total_changes
+        assert len([n for n in before.values() if n < 1000]) >= 4, before  # small ones to merge
+        evict.evict_under_lock(IndexFolder(folder), connection, 2**62, IndexFolder(folder).marker())  # merges only
+        after = dict(connection.execute(sizes).fetchall())
+        merged = sum(n for segment, n in before.items() if segment not in after)
+        assert merged and len(after) < len(before) and sum(after.values()) == sum(before.values())
+        assert connection.total_changes - changes < merged / 2  # the cold tables' rows, not the events
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+    assert len(list(Path(folder, "segments").glob("segment-*.by-partition.parquet"))) == len(after)
 
 
 def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segment_is_rewritten(lake: Lake) -> None:

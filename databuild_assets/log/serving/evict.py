@@ -174,20 +174,19 @@ def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | No
         merging = _small_segments_to_merge(connection)
         if not merging:
             break
-        with transaction(connection):  # merged by the next round: thawed, and evicted together
-            connection.executemany("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", ((s,) for s in merging))
+        for group in merging:
+            _merge(connection, folder, group)
     _shrink_if_mostly_free(connection)
     return evicted
 
 
-def _small_segments_to_merge(connection: sqlite3.Connection) -> list[int]:
-    """The small segments of each size tier (tiers MERGE_FANIN times apart) that holds
-    MERGE_FANIN of them: each event is merged about log(SEGMENT_EVENTS / its first segment's
-    size) / log(MERGE_FANIN) times, and the segments number about MERGE_FANIN per tier plus the
-    full ones."""
+def _small_segments_to_merge(connection: sqlite3.Connection) -> list[list[int]]:
+    """The small segments of each size tier (tiers MERGE_FANIN times apart), MERGE_FANIN of a
+    tier at a time: each event is merged about log(SEGMENT_EVENTS / its first segment's size) /
+    log(MERGE_FANIN) times, and the segments number about MERGE_FANIN per tier plus the full ones."""
     tiers: dict[int, list[int]] = {}
     for segment, events in connection.execute(
-        "SELECT segment, events FROM main.cold_segments WHERE NOT stale AND events < ?",
+        "SELECT segment, events FROM main.cold_segments WHERE NOT stale AND events < ? ORDER BY segment",
         (SEGMENT_EVENTS // MERGE_FANIN,),
     ):
         tier = 0
@@ -195,7 +194,46 @@ def _small_segments_to_merge(connection: sqlite3.Connection) -> list[int]:
             events //= MERGE_FANIN
             tier += 1
         tiers.setdefault(tier, []).append(segment)
-    return sorted(segment for tier in tiers.values() if len(tier) >= MERGE_FANIN for segment in tier)
+    return [
+        tier[start : start + MERGE_FANIN]
+        for tier in tiers.values()
+        for start in range(0, len(tier) - MERGE_FANIN + 1, MERGE_FANIN)
+    ]
+
+
+def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> bool:
+    """Write the rows of `segments` into one new segment, then point their build requests and
+    partition counts at it in one short transaction: their events stay cold, and the appends,
+    which wait for the index's write lock, wait only for that switch (a merge that thawed the
+    segments and evicted them again held it for seconds). False, with nothing changed, when a
+    thaw (a late event, a tombstone) made one of them stale meanwhile: the next round rewrites it."""
+    rows: list[tuple] = []
+    for segment in segments:
+        table = parquet_file(segment_paths(folder, segment)[0]).read()
+        rows.extend(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
+    merged = _next_segment(connection, folder)
+    low, high = write_segment(folder, merged, rows)
+    marks = ", ".join("?" * len(segments))
+    with transaction(connection):
+        live = connection.execute(
+            f"SELECT COUNT(*) FROM main.cold_segments WHERE NOT stale AND segment IN ({marks})", segments
+        ).fetchone()[0]
+        if live == len(segments):
+            connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (merged, len(rows), low, high))
+            connection.execute(
+                f"UPDATE main.cold_build_requests SET segment = ? WHERE segment IN ({marks})", (merged, *segments)
+            )
+            connection.execute(
+                "INSERT INTO main.cold_partition_events (partition_ref, segment, count) SELECT partition_ref, ?,"
+                f" SUM(count) FROM main.cold_partition_events WHERE segment IN ({marks}) GROUP BY partition_ref",
+                (merged, *segments),
+            )
+            connection.execute(f"DELETE FROM main.cold_partition_events WHERE segment IN ({marks})", segments)
+            connection.execute(f"DELETE FROM main.cold_segments WHERE segment IN ({marks})", segments)
+    if live != len(segments):
+        for path in segment_paths(folder, merged):
+            os.unlink(path)
+    return live == len(segments)
 
 
 def _shrink_if_mostly_free(connection: sqlite3.Connection) -> None:
