@@ -6,6 +6,7 @@ every file of serving_index/ once the pipeline refreshes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -180,9 +181,8 @@ def test_refreshes_that_each_evict_a_few_build_requests_leave_merged_segments_no
     ) == len(sizes)  # the merged segments' files are gone
 
 
-def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_events_back(lake: Lake, monkeypatch) -> None:
-    # A merge that thawed its segments wrote every event of them into the index and deleted them
-    # again, holding the write lock the appends wait for: seconds under a service's load.
+def _small_segments(lake: Lake, monkeypatch) -> list[dict[str, Any]]:
+    """2,000 events evicted 200 at a time into small segments, none merged yet; the events."""
     monkeypatch.setattr(evict, "SEGMENT_EVENTS", 4000)
     monkeypatch.setattr(evict, "MERGE_FANIN", 1000)  # no merge while the small segments are made
     events = list(generate_events(2000, seed=8))
@@ -191,10 +191,21 @@ def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_event
             log.append_events(events[start : start + 200])
         refresh_serving_index(lake, hot_window_s=0)
     monkeypatch.setattr(evict, "MERGE_FANIN", 4)
+    return events
+
+
+def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_events_back(lake: Lake, monkeypatch) -> None:
+    # A merge that thawed its segments wrote every event of them into the index and deleted them
+    # again, holding the write lock the appends wait for: seconds under a service's load.
+    events = _small_segments(lake, monkeypatch)
     with DeltaRsEventLog(lake) as log:
         index = log._store()
         connection, folder = index._connection, str(Path(index.segment_folder).parent)
         sizes = "SELECT segment, events FROM cold_segments"
+        pinned = (
+            "SELECT COUNT(*) FROM events WHERE build_request_id IN (SELECT build_request_id FROM cold_build_requests)"
+        )
+        pins = connection.execute(pinned).fetchone()[0]
         before, changes = dict(connection.execute(sizes).fetchall()), connection.total_changes
         assert len([n for n in before.values() if n < 1000]) >= 4, before  # small ones to merge
         evict.evict_under_lock(IndexFolder(folder), connection, 2**62, IndexFolder(folder).marker())  # merges only
@@ -202,8 +213,32 @@ def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_event
         merged = sum(n for segment, n in before.items() if segment not in after)
         assert merged and len(after) < len(before) and sum(after.values()) == sum(before.values())
         assert connection.total_changes - changes < merged / 2  # the cold tables' rows, not the events
+        # A partition keeps the latest events of the merged segment, not those of each one.
+        assert connection.execute(pinned).fetchone()[0] < pins
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
     assert len(list(Path(folder, "segments").glob("segment-*.by-partition.parquet"))) == len(after)
+
+
+def test_a_merge_gives_up_when_a_late_event_made_one_of_its_segments_stale(lake: Lake, monkeypatch) -> None:
+    events = _small_segments(lake, monkeypatch)
+    with DeltaRsEventLog(lake) as log:
+        index = log._store()
+        connection, folder = index._connection, index.segment_folder
+        group = evict._small_segments_to_merge(connection)[0]
+        request = connection.execute(
+            "SELECT build_request_id FROM cold_build_requests WHERE segment = ?", (group[-1],)
+        ).fetchone()[0]
+        late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+        log.append_events([late])  # the request back hot: its segment stale
+        tables = (
+            "SELECT * FROM cold_segments UNION ALL SELECT build_request_id, segment, 0, 0, 0 FROM cold_build_requests"
+        )
+        state, files = connection.execute(tables).fetchall(), set(os.listdir(folder))
+
+        assert evict._merge(connection, folder, group) is False
+
+        assert connection.execute(tables).fetchall() == state and set(os.listdir(folder)) == files
+        assert bel_cases.answers(log, *bel_cases.keys_of(events + [late])) == reference_answers(events + [late])
 
 
 def test_a_late_event_for_a_cold_build_request_brings_it_back_hot_and_its_segment_is_rewritten(lake: Lake) -> None:

@@ -214,26 +214,53 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
     merged = _next_segment(connection, folder)
     low, high = write_segment(folder, merged, rows)
     marks = ", ".join("?" * len(segments))
-    with transaction(connection):
-        live = connection.execute(
-            f"SELECT COUNT(*) FROM main.cold_segments WHERE NOT stale AND segment IN ({marks})", segments
-        ).fetchone()[0]
-        if live == len(segments):
-            connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (merged, len(rows), low, high))
-            connection.execute(
-                f"UPDATE main.cold_build_requests SET segment = ? WHERE segment IN ({marks})", (merged, *segments)
-            )
-            connection.execute(
-                "INSERT INTO main.cold_partition_events (partition_ref, segment, count) SELECT partition_ref, ?,"
-                f" SUM(count) FROM main.cold_partition_events WHERE segment IN ({marks}) GROUP BY partition_ref",
-                (merged, *segments),
-            )
-            connection.execute(f"DELETE FROM main.cold_partition_events WHERE segment IN ({marks})", segments)
-            connection.execute(f"DELETE FROM main.cold_segments WHERE segment IN ({marks})", segments)
-    if live != len(segments):
-        for path in segment_paths(folder, merged):
-            os.unlink(path)
+    live = 0
+    try:
+        with transaction(connection):
+            live = connection.execute(
+                f"SELECT COUNT(*) FROM main.cold_segments WHERE NOT stale AND segment IN ({marks})", segments
+            ).fetchone()[0]
+            if live == len(segments):
+                _switch_to_merged(connection, segments, merged, (len(rows), low, high))
+    finally:
+        if live != len(segments):  # given up, or the switch failed: no row names the new files
+            for path in segment_paths(folder, merged):
+                os.unlink(path)
     return live == len(segments)
+
+
+def _switch_to_merged(connection: sqlite3.Connection, segments: list[int], merged: int, facts: tuple) -> None:
+    """Inside the merge's transaction: the merged segment in place of `segments` (`facts`: its
+    events, min and max timestamp), and the pins of its build requests chosen again over all of
+    them, so that a partition keeps the latest of each kind of the merged segment, not of each
+    one (each segment's pins hold the latest of its own: the latest among them is the merged
+    one's). The rows no longer pinned leave `events` and join the partition counts."""
+    marks = ", ".join("?" * len(segments))
+    connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (merged, *facts))
+    connection.execute(
+        f"UPDATE main.cold_build_requests SET segment = ? WHERE segment IN ({marks})", (merged, *segments)
+    )
+    connection.execute(
+        "INSERT INTO main.cold_partition_events (partition_ref, segment, count) SELECT partition_ref, ?,"
+        f" SUM(count) FROM main.cold_partition_events WHERE segment IN ({marks}) GROUP BY partition_ref",
+        (merged, *segments),
+    )
+    connection.execute(f"DELETE FROM main.cold_partition_events WHERE segment IN ({marks})", segments)
+    connection.execute(f"DELETE FROM main.cold_segments WHERE segment IN ({marks})", segments)
+    connection.execute("DELETE FROM temp.freezing")
+    connection.execute("DELETE FROM temp.pinned")
+    connection.execute(
+        "INSERT INTO temp.freezing SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?", (merged,)
+    )
+    _pin(connection)
+    unpinned = f"{_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
+    connection.execute(
+        "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
+        f" SELECT partition_ref, ?, COUNT(*) FROM {unpinned} AND partition_ref IS NOT NULL GROUP BY partition_ref"
+        " ON CONFLICT (partition_ref, segment) DO UPDATE SET count = count + excluded.count",
+        (merged,),
+    )
+    connection.execute(f"DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM {unpinned})")
 
 
 def _shrink_if_mostly_free(connection: sqlite3.Connection) -> None:
