@@ -334,8 +334,9 @@ def _add(report: LakeCheck, problem: Problem) -> None:
 
 _INDEX_COST = "the JVM-free readers rebuild it at their next open (minutes at 10M events)"
 # A checkpoint of the index's write-ahead log writes its first page, which holds the new size,
-# before the pages that extend the file: a size check that meets one in flight looks again.
-_SIZE_LOOKS = 5
+# before the pages that extend the file (up to the thousands of pages a compaction's refresh
+# leaves there): a size check that meets one in flight looks again until the file stops growing.
+_SIZE_WAIT_S = 10.0
 _SIZE_LOOK_PAUSE_S = 0.2
 
 
@@ -373,7 +374,8 @@ def _cut_short(path: str) -> tuple[int, str | None]:
     """The index file's size, and why it is shorter than its own header says, if it is. The
     header's size, not SQLite's page count: in WAL mode the pages a writer added since the last
     checkpoint are in the write-ahead log, and the file itself holds only what was checkpointed."""
-    for look in range(_SIZE_LOOKS):
+    deadline, last_size = time.monotonic() + _SIZE_WAIT_S, None
+    while True:
         with open(path, "rb") as file:
             header, size = file.read(100), os.fstat(file.fileno()).st_size
         if len(header) < 100:
@@ -383,9 +385,11 @@ def _cut_short(path: str) -> tuple[int, str | None]:
         pages = int.from_bytes(header[28:32], "big")
         if header[24:28] != header[92:96] or page_size * pages <= size:  # no size in the header, or all there
             return size, None
-        if look < _SIZE_LOOKS - 1:
-            time.sleep(_SIZE_LOOK_PAUSE_S)
-    return size, f"it is {size:,} bytes, its header says {page_size * pages:,}: cut short"
+        now = time.monotonic()
+        if size == last_size and now > deadline or now > deadline + _SIZE_WAIT_S:  # short, not growing
+            return size, f"it is {size:,} bytes, its header says {page_size * pages:,}: cut short"
+        last_size = size
+        time.sleep(_SIZE_LOOK_PAUSE_S)
 
 
 def format_check(report: LakeCheck) -> str:
