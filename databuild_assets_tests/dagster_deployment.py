@@ -459,19 +459,28 @@ class DagsterDeployment:
         return "\n".join(f"{e['level']}: {e['message']}" for e in data.get("events", []) if "message" in e)
 
     def failed_checks(self, run_id: str) -> list[str]:
-        """The asset checks of a run that did not pass, each as 'asset/check: its description'."""
-        data = self.graphql(
-            """query ($id: ID!) { logsForRun(runId: $id) { __typename ... on EventConnection { events {
-                 __typename ... on AssetCheckEvaluationEvent { evaluation { success checkName description
-                   assetKey { path } } } } } } }""",
-            {"id": run_id},
-        )["logsForRun"]
-        return [
-            f"{'/'.join(e['evaluation']['assetKey']['path'])}/{e['evaluation']['checkName']}: "
-            f"{e['evaluation']['description']}"
-            for e in data.get("events", [])
-            if e["__typename"] == "AssetCheckEvaluationEvent" and not e["evaluation"]["success"]
-        ]
+        """The asset checks of a run that did not pass, each as 'asset/check: its description'
+        (every page of the run's events)."""
+        failed: list[str] = []
+        cursor = None
+        while True:
+            data = self.graphql(
+                """query ($id: ID!, $after: String) { logsForRun(runId: $id, afterCursor: $after) { __typename
+                     ... on EventConnection { cursor hasMore events { __typename ... on AssetCheckEvaluationEvent {
+                       evaluation { success checkName description assetKey { path } } } } } } }""",
+                {"id": run_id, "after": cursor},
+            )["logsForRun"]
+            if data["__typename"] != "EventConnection":
+                raise DeploymentError(f"the events of run {run_id} do not read: {data['__typename']}")
+            failed += [
+                f"{'/'.join(e['evaluation']['assetKey']['path'])}/{e['evaluation']['checkName']}: "
+                f"{e['evaluation']['description']}"
+                for e in data["events"]
+                if e["__typename"] == "AssetCheckEvaluationEvent" and not e["evaluation"]["success"]
+            ]
+            if not data["hasMore"]:
+                return failed
+            cursor = data["cursor"]
 
     def output_metadata(self, run_id: str, step: str) -> dict[str, Any]:
         """The output metadata of step `step` in run `run_id`: each entry's int, text or markdown value."""

@@ -309,7 +309,9 @@ def test_events_committed_while_an_append_waits_for_the_lock_are_stored_once_and
     assert sorted(stored) == sorted(e["event_id"] for e in events)
 
 
-def test_a_purge_and_a_bin_pack_let_appender_processes_commit_while_they_run(spark, lake: Lake, tmp_path: Path) -> None:
+def test_a_purge_lets_appender_processes_commit_while_it_runs_and_a_bin_pack_beside_them_keeps_every_event(
+    spark, lake: Lake, tmp_path: Path
+) -> None:
     # Neither holds the raw log's commit lock through its work (decisions 0055, 0056): an appender
     # commits between the version the purge's Spark job read and the one it committed, and every
     # event lands once. The bin-pack of a local table runs without Spark in well under the

@@ -153,20 +153,20 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
                     pending, pending_rows = [], 0
             if pending:
                 writer.write_table(row_group(pending))
+        return {
+            "add": {
+                "path": relative,
+                "partitionValues": dict(files[0].partition),
+                "size": os.path.getsize(full),
+                "modificationTime": int(time.time() * 1000),
+                "dataChange": False,
+                "stats": statistics(pa.concat_tables(stats_chunks), stats_columns),
+            }
+        }
     except BaseException:
-        if os.path.exists(full):  # written in part: no commit names it
+        if os.path.exists(full):  # written in part, or with no action to name it
             os.unlink(full)
         raise
-    return {
-        "add": {
-            "path": relative,
-            "partitionValues": dict(files[0].partition),
-            "size": os.path.getsize(full),
-            "modificationTime": int(time.time() * 1000),
-            "dataChange": False,
-            "stats": statistics(pa.concat_tables(stats_chunks), stats_columns),
-        }
-    }
 
 
 def _named_by(table_path: str, version: int, path: str) -> bool:
