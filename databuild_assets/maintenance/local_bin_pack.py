@@ -172,7 +172,7 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
 def _named_by(table_path: str, version: int, path: str) -> bool:
     """Whether commit `version` of the table exists and adds `path`."""
     try:
-        with open(os.path.join(table_path, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as commit:
+        with commit_path(table_path, version).open(encoding="utf-8") as commit:
             return any(json.loads(line).get("add", {}).get("path") == path for line in commit if line.strip())
     except FileNotFoundError:
         return False
