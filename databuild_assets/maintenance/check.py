@@ -348,6 +348,7 @@ def _read_serving_index(lake: Lake, deep: bool) -> tuple[TableCheck, str, tuple[
     if path is None or not os.path.exists(path):
         return table, "", (-1, -1)  # none yet: the first reader builds it
     relative, repair = f"{SERVING_INDEX_FOLDER}/{os.path.basename(path)}", repair_command(lake)
+    table.files, table.bytes = 1, os.path.getsize(path)
     try:
         connection = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
         try:
@@ -360,7 +361,7 @@ def _read_serving_index(lake: Lake, deep: bool) -> tuple[TableCheck, str, tuple[
     except sqlite3.DatabaseError as error:
         table.problems.append(Problem(table.name, relative, f"index file does not read ({error})", _INDEX_COST, repair))
         return table, relative, (-1, -1)
-    table.files, table.version, table.records = 1, raw_version, events
+    table.version, table.records = raw_version, events
     table.bytes, short = _cut_short(path)
     verdict = short or verdict
     if verdict != "ok":
