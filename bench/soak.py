@@ -46,6 +46,7 @@ from deltalake.exceptions import DeltaError
 
 from bench.query_path import percentile
 from bench.soak_load import soak_stream, stream_size
+from databuild_assets.log.serving.checkpoints import open_listed
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.spark import SparkSettings
 from databuild_assets.runtime.warm_driver import running_hosts
@@ -86,18 +87,10 @@ def _log_state(table: Path) -> tuple[int, int, int | None]:
     return (max(versions) if versions else -1), checkpoint, files
 
 
-def _open(table: str, attempts: int = 10) -> DeltaTable:
-    """delta-rs's open, again when its listing of the log raced a commit: a directory read while
-    files are created may return commit N+1 without N, which delta-rs reports as a gap (seen at
-    ~30 commits a second, and five times in a row while appenders caught up after a stall)."""
-    for attempt in range(attempts):
-        try:
-            return DeltaTable(table)
-        except DeltaError as error:
-            if "gap" not in str(error) or attempt == attempts - 1:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+def _open(table: str) -> DeltaTable:
+    """delta-rs's open, listed again on a gap (`open_listed`), with more and longer tries than the
+    appends' own: the soak met a gap five times in a row while appenders caught up after a stall."""
+    return open_listed(table, attempts=10, pause_s=0.2)
 
 
 def _size(path: Path) -> int:

@@ -103,18 +103,20 @@ def checkpoint_if_due(table_path: str, version: int) -> int | None:
         return version
 
 
-def open_listed(table_path: str, version: int | None = None, attempts: int = 3) -> deltalake.DeltaTable:
+def open_listed(
+    table_path: str, version: int | None = None, attempts: int = 3, pause_s: float = 0.05
+) -> deltalake.DeltaTable:
     """The table at `version` (None: the newest), its log listed again when the listing had a gap: read while the
     other appenders write commits, a folder listing may return commit N+1 and miss N (ext4 lists
     a large folder in hash order; seen in bench.soak). A gap still there after `attempts`
-    listings is raised: a damaged log, which `check` names."""
+    listings, `pause_s` times the attempt apart, is raised: a damaged log, which `check` names."""
     for attempt in range(attempts):
         try:
             return deltalake.DeltaTable(table_path, version=version)
         except Exception as error:
             if not any(gap in str(error) for gap in _LISTING_GAPS) or attempt == attempts - 1:
                 raise
-            time.sleep(0.05 * (attempt + 1))
+            time.sleep(pause_s * (attempt + 1))
     raise AssertionError("unreachable")
 
 
