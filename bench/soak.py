@@ -14,8 +14,10 @@ time.
 
 Prints a line a minute: append and read p95, runs by status, the raw log's commits since its last
 checkpoint, live files and the size of its log, the lake's and the instance's size, the warm Spark
-driver's old generation (jstat), and a machine anchor (a fixed Python loop in this process, under
-the soak's load: on a shared host it moves the p95s as much as the code does). At the end:
+driver's old generation (jstat), and a machine anchor (a fixed Python loop in this process, on the
+service's CPUs with --service-cpus, under the soak's load: on a shared host it moves the p95s as
+much as the code does). With --service-cpus the appenders and the reader have CPUs of their own,
+as a service apart from the pipeline's compute has. At the end:
 every run's outcome and duration, and the asset checks in it that did not pass (a run with one
 counts as failed); every event sent stored once (erased ones hidden); the
 filtered log and the projections equal to a rebuild (Spark,
@@ -29,6 +31,7 @@ are not comparable.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -142,7 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         help="CPU niceness of the code server, the daemon and the webserver, and so of the runs: the "
         "pipeline yielding the CPU to the service on a shared host (docs/deployment.md)",
     )
+    parser.add_argument(
+        "--service-cpus",
+        type=_cpus,
+        default=None,
+        help="CPUs (e.g. 0 or 0-1) the appenders and the reader run on; every other process of the soak "
+        "(PostgreSQL, the code server, daemon and webserver, their runs and Spark driver, this monitor) "
+        "then runs on the others: the service on compute apart from the pipeline's, as a deployment runs "
+        "it. Unset: they all share every CPU",
+    )
     args = parser.parse_args(argv)
+    service_cpus = _apart(args.service_cpus)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="databuild-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     seconds = args.minutes * 60
@@ -159,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     deployment.start_sensor(sensor)
                 except Exception as error:  # a sensor this release does not have
                     print(f"sensor {sensor} not started: {error}")
-            results.update(_load(deployment, workdir, args, seconds))
+            results.update(_load(deployment, workdir, args, seconds, service_cpus))
             results.update(_settle(deployment))
         results.update(_verify(Lake(str(deployment.lake_root)), workdir, results))
         if server is not None:
@@ -175,16 +188,42 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if results.get("ok") else 1
 
 
-def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) -> dict:
+def _cpus(text: str) -> set[int]:
+    """`0`, `0,2` or `0-1` as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _apart(service_cpus: set[int] | None) -> set[int] | None:
+    """Move this process, and so every process it starts from now on, off `service_cpus`, which
+    the appenders and the reader get (`_load`); None when they share the machine."""
+    if service_cpus is None:
+        return None
+    every = os.sched_getaffinity(0)
+    if not service_cpus < every:
+        raise SystemExit(
+            f"--service-cpus {sorted(service_cpus)}: name some of this machine's CPUs {sorted(every)}, "
+            "leaving at least one to the pipeline"
+        )
+    os.sched_setaffinity(0, every - service_cpus)
+    return service_cpus
+
+
+def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float, service_cpus: set[int] | None) -> dict:
     lake = Lake(str(deployment.lake_root))
     uri = f"delta://{lake.root}"
     env = deployment.environment()
+    on_service_cpus = None if service_cpus is None else functools.partial(os.sched_setaffinity, 0, service_cpus)
     processes = [
         subprocess.Popen(
             [sys.executable, "-m", "bench.soak_load", "append", uri, str(100 + n)]
             + [str(args.rate / args.appenders), str(seconds), str(workdir / f"append-{n}.jsonl")],
             cwd=REPO_ROOT,
             env=env,
+            preexec_fn=on_service_cpus,
         )
         for n in range(args.appenders)
     ]
@@ -194,6 +233,7 @@ def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) ->
             + [str(workdir / "read.jsonl")],
             cwd=REPO_ROOT,
             env=env,
+            preexec_fn=on_service_cpus,
         )
     )
     try:
@@ -216,7 +256,7 @@ def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) ->
                 config = {"key": "build_request_id", "value": value, "actor": "soak", "reason": "bench.soak"}
                 deployment.launch_run("erase_job", {"ops": {"tombstones": {"config": config}}})
                 erased.append(value)
-            minutes.append(_minute(deployment, workdir, minute, time.time() - 60, time.time()))
+            minutes.append(_minute(deployment, workdir, minute, time.time() - 60, time.time(), service_cpus))
         for process in processes:
             process.wait(timeout=600)
     finally:
@@ -226,7 +266,9 @@ def _load(deployment: DagsterDeployment, workdir: Path, args, seconds: float) ->
     return {"minutes": minutes, "landed_ids": landed, "erased": erased}
 
 
-def _minute(deployment: DagsterDeployment, workdir: Path, minute: int, since: float, until: float) -> dict:
+def _minute(
+    deployment: DagsterDeployment, workdir: Path, minute: int, since: float, until: float, service_cpus: set[int] | None
+) -> dict:
     appends = [r for path in sorted(workdir.glob("append-*.jsonl")) for r in _records(path)]
     reads = _records(workdir / "read.jsonl")
     version, checkpoint, files = _log_state(deployment.lake_root / "tables" / RAW_EVENT_LOG.name)
@@ -245,11 +287,24 @@ def _minute(deployment: DagsterDeployment, workdir: Path, minute: int, since: fl
         "raw_log_log_mb": _size(deployment.lake_root / "tables" / RAW_EVENT_LOG.name / "_delta_log") / 1e6,
         "lake_mb": _size(deployment.lake_root) / 1e6,
         "driver_old_mb": _driver_old_mb(deployment.drivers_dir),
-        # The host's speed this minute (under the soak's own load): the p95 ratios are read beside it.
-        "anchor_ms": machine_anchor_s(ANCHOR_STEPS) * 1000,
+        # The speed of the service's CPUs this minute (under the soak's own load): the p95 ratios
+        # are read beside it.
+        "anchor_ms": _anchor_ms(service_cpus),
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def _anchor_ms(service_cpus: set[int] | None) -> float:
+    """The machine anchor's loop, in milliseconds, on the service's CPUs when it has its own."""
+    if service_cpus is None:
+        return machine_anchor_s(ANCHOR_STEPS) * 1000
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, service_cpus)
+    try:
+        return machine_anchor_s(ANCHOR_STEPS) * 1000
+    finally:
+        os.sched_setaffinity(0, own)
 
 
 def _driver_old_mb(drivers: Path) -> float | None:
