@@ -219,6 +219,74 @@ def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_event
     assert len(list(Path(folder, "segments").glob("segment-*.by-partition.parquet"))) == len(after)
 
 
+@pytest.mark.parametrize(
+    "method, key_of_segment",
+    [
+        ("get_build_request_events", "SELECT build_request_id FROM cold_build_requests WHERE segment = ?"),
+        ("get_partition_events", "SELECT partition_ref FROM cold_partition_events WHERE segment = ?"),
+    ],
+)
+def test_a_read_whose_segment_a_merge_replaced_meanwhile_reads_the_merged_one(
+    lake: Lake, monkeypatch, method: str, key_of_segment: str
+) -> None:
+    # The read had looked up which segment holds the key; a merge in the pipeline's process then
+    # replaced that segment and removed its files. The second try looked in the same one again.
+    events = _small_segments(lake, monkeypatch)
+    with DeltaRsEventLog(lake) as reader, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        connection = reader._store()._connection
+        group = evict._small_segments_to_merge(connection)[0]
+        key = connection.execute(key_of_segment, (group[0],)).fetchone()[0]
+        read_rows, merges = cold.read_segment_rows, []
+
+        def merged_first(*args, **kwargs):
+            if not merges:
+                with DeltaRsEventLog(lake) as pipeline:
+                    index = pipeline._store()
+                    folder = IndexFolder(str(Path(index.segment_folder).parent))
+                    evict.evict_under_lock(folder, index._connection, 2**62, folder.marker())  # merges only
+                merges.append(group)
+            return read_rows(*args, **kwargs)
+
+        monkeypatch.setattr(cold, "read_segment_rows", merged_first)
+
+        assert getattr(reader, method)(key) == getattr(reference, method)(key)
+
+        assert merges
+        assert reader._store()._connection is connection  # answered without reopening the index
+        assert not connection.execute("SELECT 1 FROM cold_segments WHERE segment = ?", (group[0],)).fetchone()
+
+
+def test_a_page_read_while_a_late_event_brought_its_build_request_back_hot_keeps_its_events(
+    lake: Lake, monkeypatch
+) -> None:
+    # The page's hot rows were read, then a late event brought the build request back into the
+    # index and the refresh rewrote its segment without it: read again from the segments alone,
+    # the page held the request's events neither hot nor cold.
+    events, request = _cold_request(lake, 1200, seed=4)
+    late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+    page_of = EventFilter(build_request_ids=(request,))
+    with DeltaRsEventLog(lake) as reader, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events + [late])
+        connection = reader._store()._connection
+        read_rows, thawed = cold.read_segment_rows, []
+
+        def thawed_first(*args, **kwargs):
+            if not thawed:
+                with DeltaRsEventLog(lake) as pipeline:
+                    pipeline.append_events([late])
+                refresh_serving_index(lake, hot_window_s=float("inf"))  # its old segment rewritten without it
+                thawed.append(late)
+            return read_rows(*args, **kwargs)
+
+        monkeypatch.setattr(cold, "read_segment_rows", thawed_first)
+
+        page = reader.list_events(filter=page_of, limit=1000)
+
+        assert thawed and page.events == reference.list_events(filter=page_of, limit=1000).events
+        assert reader._store()._connection is connection
+
+
 def test_a_merge_gives_up_when_a_late_event_made_one_of_its_segments_stale(lake: Lake, monkeypatch) -> None:
     events = _small_segments(lake, monkeypatch)
     with DeltaRsEventLog(lake) as log:

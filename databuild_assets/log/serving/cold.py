@@ -310,18 +310,23 @@ class ColdReads:
         return super()._events(sql, parameters)  # type: ignore[misc]
 
     def _with_cold(self, read):
-        """`read()`, once more if a segment it read was removed meanwhile (a refresh rewrote it)."""
+        """`read()`, once more if a segment it read was removed meanwhile (a merge or a thaw
+        replaced it): `read` looks up which segments hold its rows itself, so the second try reads
+        where they are now."""
         try:
             return read()
         except FileNotFoundError:
             return read()
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
-        cold = self._cold_of([build_request_id]) if self.has_cold() else {}
-        if not cold:
-            return super().get_build_request_events(build_request_id, since_ns)  # type: ignore[misc]
+        hot = super().get_build_request_events  # type: ignore[misc]
+        if not self.has_cold():
+            return hot(build_request_id, since_ns)
 
         def read() -> list[dict[str, Any]]:
+            cold = self._cold_of([build_request_id])
+            if not cold:  # hot (a thaw may have brought it back since the last try)
+                return hot(build_request_id, since_ns)
             (segment,) = cold
             spans = request_spans(self._connection, [build_request_id])
             rows = self._segment_rows(segment, "build_request_id", [build_request_id], spans=spans)
@@ -330,12 +335,13 @@ class ColdReads:
         return self._with_cold(read)
 
     def get_job_run_events(self, job_run_id: str) -> list[dict[str, Any]]:
-        hot = super().get_job_run_events(job_run_id)  # type: ignore[misc]
+        hot_events = super().get_job_run_events  # type: ignore[misc]
         if not self.has_cold():
-            return hot
-        owners = [row[0] for row in self._connection.execute(JOB_RUN_HOLDERS, (job_run_id,))]
+            return hot_events(job_run_id)
 
         def read() -> list[dict[str, Any]]:
+            hot = hot_events(job_run_id)
+            owners = [row[0] for row in self._connection.execute(JOB_RUN_HOLDERS, (job_run_id,))]
             cold = []
             for segment, build_request_ids in self._cold_of(owners).items():
                 spans = request_spans(self._connection, build_request_ids)
@@ -346,24 +352,27 @@ class ColdReads:
         return self._with_cold(read)
 
     def get_partition_events(self, partition_ref: str, since_ns: int | None = None) -> list[dict[str, Any]]:
-        hot = super().get_partition_events(partition_ref, since_ns)  # type: ignore[misc]
+        hot_events = super().get_partition_events  # type: ignore[misc]
         if not self.has_cold():
-            return hot
-        segments = [
-            row[0]
-            for row in self._connection.execute(
-                "SELECT segment FROM main.cold_partition_events WHERE partition_ref = ?", (partition_ref,)
-            )
-        ]
+            return hot_events(partition_ref, since_ns)
 
         def read() -> list[dict[str, Any]]:
+            hot = hot_events(partition_ref, since_ns)
             cold = []
-            for segment in segments:
+            for segment in self._partition_segments(partition_ref):
                 rows = self._segment_rows(segment, "key", [partition_ref], by_partition=True)
                 cold.extend(event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns)
             return _in_order(hot + cold)
 
         return self._with_cold(read)
+
+    def _partition_segments(self, partition_ref: str) -> list[int]:
+        return [
+            row[0]
+            for row in self._connection.execute(
+                "SELECT segment FROM main.cold_partition_events WHERE partition_ref = ?", (partition_ref,)
+            )
+        ]
 
     def _overlapping(self, start_ns: int, end_ns: int) -> list[int]:
         return [
@@ -376,11 +385,12 @@ class ColdReads:
         ]
 
     def get_events_in_range(self, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
-        hot = super().get_events_in_range(start_ns, end_ns)  # type: ignore[misc]
+        hot_events = super().get_events_in_range  # type: ignore[misc]
         if not self.has_cold():
-            return hot
+            return hot_events(start_ns, end_ns)
 
         def read() -> list[dict[str, Any]]:
+            hot = hot_events(start_ns, end_ns)
             cold = []
 
             def within(table: pa.Table) -> pa.Array:
@@ -395,13 +405,17 @@ class ColdReads:
         return self._with_cold(read)
 
     def list_events(self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000) -> EventPage:
-        page = super().list_events(since, filter, limit)  # type: ignore[misc]
+        hot_page = super().list_events  # type: ignore[misc]
         if not self.has_cold():
-            return page
+            return hot_page(since, filter, limit)
         check_page(limit)
         after = decode_cursor(since) if since is not None else None
 
-        def read() -> list[dict[str, Any]]:
+        def read() -> tuple[EventPage, list[dict[str, Any]]]:
+            page = hot_page(since, filter, limit)
+            return page, cold()
+
+        def cold() -> list[dict[str, Any]]:
             def keep_in(segment: int):
                 listing: list[str] = []
                 if filter is not None and filter.partition_refs is not None:
@@ -423,7 +437,8 @@ class ColdReads:
                 cold.extend(event_from_row(row) for row in rows)
             return _in_order(cold)[: limit + 1]
 
-        merged = _in_order(page.events + self._with_cold(read))
+        page, cold_events = self._with_cold(read)
+        merged = _in_order(page.events + cold_events)
         events = merged[:limit]
         has_more = page.has_more or len(merged) > limit
         next_cursor = encode_cursor(events[-1]["timestamp"], events[-1]["event_id"]) if events else since
