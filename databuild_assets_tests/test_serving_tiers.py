@@ -275,7 +275,10 @@ def test_a_page_read_while_a_late_event_brought_its_build_request_back_hot_keeps
             if not thawed:
                 with DeltaRsEventLog(lake) as pipeline:
                     pipeline.append_events([late])
-                refresh_serving_index(lake, hot_window_s=float("inf"))  # its old segment rewritten without it
+                    index = pipeline._store()
+                    folder = IndexFolder(str(Path(index.segment_folder).parent))
+                    # The refresh's sweep (window inf: nothing evicted): its old segment rewritten without it.
+                    evict.evict_under_lock(folder, index._connection, None, folder.marker())
                 thawed.append(late)
             return read_rows(*args, **kwargs)
 
@@ -285,6 +288,33 @@ def test_a_page_read_while_a_late_event_brought_its_build_request_back_hot_keeps
 
         assert thawed and page.events == reference.list_events(filter=page_of, limit=1000).events
         assert reader._store()._connection is connection
+
+
+def test_a_page_read_while_a_late_event_brings_its_build_request_back_hot_is_of_one_state_of_the_index(
+    lake: Lake, monkeypatch
+) -> None:
+    # The page's hot rows were read, then a late event brought the build request back into the
+    # index (its segment left as it was), then the page looked up the segments: the request was
+    # in neither.
+    events, request = _cold_request(lake, 1200, seed=4)
+    late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+    page_of = EventFilter(build_request_ids=(request,))
+    with DeltaRsEventLog(lake) as reader, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        cold_of, thawed = cold.ColdReads._cold_of, []
+
+        def thawed_first(index, build_request_ids):
+            if not thawed:
+                with DeltaRsEventLog(lake) as pipeline:
+                    pipeline.append_events([late])
+                thawed.append(late)
+            return cold_of(index, build_request_ids)
+
+        monkeypatch.setattr(cold.ColdReads, "_cold_of", thawed_first)
+
+        page = reader.list_events(filter=page_of, limit=1000)
+
+        assert thawed and page.events == reference.list_events(filter=page_of, limit=1000).events
 
 
 def test_a_merge_gives_up_when_a_late_event_made_one_of_its_segments_stale(lake: Lake, monkeypatch) -> None:

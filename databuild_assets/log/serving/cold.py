@@ -310,13 +310,16 @@ class ColdReads:
         return super()._events(sql, parameters)  # type: ignore[misc]
 
     def _with_cold(self, read):
-        """`read()`, once more if a segment it read was removed meanwhile (a merge or a thaw
-        replaced it): `read` looks up which segments hold its rows itself, so the second try reads
-        where they are now."""
+        """`read()` in one read transaction, so that its hot rows and the segments it looks up
+        are of one state of the index (a thaw in between would leave a build request in
+        neither); once more if a segment was removed meanwhile (a merge or a refresh replaced
+        it), from the index as it is then."""
         try:
-            return read()
+            with transaction(self._connection, "DEFERRED"):
+                return read()
         except FileNotFoundError:
-            return read()
+            with transaction(self._connection, "DEFERRED"):
+                return read()
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         hot = super().get_build_request_events  # type: ignore[misc]
