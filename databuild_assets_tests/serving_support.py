@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -103,3 +105,25 @@ def erase_each_key_in_turn(lake: Lake, events: list[dict], values: dict[str, lis
             with DeltaRsEventLog(lake) as log:
                 assert bel_cases.answers(log, *bel_cases.keys_of(visible)) == reference_answers(visible)
     return hidden
+
+
+def data_files_on_disk(table_path: str) -> set[str]:
+    """The Parquet files under a table's folder, relative to it, whether a commit names them or not."""
+    root = Path(table_path)
+    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def data_files_named(table_path: str) -> set[str]:
+    """The data files the table's latest version names, relative to its folder."""
+    root = Path(table_path)
+    return {
+        str(Path(uri.removeprefix("file://")).relative_to(root)) for uri in deltalake.DeltaTable(table_path).file_uris()
+    }
+
+
+def soon(found: Callable[[], set[str]], timeout_s: float = 30.0) -> set[str]:
+    """`found()` once it is not empty, or empty after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := found()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value

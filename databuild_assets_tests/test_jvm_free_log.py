@@ -11,8 +11,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from databuild_assets.workload import generate_events
 from databuild_assets.workload.event_stream import DEFAULT_START_NS
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.bel_cases import BR, P, build_request_event, partition_event
+from databuild_assets_tests.serving_support import data_files_named, data_files_on_disk, soon
 from databuild_assets_tests.support import REPO_ROOT, AppenderProcess, lakehouse_for, log_uri
 
 
@@ -238,18 +237,6 @@ def test_a_process_that_loads_the_log_and_exits_at_once_exits_cleanly(lake: Lake
         assert (run.returncode, run.stdout.split()) == (0, ["600"]), run.stderr[-2000:]
 
 
-def _files_on_disk(table_path: str) -> set[str]:
-    root = Path(table_path)
-    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
-
-
-def _files_named(table_path: str) -> set[str]:
-    root = Path(table_path)
-    return {
-        str(Path(uri.removeprefix("file://")).relative_to(root)) for uri in deltalake.DeltaTable(table_path).file_uris()
-    }
-
-
 def _appending_in_a_thread(lake: Lake, events: list[dict[str, Any]]) -> tuple[threading.Thread, dict]:
     result: dict[str, Any] = {}
 
@@ -262,13 +249,6 @@ def _appending_in_a_thread(lake: Lake, events: list[dict[str, Any]]) -> tuple[th
     return thread, result
 
 
-def _soon(found: Callable[[], set[str]], timeout_s: float = 30.0) -> set[str]:
-    deadline = time.monotonic() + timeout_s
-    while not (value := found()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return value
-
-
 def test_an_append_writes_its_data_files_before_it_waits_for_the_commit_lock(lake: Lake) -> None:
     # Every appender waits for the lock's holder, so the Parquet is written before the lock is
     # taken; under it the append only dedupes, names the files in a commit, and indexes them.
@@ -276,15 +256,15 @@ def test_an_append_writes_its_data_files_before_it_waits_for_the_commit_lock(lak
     path = lake.table_path(RAW_EVENT_LOG)
     with DeltaRsEventLog(lake) as log:
         log.append_events(events[:5])
-    committed = _files_named(path)
+    committed = data_files_named(path)
     with commit_lock(path):  # held by this thread: the append's thread waits for it
         thread, result = _appending_in_a_thread(lake, events[5:])
-        staged = _soon(lambda: _files_on_disk(path) - committed)
+        staged = soon(lambda: data_files_on_disk(path) - committed)
         assert staged, "the append wrote no data file before taking the commit lock"
         assert thread.is_alive() and not result
     thread.join(60)
     assert result["appended"] == AppendResult(5, 0)
-    assert _files_on_disk(path) == _files_named(path) == committed | staged
+    assert data_files_on_disk(path) == data_files_named(path) == committed | staged
 
 
 def test_events_committed_while_an_append_waits_for_the_lock_are_stored_once_and_its_staged_files_deleted(
@@ -294,17 +274,17 @@ def test_events_committed_while_an_append_waits_for_the_lock_are_stored_once_and
     path = lake.table_path(RAW_EVENT_LOG)
     with DeltaRsEventLog(lake) as log:
         log.append_events(events[:5])
-    committed = _files_named(path)
+    committed = data_files_named(path)
     with commit_lock(path):
         thread, result = _appending_in_a_thread(lake, events[5:])
-        staged = _soon(lambda: _files_on_disk(path) - committed)
+        staged = soon(lambda: data_files_on_disk(path) - committed)
         assert staged
         with DeltaRsEventLog(lake) as other:  # another appender sends three of them first
             assert other.append_events(events[5:8]) == AppendResult(3, 0)
     thread.join(60)
     assert result["appended"] == AppendResult(2, 3)
-    assert not staged & _files_on_disk(path), "the staged files no commit names were left on disk"
-    assert _files_on_disk(path) == _files_named(path)
+    assert not staged & data_files_on_disk(path), "the staged files no commit names were left on disk"
+    assert data_files_on_disk(path) == data_files_named(path)
     stored = deltalake.DeltaTable(path).to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()
     assert sorted(stored) == sorted(e["event_id"] for e in events)
 
