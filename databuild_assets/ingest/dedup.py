@@ -9,7 +9,11 @@ way (docs/decisions/0038-ingestion-dedup-by-key-lookup.md):
   commit lock from the lookup to the commit, which every committer of the raw log takes
   (`runtime/commit_lock.py`), so no event_id can arrive in between; the batch is read, its ids
   collected and the index opened before the lock, since every appender waits while it is held.
-  The cost follows the batch and the commits since the index's stamp, not the history.
+  The cost follows the batch and the commits since the index's stamp, not the history. When the
+  log's protocol allows the JVM-free appends' commit (`log/serving/append.py`), the batch's data
+  files are written before the lock too and the commit is a file naming them, with the session's
+  idempotent-write id and userMetadata: the appenders then wait milliseconds for an ingestion,
+  not the seconds of a Spark commit.
 - **MERGE on event_id** (no index that can be followed without a rebuild, a larger batch, a lake
   on an object store): Delta reads every event_id of the log and checks the read against
   concurrent commits.
@@ -21,14 +25,35 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
 
+import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from databuild_assets.log.serving.append import (
+    CommitConflictError,
+    commit_files,
+    fast_layout,
+    raw_log_schema,
+    remove_data_files,
+    write_data_files,
+)
 from databuild_assets.log.serving.backend import DeltaRsEventLog, IndexNotFollowableError
+from databuild_assets.log.serving.checkpoints import Checkpointer, open_listed
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.delta_tables import refuse_paths_outside, retry_on_conflict
+from databuild_assets.runtime.delta_tables import (
+    TXN_APP_ID,
+    TXN_VERSION,
+    USER_METADATA,
+    refuse_paths_outside,
+    retry_on_conflict,
+)
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake, is_local
 
 log = logging.getLogger(__name__)
@@ -94,26 +119,124 @@ def _looked_up(index: DeltaRsEventLog, event_ids: list[str]) -> set[str] | None:
         return None
 
 
+@dataclass
+class _Staged:
+    """The rows of a batch written as data files of the raw log (`table`) ahead of their commit:
+    their `add` actions, which no commit names yet."""
+
+    path: str
+    table: deltalake.DeltaTable
+    rows: pa.Table
+    actions: list[dict[str, Any]]
+
+    def discard(self) -> None:
+        remove_data_files(self.path, self.actions)
+        self.actions = []
+
+
+def _stage(log_path: str, batch: DataFrame) -> _Staged | None:
+    """`batch` (its rows collected: at most KEY_LOOKUP_LIMIT) written as data files of the raw log
+    before the commit lock is taken, as the JVM-free appends do; None when the log's protocol
+    wants Spark's commit (`fast_layout`)."""
+    table = open_listed(log_path)
+    layout = fast_layout(table)
+    if layout is None:
+        return None
+    try:
+        rows = batch.select(*RAW_EVENT_LOG.schema.fieldNames()).toArrow().cast(raw_log_schema())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as why:  # Spark's write checks and says what
+        log.warning("%s: the batch's rows do not cast to the raw log's schema (%s): Spark writes them", log_path, why)
+        return None
+    return _Staged(log_path, table, rows, write_data_files(log_path, rows, *layout) if rows.num_rows else [])
+
+
+def _session_commit(spark: SparkSession) -> tuple[dict[str, Any] | None, str | None]:
+    """The `txn` action and the userMetadata the session's settings give a Delta commit."""
+    app_id, version = spark.conf.get(TXN_APP_ID, None), spark.conf.get(TXN_VERSION, None)
+    txn = None
+    if app_id and version:
+        txn = {"appId": app_id, "version": int(version), "lastUpdated": int(time.time() * 1000)}
+    return txn, spark.conf.get(USER_METADATA, None)
+
+
+def _commit_staged(
+    spark: SparkSession, index: DeltaRsEventLog, staged: _Staged, known: set[str]
+) -> tuple[int, int | None] | None:
+    """Under the commit lock, after the lookup: the staged files (rewritten without the rows of
+    `known` ids) committed as the version after the one the index was caught up to, with the
+    session's idempotent-write id and userMetadata, as Spark's append would. The rows inserted and
+    the version committed ((0, None) when the log recorded that id already: Spark skips such a
+    write too), or None when the log is not at the version the lookup saw (the caller writes
+    through Spark)."""
+    latest, table = index.version, staged.table
+    table.update_incremental()
+    if latest is None or table.version() != latest:
+        return None
+    txn, user_metadata = _session_commit(spark)
+    if txn is not None and (table.transaction_version(txn["appId"]) or -1) >= txn["version"]:
+        log.info("%s: %s %d is recorded already: nothing written", staged.path, txn["appId"], txn["version"])
+        staged.discard()
+        return 0, None
+    rows = staged.rows
+    if known:  # rare (a file delivered again): the files without those rows, under the lock
+        staged.discard()
+        rows = rows.filter(pc.invert(pc.is_in(rows.column("event_id"), value_set=pa.array(sorted(known)))))
+        staged.actions = write_data_files(staged.path, rows, *fast_layout(table)) if rows.num_rows else []
+    commit_info: dict[str, Any] = {
+        "operationMetrics": {"numFiles": str(len(staged.actions)), "numOutputRows": str(rows.num_rows)}
+    }
+    if user_metadata is not None:
+        commit_info["userMetadata"] = user_metadata
+    actions = ([{"txn": txn}] if txn is not None else []) + staged.actions
+    try:
+        commit_files(staged.path, latest + 1, actions, list(table.metadata().partition_columns), commit_info)
+    except CommitConflictError:
+        return None  # a writer that ignores the lock took that version: Spark's commit checks it
+    staged.actions = []  # committed: the log names them
+    return rows.num_rows, latest + 1
+
+
 def _append_unknown(
     spark: SparkSession, index: DeltaRsEventLog, batch: DataFrame, ids: list[str], what: str
 ) -> int | None:
     """Under the raw log's commit lock: the lookup of `ids` (the event ids of `batch`), caught up
-    to the log's latest commit, and the append of the rows it does not know; how many, or None
-    when the index could not answer (the caller MERGEs)."""
+    to the log's latest commit, and the append of the rows it does not know (their files written
+    before the lock when the log allows, `_stage`); how many, or None when the index could not
+    answer (the caller MERGEs)."""
     log_path = index.lake.table_path(RAW_EVENT_LOG)
-    with commit_lock(log_path):
-        known = _looked_up(index, ids)
-        if known is None:
-            return None
-        new = batch
-        if known:
-            known_ids = spark.createDataFrame([(event_id,) for event_id in sorted(known)], "event_id string")
-            new = batch.join(F.broadcast(known_ids), "event_id", "left_anti")
-        # A commit also when nothing is new: it carries the batch's transaction id, the raw log's
-        # record that the batch committed (what `check` and a replay look for).
-        new.select(*RAW_EVENT_LOG.schema.fieldNames()).write.format("delta").mode("append").save(log_path)
+    staged = _stage(log_path, batch)
+    committed = None
+    try:
+        with commit_lock(log_path):
+            known = _looked_up(index, ids)
+            if known is None:
+                return None
+            done = None if staged is None else _commit_staged(spark, index, staged, known)
+            if done is not None:
+                inserted, committed = done
+            else:
+                _spark_append(spark, batch, known, log_path)
+                inserted = len(ids) - len(known)
+    finally:
+        if staged is not None:
+            staged.discard()  # none left once committed
+    if committed is not None and staged is not None:  # Spark checkpoints its own commits; this one is ours
+        checkpoints = Checkpointer(log_path)
+        checkpoints.after_commit(committed, staged.table.metadata().configuration)
+        checkpoints.wait()
     log.info("%s: %d events, %d already in the log (key lookup)", what, len(ids), len(known))
-    return len(ids) - len(known)
+    return inserted
+
+
+def _spark_append(spark: SparkSession, batch: DataFrame, known: set[str], log_path: str) -> None:
+    """Spark's append of the rows of `batch` whose event id is not in `known` (under the lock)."""
+    new = batch
+    if known:
+        known_ids = spark.createDataFrame([(event_id,) for event_id in sorted(known)], "event_id string")
+        new = batch.join(F.broadcast(known_ids), "event_id", "left_anti")
+    # A commit also when nothing is new: it carries the batch's transaction id, the raw log's
+    # record that the batch committed (what `check` and a replay look for).
+    new.select(*RAW_EVENT_LOG.schema.fieldNames()).write.format("delta").mode("append").save(log_path)
 
 
 def insert_new_events(spark: SparkSession, lake: Lake, events: DataFrame, at_most: int, what: str = "") -> int:

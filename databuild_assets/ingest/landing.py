@@ -47,6 +47,8 @@ from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.commits import find_commit
 from databuild_assets.runtime.delta_tables import (
+    TXN_APP_ID,
+    TXN_VERSION,
     USER_METADATA,
     current_version,
     ensure_table,
@@ -74,9 +76,6 @@ SKIPPED = _Skipped()
 # A file that is empty or whose last line has no newline yet is taken for one still being
 # written, and waits; once unchanged this long it is taken as complete (its writer is gone).
 DEFAULT_SETTLE_SECONDS = 600.0
-
-_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 @dataclass(frozen=True)
@@ -388,8 +387,8 @@ def write_batch(
         events = events_from_read_lines(lines.where("reason IS NULL"))
         unique_events = first_of_each_event_id(events)
         batch_settings = {
-            _TXN_APP_ID: EVENTS_APP_ID,
-            _TXN_VERSION: str(batch_id),
+            TXN_APP_ID: EVENTS_APP_ID,
+            TXN_VERSION: str(batch_id),
             USER_METADATA: json.dumps({"ingest_batch": batch_id}),
         }
         with session_settings(session, batch_settings):

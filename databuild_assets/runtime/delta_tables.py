@@ -257,6 +257,10 @@ def schema_version_of(path: str, properties: Mapping[str, str], known_version: i
 
 
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"  # carried by every commit made under it
+# A commit's idempotent-write id (Delta's `txn` action): a write under an app id whose recorded
+# version is this one or later is skipped.
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 @contextmanager

@@ -57,7 +57,8 @@ class CommitConflictError(RuntimeError):
 
 
 @functools.cache
-def _raw_log_schema() -> pa.Schema:
+def raw_log_schema() -> pa.Schema:
+    """The raw log's schema in Arrow."""
     return pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
 
 
@@ -75,7 +76,7 @@ def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer
             ingested_at=ingested_at,
         )
         rows.append(row)
-    return pa.Table.from_pylist(rows, schema=_raw_log_schema())
+    return pa.Table.from_pylist(rows, schema=raw_log_schema())
 
 
 def commit_exactly(
@@ -363,6 +364,7 @@ __all__ = [
     "new_data_file",
     "partition_text",
     "raw_log_rows",
+    "raw_log_schema",
     "remove_data_files",
     "stage_locally",
     "statistics",
