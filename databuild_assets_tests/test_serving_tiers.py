@@ -219,6 +219,21 @@ def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_event
     assert len(list(Path(folder, "segments").glob("segment-*.by-partition.parquet"))) == len(after)
 
 
+def _evict_as_the_pipeline(lake: Lake, window_ns: int | None) -> None:
+    """The refresh's evictions, merges and sweep, by a connection of their own (as the pipeline's)."""
+    with DeltaRsEventLog(lake) as pipeline:
+        index = pipeline._store()
+        folder = IndexFolder(str(Path(index.segment_folder).parent))
+        evict.evict_under_lock(folder, index._connection, window_ns, folder.marker())
+
+
+def _a_cold_request_and_a_late_event_for_it(lake: Lake) -> tuple[list[dict[str, Any]], dict[str, Any], EventFilter]:
+    """1,200 events, every finished build request cold; a late event for one; a page of its events."""
+    events, request = _cold_request(lake, 1200, seed=4)
+    late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
+    return events, late, EventFilter(build_request_ids=(request,))
+
+
 @pytest.mark.parametrize(
     "method, key_of_segment",
     [
@@ -241,10 +256,7 @@ def test_a_read_whose_segment_a_merge_replaced_meanwhile_reads_the_merged_one(
 
         def merged_first(*args, **kwargs):
             if not merges:
-                with DeltaRsEventLog(lake) as pipeline:
-                    index = pipeline._store()
-                    folder = IndexFolder(str(Path(index.segment_folder).parent))
-                    evict.evict_under_lock(folder, index._connection, 2**62, folder.marker())  # merges only
+                _evict_as_the_pipeline(lake, 2**62)  # merges only
                 merges.append(group)
             return read_rows(*args, **kwargs)
 
@@ -263,9 +275,7 @@ def test_a_page_read_while_a_late_event_brought_its_build_request_back_hot_keeps
     # The page's hot rows were read, then a late event brought the build request back into the
     # index and the refresh rewrote its segment without it: read again from the segments alone,
     # the page held the request's events neither hot nor cold.
-    events, request = _cold_request(lake, 1200, seed=4)
-    late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
-    page_of = EventFilter(build_request_ids=(request,))
+    events, late, page_of = _a_cold_request_and_a_late_event_for_it(lake)
     with DeltaRsEventLog(lake) as reader, SqliteEventLog(":memory:") as reference:
         reference.append_events(events + [late])
         connection = reader._store()._connection
@@ -275,10 +285,7 @@ def test_a_page_read_while_a_late_event_brought_its_build_request_back_hot_keeps
             if not thawed:
                 with DeltaRsEventLog(lake) as pipeline:
                     pipeline.append_events([late])
-                    index = pipeline._store()
-                    folder = IndexFolder(str(Path(index.segment_folder).parent))
-                    # The refresh's sweep (window inf: nothing evicted): its old segment rewritten without it.
-                    evict.evict_under_lock(folder, index._connection, None, folder.marker())
+                _evict_as_the_pipeline(lake, None)  # window inf: its old segment rewritten without it
                 thawed.append(late)
             return read_rows(*args, **kwargs)
 
@@ -296,9 +303,7 @@ def test_a_page_read_while_a_late_event_brings_its_build_request_back_hot_is_of_
     # The page's hot rows were read, then a late event brought the build request back into the
     # index (its segment left as it was), then the page looked up the segments: the request was
     # in neither.
-    events, request = _cold_request(lake, 1200, seed=4)
-    late = bel_cases.partition_event("late-1", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
-    page_of = EventFilter(build_request_ids=(request,))
+    events, late, page_of = _a_cold_request_and_a_late_event_for_it(lake)
     with DeltaRsEventLog(lake) as reader, SqliteEventLog(":memory:") as reference:
         reference.append_events(events)
         cold_of, thawed = cold.ColdReads._cold_of, []
