@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from databuild_assets.ingest.writer import append_events
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.runtime.delta_jars import LOCAL_LOG_STORE
 from databuild_assets.runtime.delta_log import log_files
@@ -49,7 +50,10 @@ def test_spark_lists_a_local_log_as_delta_s_own_store_does(spark, lake: Lake) ->
     with DeltaRsEventLog(lake) as log:  # commits and checkpoints of the JVM-free appends
         for start in range(0, 100, 5):
             log.append_events(events[start : start + 5])
-    append_events(spark, lake, events[200:210], writer="spark")  # a commit of Spark's, with its .crc file
+    # A commit of Spark's, with its .crc file (the writer API's commit is a JVM-free one when the
+    # lake has a serving index to look its ids up in: ingest/dedup.py).
+    rows = raw_log_rows(enumerate(canonical_event(event) for event in events[200:210]), "spark")
+    spark.createDataFrame(rows).write.format("delta").mode("append").save(path)
     with DeltaRsEventLog(lake) as log:
         for start in range(100, 200, 5):
             log.append_events(events[start : start + 5])
