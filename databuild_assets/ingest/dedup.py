@@ -173,7 +173,8 @@ def _commit_staged(
     if latest is None or table.version() != latest:
         return None
     txn, user_metadata = _session_commit(spark)
-    if txn is not None and (table.transaction_version(txn["appId"]) or -1) >= txn["version"]:
+    recorded = None if txn is None else table.transaction_version(txn["appId"])
+    if recorded is not None and recorded >= txn["version"]:
         log.info("%s: %s %d is recorded already: nothing written", staged.path, txn["appId"], txn["version"])
         staged.discard()
         return 0, None
