@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import sqlite3
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from deltalake import write_deltalake
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log.interface import EventFilter, canonical_event
-from databuild_assets.log.serving import cold, evict
+from databuild_assets.log.serving import cold, cold_ids, evict
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.cold import parquet_file
@@ -463,6 +466,23 @@ def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
         assert log.append_events([again]).duplicates == 1
         assert log._store().cold_facts()["cold_build_requests"] > 0
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
+def test_the_cold_ids_are_what_was_evicted_and_not_thawed(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / "ids.sqlite")
+    connection.executescript(cold_ids.COLD_IDS_TABLE)
+    ids = [str(uuid.UUID(int=random.Random(1).getrandbits(128) + n)) for n in range(300_000)]
+    with connection:  # many entries per bucket, rows rewritten in three batches
+        for start in range(0, 240_000, 80_000):
+            cold_ids.add_cold_ids(connection, ids[start : start + 80_000])
+        cold_ids.drop_cold_ids(connection, ids[:60_000])
+    assert cold_ids.count_cold_ids(connection) == 180_000
+    sample = range(0, len(ids), 97)
+    known = cold_ids.known_cold_ids(connection, (ids[n] for n in sample))
+    assert known == {ids[n] for n in sample if 60_000 <= n < 240_000}
+    for (blob,) in connection.execute("SELECT digests FROM cold_event_ids"):
+        entries = [blob[at : at + 8] for at in range(0, len(blob), 8)]
+        assert entries == sorted(set(entries))
 
 
 def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake) -> None:

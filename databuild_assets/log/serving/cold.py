@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
+from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
 from databuild_assets.log.serving.publish import fetch_segment, touch_read
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
@@ -78,8 +79,8 @@ CREATE TABLE IF NOT EXISTS cold_job_runs (  -- a cold build request with events 
 CREATE TABLE IF NOT EXISTS cold_build_request_partition_counts (
     build_request_id TEXT NOT NULL, status_code INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (build_request_id, status_code)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS cold_event_ids (digest BLOB PRIMARY KEY) WITHOUT ROWID;
 """
+COLD_TABLES += COLD_IDS_TABLE  # INDEX_FORMAT 6: the cold event ids in buckets
 
 # The build requests holding events of job run ?1: its own (job_runs.build_request_id, that of its
 # first job or cancel event) and any other one listed cold (a hot one is found in `events`).
@@ -516,10 +517,11 @@ class ColdReads:
     def cold_facts(self) -> dict[str, int]:
         """How many segments, cold build requests and cold event ids the index holds."""
         with transaction(self._connection, "DEFERRED"):
-            return {
+            facts = {
                 table: self._connection.execute(f"SELECT COUNT(*) FROM main.{table}").fetchone()[0]
-                for table in ("cold_segments", "cold_build_requests", "cold_event_ids")
+                for table in ("cold_segments", "cold_build_requests")
             }
+            return {**facts, "cold_event_ids": count_cold_ids(self._connection)}
 
 
 def _passes(table: pa.Table, after: tuple[int, str] | None, filter: EventFilter | None, listing: list[str]) -> pa.Array:

@@ -11,8 +11,8 @@ never reads, and no pinned event lists partitions (reads of a cold build request
 its segment). A job run pins nothing (its job and cancel events live in one build request): its
 cold build requests come back hot before one of its job or cancel events is added or deleted
 (`thaw_job_runs`). What the SQL would count over the evicted events is kept per key
-(`cold_partition_events`, `cold_build_request_partition_counts`), and a 16-byte digest of every
-evicted event id, so an append still dedupes against the whole log.
+(`cold_partition_events`, `cold_build_request_partition_counts`), and every evicted event id
+(cold_ids.py), so an append still dedupes against the whole log.
 
 `thaw` brings cold build requests back hot (their rows read back, their counts taken off), before
 a late event of theirs is added, a tombstone hides one of their events, a compaction purges one,
@@ -26,7 +26,6 @@ or a job run of theirs changes (`thaw_job_runs`); their segment is then stale, a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sqlite3
@@ -47,6 +46,7 @@ from databuild_assets.log.serving.cold import (
     segment_paths,
     write_segment,
 )
+from databuild_assets.log.serving.cold_ids import add_cold_ids, drop_cold_ids, known_cold_ids
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.sqlite.backend import transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS, select_listed_partitions
@@ -66,11 +66,6 @@ DEFAULT_HOT_WINDOW_S = 3_600.0
 _TERMINAL = ", ".join(str(int(code)) for code in sorted(TERMINAL_BUILD_REQUEST_STATUSES))
 _COLUMNS = ", ".join(ROW_COLUMNS)
 _SEGMENT_FILE = re.compile(r"^segment-(\d+)\.(?:by-partition\.)?parquet(?:\.building)?$")
-
-
-def event_digest(event_id: str) -> bytes:
-    """The 16 bytes kept for a cold event id (an append's dedupe): BLAKE2b of its UTF-8."""
-    return hashlib.blake2b(event_id.encode("utf-8"), digest_size=16).digest()
 
 
 def hot_window_ns(window_s: float | None = None) -> int | None:
@@ -356,9 +351,7 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
         "build_request_id IN (SELECT build_request_id FROM temp.freezing)",
     )
     connection.execute(f"INSERT INTO main.cold_build_request_partition_counts {counts}")
-    connection.executemany(
-        "INSERT OR IGNORE INTO main.cold_event_ids VALUES (?)", ((event_digest(row[0]),) for row in rows)
-    )
+    add_cold_ids(connection, (row[0] for row in rows))
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
     connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN (SELECT event_id FROM {_FROZEN})")
     leaving = f"SELECT event_id FROM {_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
@@ -427,9 +420,7 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
             "DELETE FROM main.cold_job_runs WHERE (job_run_id, build_request_id) IN"
             " (SELECT job_run_id, build_request_id FROM temp.thawing WHERE job_run_id IS NOT NULL)"
         )
-        connection.executemany(
-            "DELETE FROM main.cold_event_ids WHERE digest = ?", ((event_digest(row[0]),) for row in rows)
-        )
+        drop_cold_ids(connection, (row[0] for row in rows))
         for build_request_id in ids:
             connection.execute(
                 "DELETE FROM main.cold_build_request_partition_counts WHERE build_request_id = ?", (build_request_id,)
@@ -484,29 +475,18 @@ def cold_build_requests_among(connection: sqlite3.Connection, build_request_ids:
 def cold_build_requests_holding(
     connection: sqlite3.Connection, index_folder: str, event_ids: Collection[str]
 ) -> list[str]:
-    """The cold build requests whose segments hold any of `event_ids` (their digests say which
-    ids are cold; the segments, which build requests hold them)."""
-    digests = [event_id for event_id in event_ids if _is_cold_id(connection, event_id)]
-    if not digests:
+    """The cold build requests whose segments hold any of `event_ids` (the kept cold ids say
+    which are cold; the segments, which build requests hold them)."""
+    cold = known_cold_ids(connection, event_ids)
+    if not cold:
         return []
     found: set[str] = set()
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
         table = read_segment_rows(folder, segment, "event_id")
-        table = table.filter(pc.is_in(table.column("event_id"), value_set=pa.array(digests, pa.string())))
+        table = table.filter(pc.is_in(table.column("event_id"), value_set=pa.array(list(cold), pa.string())))
         found.update(table.column("build_request_id").to_pylist())
     return cold_build_requests_among(connection, found)
-
-
-def _is_cold_id(connection: sqlite3.Connection, event_id: str) -> bool:
-    return bool(
-        connection.execute("SELECT 1 FROM main.cold_event_ids WHERE digest = ?", (event_digest(event_id),)).fetchone()
-    )
-
-
-def cold_event_ids(connection: sqlite3.Connection, event_ids: Iterable[str]) -> set[str]:
-    """Which of `event_ids` are events of cold build requests."""
-    return {event_id for event_id in event_ids if _is_cold_id(connection, event_id)}
 
 
 def cold_build_requests_matching(connection: sqlite3.Connection, index_folder: str, rule: str) -> list[str]:
@@ -568,8 +548,6 @@ __all__ = [
     "cold_build_requests_among",
     "cold_build_requests_holding",
     "cold_build_requests_matching",
-    "cold_event_ids",
-    "event_digest",
     "evict",
     "evict_under_lock",
     "hot_window_ns",

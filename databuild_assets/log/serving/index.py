@@ -38,13 +38,12 @@ from databuild_assets.events.erasure_rule import (
     names_in_json_text,
 )
 from databuild_assets.log.serving.cold import COLD_TABLES, HOT_EVENTS_VIEW, SEGMENTS_FOLDER, ColdReads
+from databuild_assets.log.serving.cold_ids import known_cold_ids
 from databuild_assets.log.serving.evict import (
     JOB_RUN_EVENT_TYPES,
     cold_build_requests_among,
     cold_build_requests_holding,
     cold_build_requests_matching,
-    cold_event_ids,
-    event_digest,
     job_runs_of,
     thaw,
     thaw_job_runs,
@@ -70,8 +69,8 @@ from databuild_assets.log.sqlite.schema import (
 # an index of another format is rebuilt, never read. Raise it with any change to that layout.
 # 2: serving_stamp.visible_events. 3: the cold tier's tables (cold.py). 4: cold_job_runs.job_events
 # (a job run's events pinned no more). 5: cold_job_runs lists only build requests other than the
-# job run's own.
-INDEX_FORMAT = 5
+# job run's own. 6: cold_event_ids in buckets (cold_ids.py).
+INDEX_FORMAT = 6
 
 # partition_state.event_count counts the partition's events: those still in `events` and those a
 # segment holds (evict.py keeps their count; the pinned copies are in `events` and not counted).
@@ -413,7 +412,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
             if self.has_cold():  # a late event of a cold build request or job run: they come back hot first
                 thaw(connection, self.index_folder, cold_build_requests_among(connection, {row[2] for row in rows}))
                 thaw_job_runs(connection, self.index_folder, job_runs_of(rows))
-                cold = cold_event_ids(connection, [row[0] for row in rows])
+                cold = known_cold_ids(connection, [row[0] for row in rows])
                 rows = [row for row in rows if row[0] not in cold]
             connection.executemany(f"INSERT OR IGNORE INTO temp.staged_events {insert}", rows)
             # EXISTS, not `event_id IN (SELECT event_id FROM main.events)`: SQLite runs that IN by
@@ -539,17 +538,8 @@ class ServingIndex(ColdReads, SqliteEventLog):
                 )
             )
         unknown = [event_id for event_id in wanted if event_id not in known]
-        if unknown and self.has_cold():  # the events of cold build requests, by their digests
-            for start in range(0, len(unknown), 500):
-                chunk = unknown[start : start + 500]
-                by_digest = {event_digest(event_id): event_id for event_id in chunk}
-                marks = ", ".join("?" * len(chunk))
-                known.update(
-                    by_digest[row[0]]
-                    for row in self._connection.execute(
-                        f"SELECT digest FROM main.cold_event_ids WHERE digest IN ({marks})", list(by_digest)
-                    )
-                )
+        if unknown and self.has_cold():  # the events of cold build requests (cold_ids.py)
+            known |= known_cold_ids(self._connection, unknown)
         return known
 
     def stored_bytes(self) -> int:
