@@ -60,14 +60,17 @@ BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
 _LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
 
 # The cold tables of the index (INDEX_FORMAT 3; 4 cold_job_runs.job_events; 5 cold_job_runs only
-# for build requests other than the job run's own): see evict.py.
+# for build requests other than the job run's own; 6 the cold ids in buckets; 7 partition counts
+# in cold_build_requests): see evict.py.
 COLD_TABLES = """
 CREATE TABLE IF NOT EXISTS cold_segments (
     segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, min_timestamp INTEGER NOT NULL,
     max_timestamp INTEGER NOT NULL, stale INTEGER NOT NULL DEFAULT 0  -- 1: a build request came back hot
 );
 CREATE TABLE IF NOT EXISTS cold_build_requests (
-    build_request_id TEXT PRIMARY KEY, segment INTEGER NOT NULL) WITHOUT ROWID;
+    build_request_id TEXT PRIMARY KEY, segment INTEGER NOT NULL,
+    partition_counts TEXT NOT NULL  -- list_build_requests' counts of its events: {"status code": count}
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS cold_build_requests_by_segment ON cold_build_requests (segment);
 CREATE TABLE IF NOT EXISTS cold_partition_events (
     partition_ref TEXT NOT NULL, segment INTEGER NOT NULL, count INTEGER NOT NULL,
@@ -76,11 +79,8 @@ CREATE TABLE IF NOT EXISTS cold_job_runs (  -- a cold build request with events 
     job_run_id TEXT NOT NULL, build_request_id TEXT NOT NULL,
     job_events INTEGER NOT NULL,  -- 1: the build request holds a job or cancel event of the job run
     PRIMARY KEY (job_run_id, build_request_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS cold_build_request_partition_counts (
-    build_request_id TEXT NOT NULL, status_code INTEGER NOT NULL, count INTEGER NOT NULL,
-    PRIMARY KEY (build_request_id, status_code)) WITHOUT ROWID;
 """
-COLD_TABLES += COLD_IDS_TABLE  # INDEX_FORMAT 6: the cold event ids in buckets
+COLD_TABLES += COLD_IDS_TABLE
 
 # The build requests holding events of job run ?1: its own (job_runs.build_request_id, that of its
 # first job or cancel event) and any other one listed cold (a hot one is found in `events`).
@@ -503,12 +503,13 @@ class ColdReads:
         if sql != PARTITION_COUNTS_OF_BUILD_REQUESTS or not self.has_cold():
             return super()._counts_by_build_request(sql, ids_json)  # type: ignore[misc]
         counts = super()._counts_by_build_request(sql.replace("FROM events", "FROM temp.hot_events"), ids_json)  # type: ignore[misc]
-        for build_request_id, status_code, count in self._connection.execute(
-            "SELECT build_request_id, status_code, count FROM main.cold_build_request_partition_counts"
+        for build_request_id, partition_counts in self._connection.execute(
+            "SELECT build_request_id, partition_counts FROM main.cold_build_requests"
             " WHERE build_request_id IN (SELECT value FROM json_each(?))",
             (ids_json,),
         ):
-            counts.setdefault(build_request_id, {})[status_code] = count
+            for status_code, count in json.loads(partition_counts).items():
+                counts.setdefault(build_request_id, {})[int(status_code)] = count
         return counts
 
     def _total_events(self) -> int:

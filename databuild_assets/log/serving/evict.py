@@ -11,7 +11,7 @@ never reads, and no pinned event lists partitions (reads of a cold build request
 its segment). A job run pins nothing (its job and cancel events live in one build request): its
 cold build requests come back hot before one of its job or cancel events is added or deleted
 (`thaw_job_runs`). What the SQL would count over the evicted events is kept per key
-(`cold_partition_events`, `cold_build_request_partition_counts`), and every evicted event id
+(`cold_partition_events`, `cold_build_requests.partition_counts`), and every evicted event id
 (cold_ids.py), so an append still dedupes against the whole log.
 
 `thaw` brings cold build requests back hot (their rows read back, their counts taken off), before
@@ -26,6 +26,7 @@ or a job run of theirs changes (`thaw_job_runs`); their segment is then stale, a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -320,7 +321,17 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
     _pin(connection)
     connection.execute(_SLIM_PINNED)
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
-    connection.execute("INSERT INTO main.cold_build_requests SELECT build_request_id, ? FROM temp.freezing", (segment,))
+    counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
+        "build_request_id IN (SELECT value FROM json_each(?))",
+        "build_request_id IN (SELECT build_request_id FROM temp.freezing)",
+    )
+    by_request: dict[str, dict[str, int]] = {build_request_id: {} for build_request_id in chosen}
+    for build_request_id, status_code, count in connection.execute(counts):
+        by_request[build_request_id][str(status_code)] = count
+    connection.executemany(
+        "INSERT INTO main.cold_build_requests VALUES (?, ?, ?)",
+        ((i, segment, json.dumps(c, separators=(",", ":"))) for i, c in by_request.items()),
+    )
     # partition_state.event_count counts the events carrying the ref: those deleted here are kept
     # as a count; a ref only listed gets a row of 0, its pointer to this segment.
     listed = {}
@@ -346,11 +357,6 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
         " WHERE r.job_run_id = f.job_run_id AND r.build_request_id = f.build_request_id)"
         " GROUP BY job_run_id, build_request_id"
     )
-    counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
-        "build_request_id IN (SELECT value FROM json_each(?))",
-        "build_request_id IN (SELECT build_request_id FROM temp.freezing)",
-    )
-    connection.execute(f"INSERT INTO main.cold_build_request_partition_counts {counts}")
     add_cold_ids(connection, (row[0] for row in rows))
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
     connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN (SELECT event_id FROM {_FROZEN})")
@@ -422,9 +428,6 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
         )
         drop_cold_ids(connection, (row[0] for row in rows))
         for build_request_id in ids:
-            connection.execute(
-                "DELETE FROM main.cold_build_request_partition_counts WHERE build_request_id = ?", (build_request_id,)
-            )
             connection.execute("DELETE FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,))
         connection.execute("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", (segment,))
         connection.execute("DELETE FROM temp.thawing")
