@@ -61,7 +61,8 @@ _LISTS = {"build_request_event": "requested_partitions", "job_event": "target_pa
 
 # The cold tables of the index (INDEX_FORMAT 3; 4 cold_job_runs.job_events; 5 cold_job_runs only
 # for build requests other than the job run's own; 6 the cold ids in buckets; 7 partition counts
-# in cold_build_requests): see evict.py.
+# in cold_build_requests, which has no index by segment: a segment's file lists its build
+# requests, `still_cold_in`): see evict.py.
 COLD_TABLES = """
 CREATE TABLE IF NOT EXISTS cold_segments (
     segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, min_timestamp INTEGER NOT NULL,
@@ -71,7 +72,6 @@ CREATE TABLE IF NOT EXISTS cold_build_requests (
     build_request_id TEXT PRIMARY KEY, segment INTEGER NOT NULL,
     partition_counts TEXT NOT NULL  -- list_build_requests' counts of its events: {"status code": count}
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS cold_build_requests_by_segment ON cold_build_requests (segment);
 CREATE TABLE IF NOT EXISTS cold_partition_events (
     partition_ref TEXT NOT NULL, segment INTEGER NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (partition_ref, segment)) WITHOUT ROWID;
@@ -217,6 +217,19 @@ def read_segment_rows(
     return table.filter(pc.is_in(table.column(column), value_set=pa.array(values, table.schema.field(column).type)))
 
 
+def still_cold_in(connection: Any, segment: int, build_request_ids: Iterable[str]) -> list[str]:
+    """Which of `build_request_ids` (those a segment's file holds) are still cold in `segment`:
+    of a stale one, those that did not come back hot."""
+    return [
+        row[0]
+        for row in connection.execute(
+            "SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?"
+            " AND build_request_id IN (SELECT value FROM json_each(?))",
+            (segment, json.dumps(list(build_request_ids))),
+        )
+    ]
+
+
 def request_spans(connection: Any, build_request_ids: Iterable[str]) -> list[tuple[int, int]] | None:
     """The (first, last) timestamps of each build request (its projection row): where its events
     lie in a segment sorted by time. None when one has no row (read every row group then)."""
@@ -270,12 +283,7 @@ class ColdReads:
             return table.slice(0, 0)
         if not stale[0]:
             return table
-        cold = [
-            row[0]
-            for row in self._connection.execute(
-                "SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?", (segment,)
-            )
-        ]
+        cold = still_cold_in(self._connection, segment, pc.unique(table.column("build_request_id")).to_pylist())
         return table.filter(pc.is_in(table.column("build_request_id"), value_set=pa.array(cold, pa.string())))
 
     def _segment_rows(
@@ -559,6 +567,7 @@ __all__ = [
     "event_from_row",
     "listed_partitions",
     "read_segment_rows",
+    "still_cold_in",
     "segment_paths",
     "write_segment",
 ]

@@ -45,6 +45,7 @@ from databuild_assets.log.serving.cold import (
     read_segment_rows,
     request_spans,
     segment_paths,
+    still_cold_in,
     write_segment,
 )
 from databuild_assets.log.serving.cold_ids import add_cold_ids, drop_cold_ids, known_cold_ids
@@ -156,7 +157,7 @@ def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | No
         stale = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments WHERE stale")]
         for segment in stale:  # its build requests come back hot, and are evicted again below
             with transaction(connection):
-                thaw(connection, index_folder, _cold_in(connection, segment))
+                thaw(connection, index_folder, _cold_in(connection, folder, segment))
                 connection.execute("DELETE FROM main.cold_partition_events WHERE segment = ?", (segment,))
                 connection.execute("DELETE FROM main.cold_segments WHERE segment = ?", (segment,))
         if window_ns is None:
@@ -211,13 +212,14 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
     low, high = write_segment(folder, merged, rows)
     marks = ", ".join("?" * len(segments))
     live = 0
+    requests = sorted({row[2] for row in rows})  # a segment not stale holds its build requests all cold
     try:
         with transaction(connection):
             live = connection.execute(
                 f"SELECT COUNT(*) FROM main.cold_segments WHERE NOT stale AND segment IN ({marks})", segments
             ).fetchone()[0]
             if live == len(segments):
-                _switch_to_merged(connection, segments, merged, (len(rows), low, high))
+                _switch_to_merged(connection, segments, requests, merged, (len(rows), low, high))
     finally:
         if live != len(segments):  # given up, or the switch failed: no row names the new files
             for path in segment_paths(folder, merged):
@@ -225,16 +227,20 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
     return live == len(segments)
 
 
-def _switch_to_merged(connection: sqlite3.Connection, segments: list[int], merged: int, facts: tuple) -> None:
+def _switch_to_merged(
+    connection: sqlite3.Connection, segments: list[int], requests: list[str], merged: int, facts: tuple
+) -> None:
     """Inside the merge's transaction: the merged segment in place of `segments` (`facts`: its
-    events, min and max timestamp), and the pins of its build requests chosen again over all of
-    them, so that a partition keeps the latest of each kind of the merged segment, not of each
-    one (each segment's pins hold the latest of its own: the latest among them is the merged
-    one's). The rows no longer pinned leave `events` and join the partition counts."""
+    events, min and max timestamp; `requests`: the build requests they hold), and the pins of
+    its build requests chosen again over all of them, so that a partition keeps the latest of
+    each kind of the merged segment, not of each one (each segment's pins hold the latest of its
+    own: the latest among them is the merged one's). The rows no longer pinned leave `events`
+    and join the partition counts."""
     marks = ", ".join("?" * len(segments))
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (merged, *facts))
     connection.execute(
-        f"UPDATE main.cold_build_requests SET segment = ? WHERE segment IN ({marks})", (merged, *segments)
+        "UPDATE main.cold_build_requests SET segment = ? WHERE build_request_id IN (SELECT value FROM json_each(?))",
+        (merged, json.dumps(requests)),
     )
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count) SELECT partition_ref, ?,"
@@ -245,9 +251,7 @@ def _switch_to_merged(connection: sqlite3.Connection, segments: list[int], merge
     connection.execute(f"DELETE FROM main.cold_segments WHERE segment IN ({marks})", segments)
     connection.execute("DELETE FROM temp.freezing")
     connection.execute("DELETE FROM temp.pinned")
-    connection.execute(
-        "INSERT INTO temp.freezing SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?", (merged,)
-    )
+    connection.executemany("INSERT INTO temp.freezing VALUES (?)", ((i,) for i in requests))
     _pin(connection)
     unpinned = f"{_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
     connection.execute(
@@ -280,13 +284,10 @@ def evict_under_lock(folder: IndexFolder, connection: sqlite3.Connection, window
             sweep_segments(connection, folder.path)
 
 
-def _cold_in(connection: sqlite3.Connection, segment: int) -> list[str]:
-    return [
-        row[0]
-        for row in connection.execute(
-            "SELECT build_request_id FROM main.cold_build_requests WHERE segment = ?", (segment,)
-        )
-    ]
+def _cold_in(connection: sqlite3.Connection, folder: str, segment: int) -> list[str]:
+    """The build requests still cold in `segment`: those its file holds that did not come back."""
+    table = parquet_file(segment_paths(folder, segment)[0]).read(columns=["build_request_id"])
+    return still_cold_in(connection, segment, pc.unique(table.column("build_request_id")).to_pylist())
 
 
 def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> int:
