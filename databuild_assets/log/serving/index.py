@@ -70,7 +70,8 @@ from databuild_assets.log.sqlite.schema import (
 # 2: serving_stamp.visible_events. 3: the cold tier's tables (cold.py). 4: cold_job_runs.job_events
 # (a job run's events pinned no more). 5: cold_job_runs lists only build requests other than the
 # job run's own. 6: cold_event_ids in buckets (cold_ids.py). 7: cold_build_requests.partition_counts.
-INDEX_FORMAT = 7
+# 8: build_requests WITHOUT ROWID (sqlite/schema.py).
+INDEX_FORMAT = 8
 
 # partition_state.event_count counts the partition's events: those still in `events` and those a
 # segment holds (evict.py keeps their count; the pinned copies are in `events` and not counted).

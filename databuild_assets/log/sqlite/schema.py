@@ -133,7 +133,8 @@ CREATE INDEX IF NOT EXISTS job_runs_by_build_request ON job_runs (build_request_
 CREATE INDEX IF NOT EXISTS job_runs_by_status ON job_runs (status_code);
 
 -- Projection build_requests: one row per build_request_id. Its partition and job run counts are
--- computed on read, for the page asked for.
+-- computed on read, for the page asked for. WITHOUT ROWID: keyed by its id alone, with no second
+-- index of the ids (a log written before keeps its rowid table: the same rows, the same SQL).
 CREATE TABLE IF NOT EXISTS build_requests (
     build_request_id     TEXT    NOT NULL PRIMARY KEY,
     status_code          INTEGER NOT NULL,
@@ -144,7 +145,7 @@ CREATE TABLE IF NOT EXISTS build_requests (
     ended_at             INTEGER,
     updated_at           INTEGER NOT NULL,
     event_count          INTEGER NOT NULL
-);
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS build_requests_by_received ON build_requests (received_at DESC, build_request_id);
 CREATE INDEX IF NOT EXISTS build_requests_by_status
     ON build_requests (status_code, received_at DESC, build_request_id);
