@@ -468,6 +468,17 @@ def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
+def test_an_eviction_that_lasts_says_how_far_it_is(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 200)  # several segments, each one reported
+    monkeypatch.setattr(evict, "PROGRESS_EVERY_S", 0.0)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(list(generate_events(1500, seed=4)))
+    lines: list[str] = []
+    refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
+    moved = [line for line in lines if "events moved to segments" in line]
+    assert len(moved) > 1, lines
+
+
 def test_the_cold_ids_are_what_was_evicted_and_not_thawed(tmp_path: Path) -> None:
     connection = sqlite3.connect(tmp_path / "ids.sqlite")
     connection.executescript(cold_ids.COLD_IDS_TABLE)

@@ -429,7 +429,8 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
                     index = self._store()
                     adopt(index._connection, self._folder.path)
                 index.index_folder = self._folder.path
-            evict_under_lock(self._folder, index._connection, hot_window_ns(self._hot_window_s), self._marker)
+            window_ns = hot_window_ns(self._hot_window_s)
+            evict_under_lock(self._folder, index._connection, window_ns, self._marker, self._progress)
         deadline = time.monotonic() + _CHECKPOINT_WAIT_S
         while not index.checkpoint():
             if time.monotonic() > deadline:

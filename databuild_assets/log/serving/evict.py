@@ -27,10 +27,12 @@ or a job run of theirs changes (`thaw_job_runs`); their segment is then stale, a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,11 +64,13 @@ SEGMENT_EVENTS = 262_144
 MERGE_FANIN = 4
 _MERGE_ROUNDS = 16  # a merge makes one segment of the next size up, which may complete a merge there
 HOT_WINDOW_ENV = "DATABUILD_SERVING_HOT_WINDOW_S"
+PROGRESS_EVERY_S = 10.0
 # An hour of log time: what a service reads again is recent, and an hour of it at a service's rate
 # (tens of events a second) is a hot set of some hundred thousand events, whatever the history.
 DEFAULT_HOT_WINDOW_S = 3_600.0
 _TERMINAL = ", ".join(str(int(code)) for code in sorted(TERMINAL_BUILD_REQUEST_STATUSES))
 _COLUMNS = ", ".join(ROW_COLUMNS)
+log = logging.getLogger(__name__)
 _SEGMENT_FILE = re.compile(r"^segment-(\d+)\.(?:by-partition\.)?parquet(?:\.building)?$")
 
 
@@ -146,13 +150,20 @@ def _next_segment(connection: sqlite3.Connection, folder: str) -> int:
     return max([recorded, *on_disk]) + 1
 
 
-def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | None) -> int:
+def evict(
+    connection: sqlite3.Connection,
+    index_folder: str,
+    window_ns: int | None,
+    progress: Callable[[str], None] | None = None,
+) -> int:
     """Rewrite the stale segments, then move the build requests cold by `window_ns` (None: none)
     into new segments, and merge small segments; returns how many events left the index. Under
-    the build lock."""
+    the build lock. An eviction that lasts (a window first set on a full index, a first build)
+    tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S."""
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     _work_tables(connection)
     evicted = 0
+    started = reported = time.monotonic()
     for _ in range(_MERGE_ROUNDS):
         stale = [row[0] for row in connection.execute("SELECT segment FROM main.cold_segments WHERE stale")]
         for segment in stale:  # its build requests come back hot, and are evicted again below
@@ -168,6 +179,11 @@ def evict(connection: sqlite3.Connection, index_folder: str, window_ns: int | No
             if not moved:
                 break
             evicted += moved
+            if time.monotonic() - reported >= PROGRESS_EVERY_S:
+                reported = time.monotonic()
+                (progress or log.info)(
+                    f"serving index: {evicted:,} events moved to segments ({reported - started:.0f} s)"
+                )
         merging = _small_segments_to_merge(connection)
         if not merging:
             break
@@ -275,12 +291,18 @@ def _shrink_if_mostly_free(connection: sqlite3.Connection) -> None:
             _count_deleted(connection, free)
 
 
-def evict_under_lock(folder: IndexFolder, connection: sqlite3.Connection, window_ns: int | None, marker) -> None:
+def evict_under_lock(
+    folder: IndexFolder,
+    connection: sqlite3.Connection,
+    window_ns: int | None,
+    marker,
+    progress: Callable[[str], None] | None = None,
+) -> None:
     """`evict` and `sweep_segments` under the folder's build lock, unless the generation in use is
     no longer `marker`'s (another process published one: the next refresh evicts)."""
     with folder.build_lock():
         if folder.marker() == marker:
-            evict(connection, folder.path, window_ns)
+            evict(connection, folder.path, window_ns, progress)
             sweep_segments(connection, folder.path)
 
 
@@ -360,7 +382,12 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
     )
     add_cold_ids(connection, (row[0] for row in rows))
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
-    connection.execute(f"DELETE FROM main.event_listed_partitions WHERE event_id IN (SELECT event_id FROM {_FROZEN})")
+    # By the table's own key (the refs their rows list), not by event_id: that would scan it whole.
+    connection.execute(
+        "DELETE FROM main.event_listed_partitions WHERE (partition_ref, timestamp, event_id) IN ("
+        + select_listed_partitions("e", source=f"{_FROZEN} AS e, ")
+        + ")"
+    )
     leaving = f"SELECT event_id FROM {_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
     connection.execute(f"DELETE FROM main.events WHERE event_id IN ({leaving})")
     return len(rows)
