@@ -123,22 +123,27 @@ def _write_parquet(path: str, table: pa.Table) -> None:
     os.replace(building, path)
 
 
+def _columns(rows: list[tuple], schema: pa.Schema) -> pa.Table:
+    """`rows` (tuples in `schema`'s order) as an Arrow table, built column by column."""
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    arrays = [pa.array(column, field.type) for column, field in zip(columns, schema, strict=True)]
+    return pa.table(arrays, schema=schema)
+
+
 def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, int]:
     """Write segment `segment` of `rows` (index `events` rows), sorted by (timestamp, event_id)
     so a range or a page reads only the row groups of its time, and its by-partition companion
     (sorted by ref); returns their (min, max) timestamp."""
     make_folders(folder)
-    in_time = sorted(rows, key=lambda row: (row[1], row[0]))
-    table = pa.Table.from_pylist([dict(zip(ROW_COLUMNS, row, strict=True)) for row in in_time], schema=SEGMENT_SCHEMA)
+    table = _columns(rows, SEGMENT_SCHEMA).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
     by_partition = []
     for row in rows:
         keys = listed_partitions(row[3], row[4])
         if row[5] is not None:
             keys.add(row[5])
         by_partition.extend((key, *row) for key in keys)
-    by_partition.sort(key=lambda row: (row[0], row[2], row[1]))
-    companion = pa.Table.from_pylist(
-        [dict(zip(BY_PARTITION_SCHEMA.names, row, strict=True)) for row in by_partition], schema=BY_PARTITION_SCHEMA
+    companion = _columns(by_partition, BY_PARTITION_SCHEMA).sort_by(
+        [("key", "ascending"), ("timestamp", "ascending"), ("event_id", "ascending")]
     )
     main, partitions = segment_paths(folder, segment)
     _write_parquet(partitions, companion)
