@@ -21,7 +21,7 @@ from deltalake import write_deltalake
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log.interface import EventFilter, canonical_event
-from databuild_assets.log.serving import cold, cold_ids, evict
+from databuild_assets.log.serving import cold, cold_ids, evict, thaw
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.cold import parquet_file
@@ -450,7 +450,7 @@ def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_req
 
 def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_time_span_says(lake: Lake, monkeypatch) -> None:
     events, request = _cold_request(lake, 600, seed=9)
-    monkeypatch.setattr(evict, "request_spans", lambda connection, ids: [(0, 0)])  # a span holding none
+    monkeypatch.setattr(thaw, "request_spans", lambda connection, ids: [(0, 0)])  # a span holding none
     late = bel_cases.partition_event("late-9", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
     with DeltaRsEventLog(lake) as log:
         log.append_events([late])

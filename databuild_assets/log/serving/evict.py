@@ -1,4 +1,4 @@
-"""Moving finished build requests out of the serving index into segments (cold.py), and back.
+"""Moving finished build requests out of the serving index into segments (cold.py).
 
 `evict` runs in the pipeline's refresh only, under the index folder's build lock: the build
 requests that are terminal and whose last event is older than the log's newest event minus the
@@ -14,9 +14,7 @@ cold build requests come back hot before one of its job or cancel events is adde
 (`cold_partition_events`, `cold_build_requests.partition_counts`), and every evicted event id
 (cold_ids.py), so an append still dedupes against the whole log.
 
-`thaw` brings cold build requests back hot (their rows read back, their counts taken off), before
-a late event of theirs is added, a tombstone hides one of their events, a compaction purges one,
-or a job run of theirs changes (`thaw_job_runs`); their segment is then stale, and the next
+`thaw` (thaw.py) brings cold build requests back hot; their segment is then stale, and the next
 `evict` writes what it still holds into a new segment and drops it.
 
     with folder.build_lock():
@@ -32,26 +30,24 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, PartitionStatus
 from databuild_assets.log.serving.cold import (
-    JOB_RUN_HOLDERS,
     ROW_COLUMNS,
     SEGMENTS_FOLDER,
     listed_partitions,
     parquet_file,
-    read_segment_rows,
-    request_spans,
     segment_paths,
     still_cold_in,
     write_segment,
 )
-from databuild_assets.log.serving.cold_ids import add_cold_ids, drop_cold_ids, known_cold_ids
+from databuild_assets.log.serving.cold_ids import add_cold_ids
 from databuild_assets.log.serving.store import IndexFolder
+from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, thaw, work_tables
 from databuild_assets.log.sqlite.backend import transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS, select_listed_partitions
 
@@ -65,6 +61,10 @@ MERGE_FANIN = 4
 _MERGE_ROUNDS = 16  # a merge makes one segment of the next size up, which may complete a merge there
 HOT_WINDOW_ENV = "DATABUILD_SERVING_HOT_WINDOW_S"
 PROGRESS_EVERY_S = 10.0
+# SQLite's page cache while evicting: a segment's deletes touch the pages of every index of
+# `events`, and SQLite's default (2 MiB) reads most of them again from the OS per row. Pages are
+# taken as used, so a small eviction costs nothing more.
+EVICTION_CACHE_KIB = 262_144
 # An hour of log time: what a service reads again is recent, and an hour of it at a service's rate
 # (tens of events a second) is a hot set of some hundred thousand events, whatever the history.
 DEFAULT_HOT_WINDOW_S = 3_600.0
@@ -99,15 +99,6 @@ def hot_window_ns(window_s: float | None = None) -> int | None:
     return round(window_s * 1e9)
 
 
-_WORK = """
-CREATE TEMP TABLE IF NOT EXISTS freezing (build_request_id TEXT PRIMARY KEY) WITHOUT ROWID;
-CREATE TEMP TABLE IF NOT EXISTS pinned (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
-CREATE TEMP TABLE IF NOT EXISTS thawing (
-    event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL,
-    event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
-);
-"""
-
 _FROZEN = "(SELECT * FROM main.events WHERE build_request_id IN (SELECT build_request_id FROM temp.freezing))"
 # The events the refresh SQL of partition_state would pick among the frozen ones.
 _PICKS = (
@@ -118,9 +109,6 @@ _PICKS = (
     ("partition_ref", "event_type = 'delegation_event'", "DESC"),
     ("partition_ref", "event_type = 'partition_invalidation_event'", "DESC"),
 )
-# A job run pins nothing: its job and cancel events come back hot together (`thaw_job_runs`)
-# before anything recomputes its row, so the refresh always sees all of them.
-JOB_RUN_EVENT_TYPES = ("job_event", "task_cancel_event")
 _JOB_RUN_TYPES_SQL = ", ".join(f"'{name}'" for name in JOB_RUN_EVENT_TYPES)
 
 
@@ -160,8 +148,19 @@ def evict(
     into new segments, and merge small segments; returns how many events left the index. Under
     the build lock. An eviction that lasts (a window first set on a full index, a first build)
     tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S."""
+    previous_cache = connection.execute("PRAGMA cache_size").fetchone()[0]
+    connection.execute(f"PRAGMA cache_size = -{EVICTION_CACHE_KIB}")
+    try:
+        return _evict(connection, index_folder, window_ns, progress)
+    finally:
+        connection.execute(f"PRAGMA cache_size = {previous_cache}")
+
+
+def _evict(
+    connection: sqlite3.Connection, index_folder: str, window_ns: int | None, progress: Callable[[str], None] | None
+) -> int:
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    _work_tables(connection)
+    work_tables(connection)
     evicted = 0
     started = reported = time.monotonic()
     for _ in range(_MERGE_ROUNDS):
@@ -406,140 +405,6 @@ def _count_deleted(connection: sqlite3.Connection, deleted: int) -> None:
         )
 
 
-def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
-    """Bring cold build requests back into `events` (their segment marked stale); returns how many
-    were cold. Inside the caller's write transaction."""
-    by_segment: dict[int, list[str]] = {}
-    for build_request_id in dict.fromkeys(build_request_ids):
-        row = connection.execute(
-            "SELECT segment FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,)
-        ).fetchone()
-        if row is not None:
-            by_segment.setdefault(row[0], []).append(build_request_id)
-    if not by_segment:
-        return 0
-    _work_tables(connection)
-    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    thawed = 0
-    for segment, ids in by_segment.items():
-        table = read_segment_rows(folder, segment, "build_request_id", ids, spans=request_spans(connection, ids))
-        expected = sum(_event_counts(connection, ids))
-        if table.num_rows != expected:  # the projection's span missed rows: never lose them, read all
-            table = read_segment_rows(folder, segment, "build_request_id", ids)
-        rows = list(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
-        connection.execute("DELETE FROM temp.thawing")
-        connection.executemany(f"INSERT INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
-        new = "temp.thawing AS t WHERE NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
-        # Counted once per partition, then joined: a subquery per partition would scan every
-        # thawing row for each (a whole segment thawed: minutes).
-        connection.execute(
-            "UPDATE main.cold_partition_events AS c SET count = c.count - n.k FROM"
-            f" (SELECT t.partition_ref, COUNT(*) AS k FROM {new} GROUP BY t.partition_ref) AS n"
-            " WHERE c.segment = ? AND c.partition_ref = n.partition_ref",
-            (segment,),
-        )
-        # The pinned rows get their payloads and listed partitions back (_SLIM_PINNED); the rest
-        # are inserted (the events table's trigger lists their partitions).
-        connection.execute(
-            "UPDATE main.events AS e SET payload = t.payload FROM temp.thawing AS t"
-            " WHERE e.event_id = t.event_id AND e.payload <> t.payload"
-        )
-        connection.execute(
-            "INSERT OR IGNORE INTO main.event_listed_partitions (partition_ref, timestamp, event_id)"
-            + select_listed_partitions("t", source="temp.thawing AS t, ")
-            + " AND EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
-        )
-        connection.execute(f"INSERT INTO main.events ({_COLUMNS}) SELECT {_COLUMNS} FROM {new}")
-        connection.execute(
-            "DELETE FROM main.cold_job_runs WHERE (job_run_id, build_request_id) IN"
-            " (SELECT job_run_id, build_request_id FROM temp.thawing WHERE job_run_id IS NOT NULL)"
-        )
-        drop_cold_ids(connection, (row[0] for row in rows))
-        for build_request_id in ids:
-            connection.execute("DELETE FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,))
-        connection.execute("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", (segment,))
-        connection.execute("DELETE FROM temp.thawing")
-        thawed += len(ids)
-    return thawed
-
-
-def job_runs_of(rows: Iterable[tuple]) -> set[str]:
-    """The job runs whose job or cancel event is among `rows` (`events` rows)."""
-    return {row[6] for row in rows if row[3] in JOB_RUN_EVENT_TYPES and row[6] is not None}
-
-
-def thaw_job_runs(connection: sqlite3.Connection, index_folder: str, job_run_ids: Iterable[str]) -> int:
-    """Bring back hot the cold build requests holding a job or cancel event of `job_run_ids`,
-    before a job or cancel event of theirs is added or deleted: nothing of a job run is pinned,
-    so its row is recomputed only over all of its events. Inside the caller's write transaction;
-    returns how many build requests came back."""
-    holders: dict[str, None] = {}
-    own_and_reporting = JOB_RUN_HOLDERS + " AND job_events"  # the job run's own holds a job event
-    for job_run_id in job_run_ids:
-        holders.update((row[0], None) for row in connection.execute(own_and_reporting, (job_run_id,)))
-    return thaw(connection, index_folder, holders) if holders else 0
-
-
-def _event_counts(connection: sqlite3.Connection, build_request_ids: Iterable[str]) -> list[int]:
-    return [
-        row[0]
-        for i in build_request_ids
-        for row in connection.execute("SELECT event_count FROM main.build_requests WHERE build_request_id = ?", (i,))
-    ]
-
-
-def _work_tables(connection: sqlite3.Connection) -> None:
-    for statement in _WORK.strip().split(";"):
-        if statement.strip():
-            connection.execute(statement)
-
-
-def cold_build_requests_among(connection: sqlite3.Connection, build_request_ids: Iterable[str]) -> list[str]:
-    """Which of `build_request_ids` are cold."""
-    return [
-        i
-        for i in dict.fromkeys(build_request_ids)
-        if connection.execute("SELECT 1 FROM main.cold_build_requests WHERE build_request_id = ?", (i,)).fetchone()
-    ]
-
-
-def cold_build_requests_holding(
-    connection: sqlite3.Connection, index_folder: str, event_ids: Collection[str]
-) -> list[str]:
-    """The cold build requests whose segments hold any of `event_ids` (the kept cold ids say
-    which are cold; the segments, which build requests hold them)."""
-    cold = known_cold_ids(connection, event_ids)
-    if not cold:
-        return []
-    found: set[str] = set()
-    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
-        table = read_segment_rows(folder, segment, "event_id")
-        table = table.filter(pc.is_in(table.column("event_id"), value_set=pa.array(list(cold), pa.string())))
-        found.update(table.column("build_request_id").to_pylist())
-    return cold_build_requests_among(connection, found)
-
-
-def cold_build_requests_matching(connection: sqlite3.Connection, index_folder: str, rule: str) -> list[str]:
-    """The cold build requests holding an event the tombstone rule `rule` (index.py
-    `tombstone_rule_sql` over a row `e`) matches: every segment's rows, through the rule's SQL."""
-    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    _work_tables(connection)
-    found: set[str] = set()
-    for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
-        table = read_segment_rows(folder, segment, "event_id")
-        for batch in table.to_batches(max_chunksize=8192):
-            rows = list(zip(*(batch.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
-            connection.execute("DELETE FROM temp.thawing")
-            connection.executemany(f"INSERT OR IGNORE INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
-            found.update(
-                row[0]
-                for row in connection.execute(f"SELECT DISTINCT build_request_id FROM temp.thawing AS e WHERE {rule}")
-            )
-    connection.execute("DELETE FROM temp.thawing")
-    return cold_build_requests_among(connection, found)
-
-
 def sweep_segments(connection: sqlite3.Connection, index_folder: str) -> list[str]:
     """Remove the segment files the index does not name (rewritten, or of a dead eviction);
     under the build lock. Returns the paths removed."""
@@ -576,15 +441,9 @@ __all__ = [
     "HOT_WINDOW_ENV",
     "MERGE_FANIN",
     "SEGMENT_EVENTS",
-    "cold_build_requests_among",
-    "cold_build_requests_holding",
-    "cold_build_requests_matching",
     "evict",
     "evict_under_lock",
     "hot_window_ns",
     "segment_files",
     "sweep_segments",
-    "job_runs_of",
-    "thaw",
-    "thaw_job_runs",
 ]

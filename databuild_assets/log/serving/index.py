@@ -39,7 +39,7 @@ from databuild_assets.events.erasure_rule import (
 )
 from databuild_assets.log.serving.cold import COLD_TABLES, HOT_EVENTS_VIEW, SEGMENTS_FOLDER, ColdReads
 from databuild_assets.log.serving.cold_ids import known_cold_ids
-from databuild_assets.log.serving.evict import (
+from databuild_assets.log.serving.thaw import (
     JOB_RUN_EVENT_TYPES,
     cold_build_requests_among,
     cold_build_requests_holding,
