@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -477,6 +478,22 @@ def test_an_eviction_that_lasts_says_how_far_it_is(lake: Lake, monkeypatch: pyte
     refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
     moved = [line for line in lines if "events moved to segments" in line]
     assert len(moved) > 1, lines
+
+
+def test_the_pipelines_first_build_evicts_before_the_index_is_published(lake: Lake) -> None:
+    events = list(generate_events(3000, seed=8))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    shutil.rmtree(os.path.join(lake.root, "serving_index"))  # a new machine, or an index lost
+    lines: list[str] = []
+    refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
+    assert any("written whole without the events that left" in line for line in lines), lines
+    with DeltaRsEventLog(lake) as log:
+        index = log._store()
+        assert index.cold_facts()["cold_build_requests"] > 50
+        assert index._connection.execute("PRAGMA freelist_count").fetchone()[0] == 0
+        assert index.deleted_events() == 0  # published whole: no second write of the file
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
 def test_the_cold_ids_are_what_was_evicted_and_not_thawed(tmp_path: Path) -> None:

@@ -83,7 +83,9 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
     is how old a read's view of other processes' commits may be: 0 asks the lake before every
     read; None means 0 on a local lake and `S3_MAX_STALENESS_S` on S3. This process's own
     appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window
-    (None: the environment's, else an hour; inf: every event hot).
+    (None: the environment's, else an hour; inf: every event hot). `pipeline`: this is the
+    pipeline's refresh (`refresh_serving_index`), whose build moves cold build requests to
+    segments before it publishes the file (evict.py `evict_building`); a service's never evicts.
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)
@@ -97,6 +99,8 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         build: bool = True,
         max_staleness: float | None = None,
         hot_window_s: float | None = None,
+        *,
+        pipeline: bool = False,
     ) -> None:
         self.lake = lake
         self._hot_window_s = hot_window_s
@@ -109,6 +113,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         self._build = build  # False: raise IndexNotFollowableError where an index would be built
         self.writer = writer
         self._progress = progress  # where a build says how far it is (default: this module's logger)
+        self._refreshing = pipeline  # the pipeline's refresh (or in refresh_index): a build evicts too
         self._log_path = lake.table_path(RAW_EVENT_LOG)
         self._log = follower_for(self._log_path)
         self._tombstones = follower_for(lake.table_path(TOMBSTONES))
@@ -248,7 +253,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
             if is_s3(self.lake.root) and self._start_from_publication():
                 return
             log.info("%r: building the serving index (%s)", self, reason)
-            self._publish_generation(lambda building: build_index(self.lake, building, self._progress))
+            # The pipeline's refresh evicts as it builds, before the file is anyone's (evict_building).
+            window_ns = hot_window_ns(self._hot_window_s) if self._refreshing else None
+            cold = (self._folder.path, window_ns) if window_ns is not None else None
+            self._publish_generation(lambda building: build_index(self.lake, building, self._progress, cold))
 
     def _publish_generation(self, write: Callable[[str], None]) -> None:
         """Publish (under the build lock) a generation `write(path)` makes; older ones are removed."""
@@ -419,7 +427,11 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
             with self._folder.build_lock():  # no build in flight, and what a dead one left removed
                 if self._folder.marker() != self._marker:
                     self._open()
-        index = self._catch_up(fresh=True)
+        refreshing, self._refreshing = self._refreshing, True
+        try:
+            index = self._catch_up(fresh=True)
+        finally:
+            self._refreshing = refreshing
         if self._private is None and not index.read_only:  # cold build requests to segments (evict.py)
             if publication_of(index._connection) is not None:  # downloaded: evictions write its own segments
                 with self._folder.build_lock():
@@ -522,7 +534,7 @@ def refresh_serving_index(
 
         refresh_serving_index(Lake("/data/lake")).raw_log_version
     """
-    with DeltaRsEventLog(lake, writer="serving-index", progress=progress, hot_window_s=hot_window_s) as log:
+    with DeltaRsEventLog(lake, "serving-index", progress, hot_window_s=hot_window_s, pipeline=True) as log:
         stamp = log.refresh_index()
         index = log._store()
         cold = index.cold_facts()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from databuild_assets.events.schema import EVENT_COLUMNS
+from databuild_assets.log.serving.evict import evict_building
 from databuild_assets.log.serving.follower import DeltaFollower, follower_for
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, create_index_file
 from databuild_assets.log.serving.rows import event_rows
@@ -63,14 +64,21 @@ def tombstone_values(lake: Lake) -> tuple[dict[str, set[str]], TableMark]:
     return values_by_key(records), table_mark(follower, follower.version, table.metadata().id)
 
 
-def build_index(lake: Lake, path: str, progress: Callable[[str], None] | None = None) -> Stamp:
+def build_index(
+    lake: Lake,
+    path: str,
+    progress: Callable[[str], None] | None = None,
+    cold: tuple[str, int] | None = None,
+) -> Stamp:
     """Build the serving index of `lake` at `path` (a new file; removed if the build fails)
     from the raw log's latest snapshot; returns its stamp. A data file removed while it was
-    read (a vacuum) starts the build again from a newer snapshot."""
+    read (a vacuum) starts the build again from a newer snapshot. With `cold` (the index folder
+    and the hot window in ns), the build requests cold by that window move to segments before
+    the file is anyone's (evict.py `evict_building`)."""
     progress = progress or log.info
     for attempt in range(_SNAPSHOT_ATTEMPTS):
         try:
-            return _build(lake, path, progress)
+            return _build(lake, path, progress, cold)
         except FileNotFoundError:
             if attempt == _SNAPSHOT_ATTEMPTS - 1:
                 raise
@@ -78,7 +86,7 @@ def build_index(lake: Lake, path: str, progress: Callable[[str], None] | None = 
     raise AssertionError("unreachable")
 
 
-def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
+def _build(lake: Lake, path: str, progress: Callable[[str], None], cold: tuple[str, int] | None) -> Stamp:
     remove_index_files(path)
     hidden_by, tombstones = tombstone_values(lake)
     raw = follower_for(lake.table_path(RAW_EVENT_LOG))
@@ -105,6 +113,8 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None]) -> Stamp:
         with index.updating():
             index.set_stamp(Stamp(raw_mark, tombstones))
             index.count_events()
+        if cold is not None:
+            evict_building(connection, *cold, progress)
     except BaseException:
         index.close()
         remove_index_files(path)
