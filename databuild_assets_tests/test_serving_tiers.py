@@ -496,6 +496,28 @@ def test_the_pipelines_first_build_evicts_before_the_index_is_published(lake: La
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
+def test_a_first_build_whose_eviction_fails_leaves_no_segment_behind(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = list(generate_events(3000, seed=9))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    shutil.rmtree(os.path.join(lake.root, "serving_index"))
+
+    def disk_full(self: cold_ids.DeferredColdIds, connection: Any) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(cold_ids.DeferredColdIds, "write", disk_full)
+    with pytest.raises(OSError, match="no space left"):
+        refresh_serving_index(lake, hot_window_s=0)
+    segments = os.path.join(lake.root, "serving_index", cold.SEGMENTS_FOLDER)
+    assert not os.path.isdir(segments) or os.listdir(segments) == []  # each retry would add a set
+    monkeypatch.undo()
+    refresh_serving_index(lake, hot_window_s=0)
+    with DeltaRsEventLog(lake) as log:
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
 def test_the_cold_ids_are_what_was_evicted_and_not_thawed(tmp_path: Path) -> None:
     connection = sqlite3.connect(tmp_path / "ids.sqlite")
     connection.executescript(cold_ids.COLD_IDS_TABLE)

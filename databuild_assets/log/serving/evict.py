@@ -24,6 +24,7 @@ cold build requests come back hot before one of its job or cancel events is adde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from databuild_assets.log.serving.cold import (
     still_cold_in,
     write_segment,
 )
-from databuild_assets.log.serving.cold_ids import add_cold_ids
+from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, thaw, work_tables
 from databuild_assets.log.sqlite.backend import transaction
@@ -147,15 +148,18 @@ def evict(
     index_folder: str,
     window_ns: int | None,
     progress: Callable[[str], None] | None = None,
+    cold_ids: DeferredColdIds | None = None,
 ) -> int:
     """Rewrite the stale segments, then move the build requests cold by `window_ns` (None: none)
     into new segments, and merge small segments; returns how many events left the index. Under
     the build lock. An eviction that lasts (a window first set on a full index, a first build)
-    tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S."""
+    tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S.
+    With `cold_ids`, the evicted ids are gathered there for the caller to write (an index being
+    built), not written segment by segment."""
     previous_cache = connection.execute("PRAGMA cache_size").fetchone()[0]
     connection.execute(f"PRAGMA cache_size = -{EVICTION_CACHE_KIB}")
     try:
-        return _evict(connection, index_folder, window_ns, progress)
+        return _evict(connection, index_folder, window_ns, progress, cold_ids)
     finally:
         connection.execute(f"PRAGMA cache_size = {previous_cache}")
 
@@ -170,19 +174,42 @@ def evict_building(
     first build's time was deleting the cold events from every index of `events`."""
     unread = ("events_by_type", "events_by_partition", "events_by_job_run")
     for name in unread:
-        connection.execute(f"DROP INDEX main.{name}")
+        connection.execute(f"DROP INDEX IF EXISTS main.{name}")
     connection.execute("PRAGMA secure_delete = OFF")
-    evict(connection, index_folder, window_ns, progress)
+    cold_ids = DeferredColdIds()
+    try:
+        evict(connection, index_folder, window_ns, progress, cold_ids)
+        with transaction(connection):
+            cold_ids.write(connection)
+    except BaseException as error:
+        _remove_segments_of(connection, index_folder)  # the file is dropped: nothing names them
+        if isinstance(error, FileNotFoundError):  # not a raw log's file gone: no new snapshot helps
+            raise RuntimeError(f"the serving index's eviction while it was built failed: {error}") from error
+        raise
     connection.execute("PRAGMA secure_delete = ON")
     for name in unread:
         connection.execute(EVENT_INDEXES[name])
     progress("serving index: written whole without the events that left")
     connection.execute("DROP TABLE IF EXISTS main.deleted_events")  # the VACUUM leaves none of their bytes
+    connection.execute("PRAGMA journal_mode = DELETE")  # VACUUM through a rollback journal, not the WAL
     connection.execute("VACUUM")
+    connection.execute("PRAGMA journal_mode = WAL")
+
+
+def _remove_segments_of(connection: sqlite3.Connection, index_folder: str) -> None:
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
+        for path in segment_paths(folder, segment):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _evict(
-    connection: sqlite3.Connection, index_folder: str, window_ns: int | None, progress: Callable[[str], None] | None
+    connection: sqlite3.Connection,
+    index_folder: str,
+    window_ns: int | None,
+    progress: Callable[[str], None] | None,
+    cold_ids: DeferredColdIds | None,
 ) -> int:
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     work_tables(connection)
@@ -199,7 +226,7 @@ def _evict(
             break
         while True:
             with transaction(connection):
-                moved = _evict_one(connection, folder, window_ns)
+                moved = _evict_one(connection, folder, window_ns, cold_ids)
             if not moved:
                 break
             evicted += moved
@@ -336,7 +363,7 @@ def _cold_in(connection: sqlite3.Connection, folder: str, segment: int) -> list[
     return still_cold_in(connection, segment, pc.unique(table.column("build_request_id")).to_pylist())
 
 
-def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> int:
+def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, cold_ids: DeferredColdIds | None) -> int:
     """One segment's worth of cold build requests, inside the caller's transaction."""
     newest = connection.execute(
         "SELECT MAX(t) FROM (SELECT MAX(timestamp) AS t FROM main.events"
@@ -404,7 +431,10 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int) -> i
         " WHERE r.job_run_id = f.job_run_id AND r.build_request_id = f.build_request_id)"
         " GROUP BY job_run_id, build_request_id"
     )
-    add_cold_ids(connection, (row[0] for row in rows))
+    if cold_ids is None:
+        add_cold_ids(connection, (row[0] for row in rows))
+    else:
+        cold_ids.add(row[0] for row in rows)
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
     # By the table's own key (the refs their rows list), not by event_id: that would scan it whole.
     connection.execute(
