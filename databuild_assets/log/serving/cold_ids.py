@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 _ENTRY = 8  # bytes of an entry in a bucket's blob
 
@@ -83,13 +83,13 @@ def known_cold_ids(connection: sqlite3.Connection, event_ids: Iterable[str]) -> 
     }
 
 
-def _rewrite(connection: sqlite3.Connection, event_ids: Iterable[str], adding: bool) -> None:
-    buckets = _by_bucket(event_ids)
+def _rewrite(connection: sqlite3.Connection, buckets: Mapping[int, Collection[bytes]], adding: bool) -> None:
+    """Add (or take off) the entries of each bucket in `buckets` and write its row again."""
     rows = _rows(connection, buckets)
     writes, emptied = [], []
     for bucket, entries in buckets.items():
         kept = _entries(rows.get(bucket, b""))
-        kept = kept | entries.keys() if adding else kept - entries.keys()
+        kept = kept.union(entries) if adding else kept.difference(entries)
         if kept:
             writes.append((bucket, b"".join(sorted(kept))))
         elif bucket in rows:
@@ -100,13 +100,13 @@ def _rewrite(connection: sqlite3.Connection, event_ids: Iterable[str], adding: b
 
 def add_cold_ids(connection: sqlite3.Connection, event_ids: Iterable[str]) -> None:
     """Keep `event_ids` as cold, inside the caller's write transaction."""
-    _rewrite(connection, event_ids, adding=True)
+    _rewrite(connection, _by_bucket(event_ids), adding=True)
 
 
 def drop_cold_ids(connection: sqlite3.Connection, event_ids: Iterable[str]) -> None:
     """Keep `event_ids` no longer (their events are back in the index), inside the caller's
     write transaction."""
-    _rewrite(connection, event_ids, adding=False)
+    _rewrite(connection, _by_bucket(event_ids), adding=False)
 
 
 class DeferredColdIds:
@@ -124,14 +124,7 @@ class DeferredColdIds:
 
     def write(self, connection: sqlite3.Connection) -> None:
         """Keep every id gathered, inside the caller's write transaction."""
-        rows = _rows(connection, self._buckets)
-        connection.executemany(
-            "INSERT OR REPLACE INTO main.cold_event_ids VALUES (?, ?)",
-            (
-                (bucket, b"".join(sorted(_entries(rows.get(bucket, b"")) | _entries(bytes(gathered)))))
-                for bucket, gathered in self._buckets.items()
-            ),
-        )
+        _rewrite(connection, {bucket: _entries(bytes(gathered)) for bucket, gathered in self._buckets.items()}, True)
         self._buckets.clear()
 
 
