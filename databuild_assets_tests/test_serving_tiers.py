@@ -20,7 +20,6 @@ import pytest
 from deltalake import write_deltalake
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
-from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log.interface import EventFilter, canonical_event
 from databuild_assets.log.serving import cold, cold_ids, evict, thaw
 from databuild_assets.log.serving.append import raw_log_rows
@@ -32,7 +31,6 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.serving_support import (
-    erase_each_key_in_turn,
     files_holding,
     folder_bytes,
     reference_answers,
@@ -63,10 +61,6 @@ def _cold_request(lake: Lake, n_events: int, seed: int) -> tuple[list[dict[str, 
 def _is_terminal(event: dict[str, Any]) -> bool:
     terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
     return event["event_type"] == "build_request_event" and event["build_request_event"]["status_code"] in terminal
-
-
-def _only_matching_events_name(events: list[dict[str, Any]], key: str, value: str) -> bool:
-    return all(matches(e, {key: {value}}) for e in events if value in json.dumps(e, default=str))
 
 
 def test_finished_build_requests_leave_the_index_for_segments_and_every_answer_stays_the_references(
@@ -551,46 +545,6 @@ def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake)
     assert json.loads(done.stdout) == [i for i in expected if any(
         e["event_id"] == i and e["build_request_id"] == request for e in events
     )]  # fmt: skip
-
-
-# Through the Dagster jobs; `make test` proves the serving index's bytes clean after compaction in
-# test_serving_index.py (an erased value leaves the index's bytes). Extended tier.
-@pytest.mark.extended
-def test_a_tombstone_of_each_key_reaches_cold_build_requests_and_leaves_no_byte_in_serving_files(
-    lake: Lake,
-) -> None:
-    events = list(generate_events(3000, seed=5))
-    # Values no event names outside the rule's fields (a partition event's message may say
-    # "Delegated to build request <id>": the rule keeps that event visible, as Spark does).
-    terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
-    requests = [
-        e["build_request_id"]
-        for e in events
-        if e["event_type"] == "build_request_event" and e["build_request_event"]["status_code"] in terminal
-    ]
-    runs = [e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"]
-    refs = [e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"]
-    values: dict[str, list[str]] = {}
-    for key, candidates in (("build_request_id", requests), ("job_run_id", runs), ("partition_ref", refs)):
-        values[key] = [  # one that hides events no earlier value hid
-            next(
-                value
-                for value in candidates
-                if _only_matching_events_name(events, key, value)
-                and not any(matches(e, {key: {value}}) and matches(e, values) for e in events)
-            )
-        ]
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
-    assert _cold(lake)["cold_build_requests"] > 50
-    assert "segment-1.parquet" in files_holding(lake, values["build_request_id"][0])  # cold
-
-    def refreshed_without_a_byte_of(erased: list[str]) -> None:
-        refresh_serving_index(lake, hot_window_s=0)
-        assert [(value, files_holding(lake, value)) for value in erased] == [(value, []) for value in erased]
-
-    erase_each_key_in_turn(lake, events, values, after_each=refreshed_without_a_byte_of)
 
 
 def test_the_index_keeps_only_hot_events_with_the_window_at_0(lake: Lake, capsys) -> None:

@@ -46,6 +46,7 @@ from databuild_assets.log.serving.thaw import (
     cold_build_requests_matching,
     job_runs_of,
     thaw,
+    thaw_before_deleting,
     thaw_job_runs,
 )
 from databuild_assets.log.sqlite.backend import (
@@ -471,7 +472,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
         with transaction(self._connection):
             if self.has_cold():  # the cold build requests holding a matching event come back hot first
                 matching = cold_build_requests_matching(self._connection, self.index_folder, rule)
-                thaw(self._connection, self.index_folder, matching)
+                thaw_before_deleting(self._connection, self.index_folder, matching)
             self._connection.execute(
                 f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}"
             )
@@ -484,7 +485,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
         with transaction(self._connection):
             if self.has_cold():
                 holding = cold_build_requests_holding(self._connection, self.index_folder, event_ids)
-                thaw(self._connection, self.index_folder, holding)
+                thaw_before_deleting(self._connection, self.index_folder, holding)
             self._connection.executemany("INSERT OR IGNORE INTO temp.leaving VALUES (?)", ((i,) for i in event_ids))
             self._connection.execute(
                 "DELETE FROM main.hidden_event_ids WHERE event_id IN (SELECT event_id FROM temp.leaving)"

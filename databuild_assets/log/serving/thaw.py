@@ -13,6 +13,7 @@ back hot together before anything recomputes its row.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Collection, Iterable
@@ -26,6 +27,7 @@ from databuild_assets.log.serving.cold import (
     SEGMENTS_FOLDER,
     read_segment_rows,
     request_spans,
+    still_cold_in,
 )
 from databuild_assets.log.serving.cold_ids import drop_cold_ids, known_cold_ids
 from databuild_assets.log.sqlite.schema import select_listed_partitions
@@ -98,6 +100,30 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
         connection.execute("DELETE FROM temp.thawing")
         thawed += len(ids)
     return thawed
+
+
+def thaw_before_deleting(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
+    """`thaw` the cold build requests some of whose events are about to be deleted, and with them
+    the build requests of their segments that hold events of a partition they pin: a segment pins
+    only its latest event of each kind per partition, so once that row is gone the segment's
+    next latest must be in `events` for the partition's refresh to find it. Inside the caller's
+    write transaction; returns how many build requests came back."""
+    leaving = cold_build_requests_among(connection, build_request_ids)
+    pinned: dict[int, set[str]] = {}
+    for segment, partition_ref in connection.execute(
+        "SELECT DISTINCT c.segment, e.partition_ref FROM main.events AS e"
+        " JOIN main.cold_build_requests AS c ON c.build_request_id = e.build_request_id"
+        " WHERE e.build_request_id IN (SELECT value FROM json_each(?)) AND e.partition_ref IS NOT NULL",
+        (json.dumps(leaving),),
+    ):
+        pinned.setdefault(segment, set()).add(partition_ref)
+    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
+    sharing: list[str] = []
+    for segment, refs in pinned.items():
+        table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
+        carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
+        sharing += still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
+    return thaw(connection, index_folder, [*leaving, *sharing])
 
 
 def job_runs_of(rows: Iterable[tuple]) -> set[str]:
@@ -184,6 +210,7 @@ __all__ = [
     "cold_build_requests_matching",
     "job_runs_of",
     "thaw",
+    "thaw_before_deleting",
     "thaw_job_runs",
     "work_tables",
 ]

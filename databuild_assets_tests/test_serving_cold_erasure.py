@@ -1,0 +1,105 @@
+"""Erasure of cold events (docs/decisions/0051): a tombstone brings the cold build requests it
+matches back hot, with the ones that share a partition's pins with them, so that every answer
+stays the reference's over what is still visible, and an erased value leaves every file of
+serving_index/ once the pipeline refreshes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import pytest
+
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
+from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.runtime.lake import Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests.serving_support import erase_each_key_in_turn, files_holding
+
+
+def _cold(lake: Lake) -> dict[str, int]:
+    with DeltaRsEventLog(lake) as log:
+        return log._store().cold_facts()
+
+
+def _only_matching_events_name(events: list[dict[str, Any]], key: str, value: str) -> bool:
+    return all(matches(e, {key: {value}}) for e in events if value in json.dumps(e, default=str))
+
+
+def _a_pin_with_older_events_in_its_segment(lake: Lake, events: list[dict[str, Any]]) -> str:
+    """A cold build request whose partition event a partition pins (its row kept in `events`)
+    while another cold build request of the same segment holds an older event of that partition."""
+    with DeltaRsEventLog(lake) as log:
+        path = log._store().path
+    holders: dict[str, set[str]] = {}
+    for e in events:
+        if e["event_type"] == "partition_event":
+            holders.setdefault(e["partition_event"]["partition_ref"], set()).add(e["build_request_id"])
+    connection = sqlite3.connect(path)
+    try:
+        segment_of = dict(connection.execute("SELECT build_request_id, segment FROM cold_build_requests"))
+        pins = connection.execute(
+            "SELECT e.build_request_id, e.partition_ref FROM events AS e JOIN cold_build_requests AS c"
+            " ON c.build_request_id = e.build_request_id WHERE e.event_type = 'partition_event'"
+        ).fetchall()
+    finally:
+        connection.close()
+    return next(
+        pinning
+        for pinning, ref in pins
+        if any(other != pinning and segment_of.get(other) == segment_of[pinning] for other in holders[ref])
+    )
+
+
+def test_erasing_the_build_request_a_partition_pins_keeps_the_partitions_older_cold_events(lake: Lake) -> None:
+    events = list(generate_events(3000, seed=3))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    pinning = _a_pin_with_older_events_in_its_segment(lake, events)
+    # Each check reads through a new reader, then again after the pipeline's refresh.
+    erase_each_key_in_turn(
+        lake, events, {"build_request_id": [pinning]}, after_each=lambda _: refresh_serving_index(lake, hot_window_s=0)
+    )
+
+
+# Through the Dagster jobs; `make test` proves the serving index's bytes clean after compaction in
+# test_serving_index.py (an erased value leaves the index's bytes). Extended tier.
+@pytest.mark.extended
+def test_a_tombstone_of_each_key_reaches_cold_build_requests_and_leaves_no_byte_in_serving_files(
+    lake: Lake,
+) -> None:
+    events = list(generate_events(3000, seed=5))
+    # Values no event names outside the rule's fields (a partition event's message may say
+    # "Delegated to build request <id>": the rule keeps that event visible, as Spark does).
+    terminal = {int(code) for code in TERMINAL_BUILD_REQUEST_STATUSES}
+    requests = [
+        e["build_request_id"]
+        for e in events
+        if e["event_type"] == "build_request_event" and e["build_request_event"]["status_code"] in terminal
+    ]
+    runs = [e["job_event"]["job_run_id"] for e in events if e["event_type"] == "job_event"]
+    refs = [e["partition_event"]["partition_ref"] for e in events if e["event_type"] == "partition_event"]
+    values: dict[str, list[str]] = {}
+    for key, candidates in (("build_request_id", requests), ("job_run_id", runs), ("partition_ref", refs)):
+        values[key] = [  # one that hides events no earlier value hid
+            next(
+                value
+                for value in candidates
+                if _only_matching_events_name(events, key, value)
+                and not any(matches(e, {key: {value}}) and matches(e, values) for e in events)
+            )
+        ]
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    assert _cold(lake)["cold_build_requests"] > 50
+    assert "segment-1.parquet" in files_holding(lake, values["build_request_id"][0])  # cold
+
+    def refreshed_without_a_byte_of(erased: list[str]) -> None:
+        refresh_serving_index(lake, hot_window_s=0)
+        assert [(value, files_holding(lake, value)) for value in erased] == [(value, []) for value in erased]
+
+    erase_each_key_in_turn(lake, events, values, after_each=refreshed_without_a_byte_of)
