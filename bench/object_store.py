@@ -34,7 +34,7 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets_tests.s3_server import LoopbackS3
 
 
-def _upload(s3: LoopbackS3, root: Path, prefix: str) -> int:
+def upload_tables(s3: LoopbackS3, root: Path, prefix: str) -> int:
     """Every file of the raw log and the tombstones under `root` into the bucket at `prefix`."""
     uploaded = 0
     for table in (RAW_EVENT_LOG.name, TOMBSTONES.name):
@@ -52,7 +52,7 @@ def _open_to_first_answer(uri: str, **options: object) -> tuple[float, object]:
     return time.perf_counter() - started, log
 
 
-def _folder_mb(folder: Path) -> float:
+def folder_mb(folder: Path) -> float:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 1e6
 
 
@@ -80,9 +80,9 @@ def _published_start(s3: LoopbackS3, workdir: Path, hot_window_s: float | None) 
     return [
         f"| the pipeline's refresh on a new machine: builds, evicts {status.cold_build_requests:,} build requests"
         f" to {status.segments} segments, publishes {published / 1e6:,.1f} MB | {refreshed:.2f} |"
-        f" {_folder_mb(workdir / 'pipeline-machine'):,.1f} |",
+        f" {folder_mb(workdir / 'pipeline-machine'):,.1f} |",
         f"| JVM-free, bucket: a new machine starts from the publication | {seconds:.2f} |"
-        f" {_folder_mb(workdir / 'new-machine'):,.1f} |",
+        f" {folder_mb(workdir / 'new-machine'):,.1f} |",
     ]
 
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (Path(args.lake) / "tables" / table).is_dir():
                     shutil.copytree(Path(args.lake) / "tables" / table, local / "tables" / table)
             started = time.perf_counter()
-            size = _upload(s3, local, "lake")
+            size = upload_tables(s3, local, "lake")
             print(f"copied {size / 1e6:,.0f} MB into the bucket in {time.perf_counter() - started:.1f}s")
             events = lake_events(local)
             load_events(workdir / "bel.db", events)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             sqlite_log.get_activity_summary()
             sqlite_open = time.perf_counter() - started
             bucket_build, bucket_log = _open_to_first_answer(f"delta+{s3.root('lake')}")
-            bucket_cache = _folder_mb(workdir / "index-cache")
+            bucket_cache = folder_mb(workdir / "index-cache")
             local_build, local_log = _open_to_first_answer(f"delta://{local}")
             local_log.close()
             bucket_log.close()
@@ -163,4 +163,4 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["main"]
+__all__ = ["folder_mb", "main", "upload_tables"]
