@@ -49,9 +49,8 @@ from databuild_assets.log.serving.cold import (
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, thaw, work_tables
-from databuild_assets.log.sqlite.backend import transaction
+from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
 from databuild_assets.log.sqlite.schema import (
-    EVENT_INDEXES,
     PARTITION_COUNTS_OF_BUILD_REQUESTS,
     select_listed_partitions,
 )
@@ -148,18 +147,25 @@ def evict(
     index_folder: str,
     window_ns: int | None,
     progress: Callable[[str], None] | None = None,
-    cold_ids: DeferredColdIds | None = None,
 ) -> int:
     """Rewrite the stale segments, then move the build requests cold by `window_ns` (None: none)
     into new segments, and merge small segments; returns how many events left the index. Under
     the build lock. An eviction that lasts (a window first set on a full index, a first build)
-    tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S.
-    With `cold_ids`, the evicted ids are gathered there for the caller to write (an index being
-    built), not written segment by segment."""
+    tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S."""
+    return _evict_within_cache(connection, index_folder, window_ns, progress, None)
+
+
+def _evict_within_cache(
+    connection: sqlite3.Connection,
+    index_folder: str,
+    window_ns: int | None,
+    progress: Callable[[str], None] | None,
+    building: DeferredColdIds | None,
+) -> int:
     previous_cache = connection.execute("PRAGMA cache_size").fetchone()[0]
     connection.execute(f"PRAGMA cache_size = -{EVICTION_CACHE_KIB}")
     try:
-        return _evict(connection, index_folder, window_ns, progress, cold_ids)
+        return _evict(connection, index_folder, window_ns, progress, building)
     finally:
         connection.execute(f"PRAGMA cache_size = {previous_cache}")
 
@@ -168,32 +174,56 @@ def evict_building(
     connection: sqlite3.Connection, index_folder: str, window_ns: int, progress: Callable[[str], None]
 ) -> None:
     """`evict` on an index being built (no process reads it yet, under the build lock): the
-    indexes of `events` no eviction reads are dropped while most events leave and built again
-    over the rest, cells are not zeroed, and the file is then written whole (VACUUM), so that
-    it is published without the free pages of the events that left. At 10M events, most of a
-    first build's time was deleting the cold events from every index of `events`."""
+    evicted rows are not deleted one by one from `events` and its indexes but left there while
+    the segments are written, then the rows that stay (the hot build requests' and the pins) are
+    copied out, the two tables emptied at once and the rows put back with the indexes built over
+    them; the file is then written whole (VACUUM), so that it is published without the free pages
+    of the events that left. Deleting most of a first build's events from every index of `events`
+    was most of its time."""
     unread = ("events_by_type", "events_by_partition", "events_by_job_run")
     for name in unread:
         connection.execute(f"DROP INDEX IF EXISTS main.{name}")
     connection.execute("PRAGMA secure_delete = OFF")
-    cold_ids = DeferredColdIds()
+    connection.execute("CREATE TEMP TABLE IF NOT EXISTS staying_pins (event_id TEXT PRIMARY KEY) WITHOUT ROWID")
+    building = DeferredColdIds()
     try:
-        evict(connection, index_folder, window_ns, progress, cold_ids)
+        _evict_within_cache(connection, index_folder, window_ns, progress, building)
         with transaction(connection):
-            cold_ids.write(connection)
+            building.write(connection)
+            _keep_only_staying(connection)
+        progress("serving index: the events that stay copied out and indexed")
+        _evict_within_cache(connection, index_folder, window_ns, progress, None)  # merges, if any
     except BaseException as error:
         _remove_segments_of(connection, index_folder)  # the file is dropped: nothing names them
         if isinstance(error, FileNotFoundError):  # not a raw log's file gone: no new snapshot helps
             raise RuntimeError(f"the serving index's eviction while it was built failed: {error}") from error
         raise
     connection.execute("PRAGMA secure_delete = ON")
-    for name in unread:
-        connection.execute(EVENT_INDEXES[name])
     progress("serving index: written whole without the events that left")
     connection.execute("DROP TABLE IF EXISTS main.deleted_events")  # the VACUUM leaves none of their bytes
     connection.execute("PRAGMA journal_mode = DELETE")  # VACUUM through a rollback journal, not the WAL
     connection.execute("VACUUM")
     connection.execute("PRAGMA journal_mode = WAL")
+
+
+def _keep_only_staying(connection: sqlite3.Connection) -> None:
+    """Inside the build's transaction: `events` holds only the rows of hot build requests and the
+    pins (temp.staying_pins), in the order it had them, and event_listed_partitions only what
+    they list (a pin lists nothing), with every index built again."""
+    connection.execute(
+        "CREATE TEMP TABLE staying_events AS SELECT * FROM main.events WHERE build_request_id NOT IN"
+        " (SELECT build_request_id FROM main.cold_build_requests)"
+        " OR event_id IN (SELECT event_id FROM temp.staying_pins) ORDER BY rowid"
+    )
+    for name in ("events_in_order", "events_by_build_request"):
+        connection.execute(f"DROP INDEX IF EXISTS main.{name}")
+    connection.execute("DROP TRIGGER IF EXISTS main.events_list_partitions")
+    connection.execute("DELETE FROM main.events")  # no WHERE: SQLite empties the table at once
+    connection.execute("DELETE FROM main.event_listed_partitions")
+    connection.execute("INSERT INTO main.events SELECT * FROM temp.staying_events")
+    connection.execute("DROP TABLE temp.staying_events")
+    connection.execute("DROP TABLE temp.staying_pins")
+    build_event_indexes(connection)
 
 
 def _remove_segments_of(connection: sqlite3.Connection, index_folder: str) -> None:
@@ -209,8 +239,11 @@ def _evict(
     index_folder: str,
     window_ns: int | None,
     progress: Callable[[str], None] | None,
-    cold_ids: DeferredColdIds | None,
+    building: DeferredColdIds | None,
 ) -> int:
+    """`evict`; with `building` (an index being built, `evict_building`), the evicted ids are
+    gathered there, the evicted rows stay in `events` and no segments are merged: the caller
+    copies out what stays, then merges."""
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     work_tables(connection)
     evicted = 0
@@ -226,7 +259,7 @@ def _evict(
             break
         while True:
             with transaction(connection):
-                moved = _evict_one(connection, folder, window_ns, cold_ids)
+                moved = _evict_one(connection, folder, window_ns, building)
             if not moved:
                 break
             evicted += moved
@@ -235,7 +268,7 @@ def _evict(
                 (progress or log.info)(
                     f"serving index: {evicted:,} events moved to segments ({reported - started:.0f} s)"
                 )
-        merging = _small_segments_to_merge(connection)
+        merging = [] if building else _small_segments_to_merge(connection)
         if not merging:
             break
         for group in merging:
@@ -363,8 +396,9 @@ def _cold_in(connection: sqlite3.Connection, folder: str, segment: int) -> list[
     return still_cold_in(connection, segment, pc.unique(table.column("build_request_id")).to_pylist())
 
 
-def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, cold_ids: DeferredColdIds | None) -> int:
-    """One segment's worth of cold build requests, inside the caller's transaction."""
+def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, building: DeferredColdIds | None) -> int:
+    """One segment's worth of cold build requests, inside the caller's transaction (`building`:
+    see `_evict`)."""
     newest = connection.execute(
         "SELECT MAX(t) FROM (SELECT MAX(timestamp) AS t FROM main.events"
         " UNION ALL SELECT MAX(max_timestamp) FROM main.cold_segments)"
@@ -431,10 +465,11 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, cold
         " WHERE r.job_run_id = f.job_run_id AND r.build_request_id = f.build_request_id)"
         " GROUP BY job_run_id, build_request_id"
     )
-    if cold_ids is None:
-        add_cold_ids(connection, (row[0] for row in rows))
-    else:
-        cold_ids.add(row[0] for row in rows)
+    if building is not None:  # the rows stay until `_keep_only_staying`, and the ids are written once
+        building.add(row[0] for row in rows)
+        connection.execute("INSERT OR IGNORE INTO temp.staying_pins SELECT event_id FROM temp.pinned")
+        return len(rows)
+    add_cold_ids(connection, (row[0] for row in rows))
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
     # By the table's own key (the refs their rows list), not by event_id: that would scan it whole.
     connection.execute(
