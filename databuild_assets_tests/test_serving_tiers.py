@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from deltalake import write_deltalake
 
-from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, BuildRequestStatus
 from databuild_assets.log.interface import EventFilter, canonical_event
 from databuild_assets.log.serving import cold, cold_ids, evict, thaw
 from databuild_assets.log.serving.append import raw_log_rows
@@ -492,6 +492,25 @@ def test_the_pipelines_first_build_evicts_before_the_index_is_published(lake: La
         # Later events of the same partitions: their rows are refreshed over the pins it kept.
         log.append_events(later)
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
+def test_a_partition_that_a_cold_build_request_only_lists_finds_it_in_its_segment(lake: Lake) -> None:
+    listing = [  # requested, then failed before any event of the partition
+        bel_cases.build_request_event("l-1", 100, "br-l", BuildRequestStatus.BUILD_REQUEST_RECEIVED, ["data/listed"]),
+        bel_cases.build_request_event("l-2", 200, "br-l", BuildRequestStatus.BUILD_REQUEST_FAILED),
+    ]
+    events = listing + list(generate_events(300, seed=4))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    for first_build in (False, True):  # a refresh's eviction, then the pipeline's first build's
+        if first_build:
+            shutil.rmtree(os.path.join(lake.root, "serving_index"))
+        refresh_serving_index(lake, hot_window_s=0)
+        with DeltaRsEventLog(lake) as log:
+            connection = log._store()._connection
+            assert connection.execute("SELECT 1 FROM cold_build_requests WHERE build_request_id = 'br-l'").fetchone()
+            assert bel_cases.ids(log.get_partition_events("data/listed")) == ["l-1"]
+            assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
 def test_a_first_build_whose_eviction_fails_leaves_no_segment_behind(

@@ -40,7 +40,6 @@ from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, Parti
 from databuild_assets.log.serving.cold import (
     ROW_COLUMNS,
     SEGMENTS_FOLDER,
-    listed_partitions,
     parquet_file,
     segment_paths,
     still_cold_in,
@@ -442,12 +441,11 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     )
     # partition_state.event_count counts the events carrying the ref: those deleted here are kept
     # as a count; a ref only listed gets a row of 0, its pointer to this segment.
-    listed = {}
-    for row in rows:
-        for ref in listed_partitions(row[3], row[4]):
-            listed[ref] = 0
-    connection.executemany(
-        "INSERT OR IGNORE INTO main.cold_partition_events VALUES (?, ?, 0)", ((ref, segment) for ref in listed)
+    connection.execute(
+        "INSERT OR IGNORE INTO main.cold_partition_events SELECT DISTINCT listed.value, ?, 0 FROM ("
+        + select_listed_partitions("e", source=f"{_FROZEN} AS e, ")
+        + ") AS listed",
+        (segment,),
     )
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
