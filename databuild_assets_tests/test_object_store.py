@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_servin
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.log.serving.publish import publication_of
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
-from databuild_assets.maintenance.erasure_report import _parquet_values, _zstd_bytes, lines_holding
+from databuild_assets.maintenance.erasure_report import file_streams, lines_holding
 from databuild_assets.maintenance.tombstones import request_erasure
 from databuild_assets.runtime.delta_tables import read_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -240,14 +241,8 @@ def _report_lines(spark, s3: LoopbackS3, prefix: str, value: str) -> int:
     """The lines of the published segments and snapshot under `prefix` holding `value`, as the
     erasure report reads them: a segment by its values, the snapshot unpacked (zstd hides both
     from a byte search)."""
-    total = 0
-    for key in s3.keys(prefix):
-        if key.endswith((".parquet", ".zst")):
-            path = f"s3a://{s3.bucket}/{key}"
-            values = _parquet_values(spark, path) or _zstd_bytes(spark, path)
-            assert values is not None, key
-            total += lines_holding(values, {"erased": (value.encode(),)})["erased"]
-    return total
+    paths = [f"s3a://{s3.bucket}/{key}" for key in s3.keys(prefix) if key.endswith((".parquet", ".zst"))]
+    return sum(lines_holding(chunks, {"erased": (value.encode(),)})["erased"] for chunks in file_streams(spark, paths))
 
 
 def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_and_drops_erased_ones(
@@ -271,7 +266,7 @@ def test_a_new_reader_starts_from_the_published_index_fetches_segments_as_read_a
     published = s3.keys("published/serving_index/")
     assert "published/serving_index/published.json" in published
     snapshots = [key for key in published if key.startswith("published/serving_index/snapshots/")]
-    assert len(snapshots) == 1 and snapshots[0].endswith(".sqlite.zst")
+    assert snapshots and all(re.fullmatch(r".*/snapshots/index-[0-9a-f]{32}/\d{5}\.sqlite\.zst", s) for s in snapshots)
     assert len([key for key in published if key.endswith(".by-partition.parquet")]) == status.segments
 
     # A new machine: its first open downloads that index (not built: the stamp's build time is

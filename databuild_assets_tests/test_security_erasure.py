@@ -10,11 +10,13 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, job, op
 
 import databuild_assets.maintenance.tombstones as tombstones_module
 from databuild_assets.maintenance.dagster_home import ERASED, scan_dagster_home, scrub_dagster_home
+from databuild_assets.maintenance.erasure_report import file_streams, lines_holding
 from databuild_assets.maintenance.tombstones import TombstoneError, read_tombstones, validate_request
 from databuild_assets_tests.support import (
     REPO_ROOT,
@@ -226,3 +228,14 @@ def test_a_reason_that_spells_the_override_marker_is_refused():
     with pytest.raises(TombstoneError, match=r"reason holds '\[allow_ambiguous', which only allow_ambiguous may"):
         validate_request("partition_ref", "data/users/id=42", "alice", "GDPR #1 [allow_ambiguous: none]")
     validate_request("partition_ref", "data/users/id=42", "alice", "GDPR #1")
+
+
+def test_the_report_reads_a_published_snapshots_frames_as_one_stream_where_a_value_may_span_two(spark, tmp_path):
+    folder = tmp_path / "serving_index" / "snapshots" / ("index-" + "a" * 32)
+    folder.mkdir(parents=True)
+    value = b"br-erased-0123456789"
+    for number, part in enumerate((b"x" * 100 + value[:7], value[7:] + b"\n")):  # split across frames
+        (folder / f"{number:05d}.sqlite.zst").write_bytes(pa.Codec("zstd").compress(part, asbytes=True))
+    streams = list(file_streams(spark, [f"file:{path}" for path in sorted(folder.iterdir())]))
+    assert len(streams) == 1
+    assert lines_holding(streams[0], {"erased": (value,)}) == {"erased": 1}

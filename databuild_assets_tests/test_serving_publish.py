@@ -31,7 +31,12 @@ def _manifest(**changes) -> str:
 
 
 def test_a_manifest_written_by_the_pipeline_reads_back_whole():
-    manifest = Manifest.from_json(_manifest(), "published.json")
+    snapshot = "snapshots/index-" + "0" * 32  # an object per frame
+    manifest = Manifest.from_json(_manifest(snapshot=snapshot, snapshot_bytes=40 << 20, snapshot_frames=[9, 8, 7]), "m")
+    assert manifest.snapshot_objects() == [f"{snapshot}/0000{n}.sqlite.zst" for n in range(3)]
+    assert Manifest.from_json(manifest.to_json(), "again") == manifest
+    manifest = Manifest.from_json(_manifest(), "published.json")  # every frame in one object, as before
+    assert manifest.snapshot_objects() == ["snapshots/index-" + "0" * 32 + ".sqlite.zst"]
     assert manifest.segments == {1: ("ab" * 8, 10, 20)}
     assert Manifest.from_json(manifest.to_json(), "again") == manifest
     assert manifest.segment_objects() == {
@@ -45,6 +50,7 @@ def test_a_manifest_written_by_the_pipeline_reads_back_whole():
     [
         ({"id": "../../../home/user/.ssh"}, "is not one we write"),
         ({"snapshot": "../../index-x.sqlite"}, "is not one we write"),
+        ({"snapshot": "snapshots/index-" + "0" * 32 + "/../../x"}, "is not one we write"),
         ({"segments": {"1": ["../../../../etc/x", 1, 1]}}, "segment key is not one we write"),
         ({"segments": {"../1": ["ab" * 8, 1, 1]}}, "not a serving index manifest"),
         ({"format": 2}, "manifest format 2"),

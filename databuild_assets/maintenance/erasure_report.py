@@ -14,6 +14,8 @@ so are the erase requests' own run records in DAGSTER_HOME, for the same reason.
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,6 +35,8 @@ from databuild_assets.runtime.object_store import arrow_filesystem
 # Folders under the lake root that always get a finding, files or not, so a report shows they were looked at.
 ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive", SERVING_INDEX_FOLDER)
 _CHUNK_BYTES = 1 << 20
+# A published snapshot's frames, an object each (log/serving/publish.py): read as one stream.
+_SNAPSHOT_FRAME = re.compile(r"^(.*/snapshots/index-[0-9a-f]{32})/\d+\.sqlite\.zst$")
 
 # The finding for the files of Dagster's instance, whose `rows` count byte occurrences.
 DAGSTER_HOME_FINDING = "DAGSTER_HOME"
@@ -253,6 +257,20 @@ def _zstd_bytes(spark: SparkSession, path: str) -> Iterator[bytes] | None:
     return chunks()
 
 
+def file_streams(spark: SparkSession, paths: list[str]) -> Iterator[Iterator[bytes]]:
+    """The bytes to search of each file in `paths` (`_parquet_values`, `_zstd_bytes` or raw),
+    a published snapshot's frames unpacked in order as one stream: a value may span two."""
+    snapshots: dict[str, list[str]] = {}
+    for path in paths:
+        if match := _SNAPSHOT_FRAME.match(path):
+            snapshots.setdefault(match.group(1), []).append(path)
+        else:
+            yield _parquet_values(spark, path) or _zstd_bytes(spark, path) or _chunks(spark, path)
+    for frames in snapshots.values():
+        frames.sort(key=lambda path: int(path.rsplit("/", 1)[1].split(".", 1)[0]))
+        yield itertools.chain.from_iterable(_zstd_bytes(spark, path) or () for path in frames)
+
+
 def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) -> dict[str, int]:
     """For each key of `forms`: the lines ("\n"-separated) of the bytes in `chunks` that hold
     any of its byte strings (none of which holds a newline)."""
@@ -298,8 +316,7 @@ def _file_findings(
     for folder, paths in sorted(_files_outside_tables(spark, lake, table_paths).items()):
         lines = dict.fromkeys(forms, 0)
         folder_forms = bare if folder == SERVING_INDEX_FOLDER else forms
-        for path in paths:
-            chunks = _parquet_values(spark, path) or _zstd_bytes(spark, path) or _chunks(spark, path)
+        for chunks in file_streams(spark, paths):
             for tombstone_id, count in lines_holding(chunks, folder_forms).items():
                 lines[tombstone_id] += count
         findings.extend(

@@ -6,7 +6,7 @@ refresh publishes one in the lake, beside the tables:
 
     <root>/serving_index/
         published.json                                  the manifest, replaced last
-        snapshots/index-<id>.sqlite.zst                 the index written whole (VACUUM INTO), zstd
+        snapshots/index-<id>/<n>.sqlite.zst             the index written whole (VACUUM INTO), zstd
         segments/segment-<n>-<key>.parquet              its cold segments (and .by-partition.parquet)
 
 Objects are immutable: a snapshot is named by its publication's id, a segment by its number and
@@ -14,13 +14,14 @@ a digest of its bytes (a rewritten segment is another object).
 After the manifest is replaced, every object it does not name is deleted: a snapshot or segment
 that held an erased value leaves the bucket with the publication that follows the erasure.
 
-The snapshot is zstd frames of 16 MiB of the file each (about half the bytes to move), so a reader
-fetches and unpacks them in parallel. A reader with no usable index downloads it (its frames'
-sizes checked against the manifest's) and
-catches up commit by commit, as from an index of its own. The snapshot names its publication
-(`serving_publication`), and its segments are read from `<index folder>/published/<id>/segments/`,
-fetched from the bucket the first time a read needs one (`fetch_segment`) and dropped when a
-later manifest no longer names them (`drop_unpublished`). A segment gone from the bucket
+The snapshot is zstd frames of 16 MiB of the file each (about half the bytes to move), an object
+each: a reader fetches and unpacks them in parallel, each read costing its own size on any store
+(ranges of one object each cost the whole object on the tests' S3 server; a one-object snapshot,
+`index-<id>.sqlite.zst`, is still read). A reader with no usable index downloads it (sizes checked
+against the manifest's) and catches up commit by commit, as from an index of its own. The snapshot
+names its publication (`serving_publication`); its segments are read from `<index folder>/
+published/<id>/segments/`, fetched the first time a read needs one (`fetch_segment`) and dropped
+when a later manifest no longer names them (`drop_unpublished`). A segment gone from the bucket
 (republished after an erasure) makes the reader start again from the current snapshot.
 
     publication = Publication.of("s3a://bucket/lake")
@@ -95,6 +96,10 @@ class Manifest:
     published_at: float
     segments: Mapping[int, tuple[str, int, int]]
 
+    def snapshot_objects(self) -> list[str]:
+        """The snapshot's object names (under serving_index/), in the order of its frames."""
+        return snapshot_frame_names(self.snapshot, len(self.snapshot_frames))
+
     def segment_objects(self) -> dict[str, int]:
         """The segments' object names (under serving_index/) and sizes."""
         objects = {}
@@ -126,7 +131,10 @@ class Manifest:
         except (ValueError, KeyError, TypeError) as error:
             raise PublicationError(f"{where}: not a serving index manifest ({error})") from error
         # Names come from the bucket: a reader turns them into local paths, so only ours pass.
-        if not _ID.match(manifest.id) or manifest.snapshot != snapshot_object_name(manifest.id):
+        if not _ID.match(manifest.id) or manifest.snapshot not in (
+            snapshot_object_name(manifest.id),
+            _one_object_snapshot(manifest.id),
+        ):
             raise PublicationError(f"{where}: id {manifest.id!r} or snapshot {manifest.snapshot!r} is not one we write")
         if any(not _KEY.match(key) for key, _, _ in manifest.segments.values()):
             raise PublicationError(f"{where}: a segment key is not one we write")
@@ -137,7 +145,19 @@ class Manifest:
 
 
 def snapshot_object_name(publication_id: str) -> str:
-    return f"snapshots/index-{publication_id}.sqlite.zst"
+    """The snapshot of a publication: a folder of its frames' objects (`snapshot_frame_names`)."""
+    return f"snapshots/index-{publication_id}"
+
+
+def _one_object_snapshot(publication_id: str) -> str:
+    return f"snapshots/index-{publication_id}.sqlite.zst"  # every frame in one object: read, no longer written
+
+
+def snapshot_frame_names(snapshot: str, frames: int) -> list[str]:
+    """The objects of a snapshot's frames, in order (one object for a one-object snapshot)."""
+    if snapshot.endswith(".zst"):
+        return [snapshot]
+    return [f"{snapshot}/{number:05d}.sqlite.zst" for number in range(frames)]
 
 
 def segment_object_names(segment: int, key: str) -> tuple[str, str]:
@@ -300,67 +320,78 @@ class Publication:
                 stream.write(chunk)
 
     def _upload_frames(self, local: str, name: str) -> list[int]:
-        """`local` as zstd frames of `_RANGE` bytes each, one after the other; their sizes."""
+        """`local` as zstd frames of `_RANGE` bytes each, an object each under `name`; their sizes."""
         codec, frames = _codec(), []
-        with open(local, "rb") as source, self.fs.open_output_stream(self._path(name), compression=None) as stream:
+        with open(local, "rb") as source:
             while chunk := source.read(_RANGE):
                 frame = codec.compress(chunk, asbytes=True)
-                stream.write(frame)
+                (object_name,) = snapshot_frame_names(name, len(frames) + 1)[-1:]
+                with self.fs.open_output_stream(self._path(object_name), compression=None) as stream:
+                    stream.write(frame)
                 frames.append(len(frame))
         return frames
 
     def _delete_unnamed(self, manifest: Manifest) -> None:
         from pyarrow import fs as pafs
 
-        keep = {manifest.snapshot, *manifest.segment_objects()}
+        keep = {*manifest.snapshot_objects(), *manifest.segment_objects()}
         for folder in ("snapshots", "segments"):
-            for info in self.fs.get_file_info(pafs.FileSelector(self._path(folder), allow_not_found=True)):
-                name = f"{folder}/{info.base_name}"
+            selector = pafs.FileSelector(self._path(folder), allow_not_found=True, recursive=True)
+            for info in self.fs.get_file_info(selector):
+                name = info.path.removeprefix(self.base + "/")
                 if info.type == pafs.FileType.File and name not in keep:
                     self.fs.delete_file(info.path)
 
     def download(self, name: str, target: str, expected_bytes: int, frames: tuple[int, ...] = ()) -> None:
         """Object `name` into `target` (a new file made with the lake's file mode, fsynced),
-        unpacked from zstd `frames` (their sizes) when given; FileNotFoundError when the object is
-        gone, PublicationError when its size or a frame's is not the manifest's."""
+        unpacked from zstd `frames` (their sizes; a snapshot's, `snapshot_frame_names`) when
+        given; FileNotFoundError when an object is gone, PublicationError when its size or a
+        frame's is not the manifest's."""
         building = f"{target}.fetching-{uuid.uuid4().hex[:8]}.building"  # a killed fetch's: see drop_unpublished
         stored = sum(frames) if frames else expected_bytes
-        # (offset in the object, its size there, offset in the file, its size there)
-        ranges = (
-            [
-                (sum(frames[:i]), size, i * _RANGE, min(_RANGE, expected_bytes - i * _RANGE))
+        # (object, its size, offset in it, size there, offset in the file, size there)
+        if frames:
+            apart = not name.endswith(".zst")  # an object per frame, or all of them in one
+            objects = snapshot_frame_names(name, len(frames))
+            pieces = [
+                (objects[i], size, 0, size, i * _RANGE, min(_RANGE, expected_bytes - i * _RANGE))
+                if apart
+                else (name, stored, sum(frames[:i]), size, i * _RANGE, min(_RANGE, expected_bytes - i * _RANGE))
                 for i, size in enumerate(frames)
             ]
-            if frames
-            else [(at, min(_RANGE, stored - at), at, min(_RANGE, stored - at)) for at in range(0, stored, _RANGE)]
-        )
+        else:
+            pieces = [
+                (name, stored, at, min(_RANGE, stored - at), at, min(_RANGE, stored - at))
+                for at in range(0, stored, _RANGE)
+            ]
         try:
-            with self.fs.open_input_file(self._path(name)) as source:
-                size = source.size()
-                if size != stored:
-                    raise PublicationError(f"{self._path(name)}: {size} bytes, its manifest says {stored}")
-                descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
-                try:
-                    # Ranges read at once: one stream of small reads is several times slower.
-                    def copy(piece: tuple[int, int, int, int]) -> None:
-                        at, length, offset, unpacked = piece
+            descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+            try:
+                # Pieces read at once: one stream of small reads is several times slower.
+                def copy(piece: tuple[str, int, int, int, int, int]) -> None:
+                    object_name, object_size, at, length, offset, unpacked = piece
+                    with self.fs.open_input_file(self._path(object_name)) as source:
+                        if source.size() != object_size:
+                            raise PublicationError(
+                                f"{self._path(object_name)}: {source.size()} bytes, its manifest says {object_size}"
+                            )
                         data = source.read_at(length, at)
-                        if len(data) != length:
-                            raise PublicationError(f"{self._path(name)}: {len(data)} bytes at {at}, not {length}")
-                        if frames:
-                            try:
-                                data = _codec().decompress(data, decompressed_size=unpacked, asbytes=True)
-                            except OSError as error:
-                                raise PublicationError(f"{self._path(name)}: frame at {at}: {error}") from error
-                        os.pwrite(descriptor, data, offset)
+                    if len(data) != length:
+                        raise PublicationError(f"{self._path(object_name)}: {len(data)} bytes at {at}, not {length}")
+                    if frames:
+                        try:
+                            data = _codec().decompress(data, decompressed_size=unpacked, asbytes=True)
+                        except OSError as error:
+                            raise PublicationError(f"{self._path(object_name)}: frame at {at}: {error}") from error
+                    os.pwrite(descriptor, data, offset)
 
-                    with ThreadPoolExecutor(_PARALLEL_RANGES) as pool:
-                        list(pool.map(copy, ranges))
-                    if os.fstat(descriptor).st_size != expected_bytes:
-                        raise PublicationError(f"{self._path(name)}: unpacked to other than {expected_bytes} bytes")
-                    os.fsync(descriptor)
-                finally:
-                    os.close(descriptor)
+                with ThreadPoolExecutor(_PARALLEL_RANGES) as pool:
+                    list(pool.map(copy, pieces))
+                if os.fstat(descriptor).st_size != expected_bytes:
+                    raise PublicationError(f"{self._path(name)}: unpacked to other than {expected_bytes} bytes")
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
             os.replace(building, target)
         finally:
             if os.path.exists(building):
