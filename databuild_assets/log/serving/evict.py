@@ -31,7 +31,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -151,20 +151,16 @@ def evict(
     into new segments, and merge small segments; returns how many events left the index. Under
     the build lock. An eviction that lasts (a window first set on a full index, a first build)
     tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S."""
-    return _evict_within_cache(connection, index_folder, window_ns, progress, None)
+    with _eviction_cache(connection):
+        return _evict(connection, index_folder, window_ns, progress, None)
 
 
-def _evict_within_cache(
-    connection: sqlite3.Connection,
-    index_folder: str,
-    window_ns: int | None,
-    progress: Callable[[str], None] | None,
-    building: DeferredColdIds | None,
-) -> int:
+@contextlib.contextmanager
+def _eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
     previous_cache = connection.execute("PRAGMA cache_size").fetchone()[0]
     connection.execute(f"PRAGMA cache_size = -{EVICTION_CACHE_KIB}")
     try:
-        return _evict(connection, index_folder, window_ns, progress, building)
+        yield
     finally:
         connection.execute(f"PRAGMA cache_size = {previous_cache}")
 
@@ -186,12 +182,13 @@ def evict_building(
     connection.execute("CREATE TEMP TABLE IF NOT EXISTS staying_pins (event_id TEXT PRIMARY KEY) WITHOUT ROWID")
     building = DeferredColdIds()
     try:
-        _evict_within_cache(connection, index_folder, window_ns, progress, building)
-        with transaction(connection):
-            building.write(connection)
-            _keep_only_staying(connection)
-        progress("serving index: the events that stay copied out and indexed")
-        _evict_within_cache(connection, index_folder, window_ns, progress, None)  # merges, if any
+        with _eviction_cache(connection):
+            _evict(connection, index_folder, window_ns, progress, building)
+            with transaction(connection):
+                building.write(connection)
+                _keep_only_staying(connection)
+            progress("serving index: the events that stay copied out and indexed")
+            _evict(connection, index_folder, window_ns, progress, None)  # merges, if any
     except BaseException as error:
         _remove_segments_of(connection, index_folder)  # the file is dropped: nothing names them
         if isinstance(error, FileNotFoundError):  # not a raw log's file gone: no new snapshot helps
