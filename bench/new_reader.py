@@ -35,19 +35,21 @@ from databuild_assets_tests.s3_server import LoopbackS3
 
 def _cold_keys(machine: Path) -> tuple[str, str]:
     """The oldest cold build request and a partition with cold events, from the pipeline's index."""
-    (path,) = glob.glob(str(machine / "**" / "index-*.sqlite"), recursive=True)
+    path = max(glob.glob(str(machine / "**" / "index-*.sqlite"), recursive=True), key=os.path.getmtime)
     connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        (request,) = connection.execute(
+        request = connection.execute(
             "SELECT c.build_request_id FROM cold_build_requests AS c JOIN build_requests AS b"
             " ON b.build_request_id = c.build_request_id ORDER BY b.updated_at LIMIT 1"
         ).fetchone()
-        (ref,) = connection.execute(
+        ref = connection.execute(
             "SELECT partition_ref FROM cold_partition_events WHERE count > 0 ORDER BY segment LIMIT 1"
         ).fetchone()
     finally:
         connection.close()
-    return request, ref
+    if request is None or ref is None:
+        raise SystemExit(f"{path}: nothing is cold (a hot window longer than the log?): no cold read to time")
+    return request[0], ref[0]
 
 
 def _timed(rows: list[str], machine: Path, step: str, action) -> object:

@@ -1,7 +1,7 @@
 """Erasure of cold events (docs/decisions/0051): a tombstone brings the cold build requests it
-matches back hot, with the ones that share a partition's pins with them, so that every answer
-stays the reference's over what is still visible, and an erased value leaves every file of
-serving_index/ once the pipeline refreshes."""
+matches back hot and their segment's still-cold rows are pinned in their place, so that every
+answer stays the reference's over what is still visible, and an erased value leaves every file
+of serving_index/ once the pipeline refreshes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
+from databuild_assets_tests import bel_cases
 from databuild_assets_tests.serving_support import erase_each_key_in_turn, files_holding
 
 
@@ -63,6 +64,21 @@ def test_erasing_the_build_request_a_partition_pins_keeps_the_partitions_older_c
     erase_each_key_in_turn(
         lake, events, {"build_request_id": [pinning]}, after_each=lambda _: refresh_serving_index(lake, hot_window_s=0)
     )
+
+
+def test_erasing_a_pinning_build_request_a_late_event_brought_back_keeps_the_partitions_older_cold_events(
+    lake: Lake,
+) -> None:
+    events = list(generate_events(3000, seed=3))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    pinning = _a_pin_with_older_events_in_its_segment(lake, events)
+    last = max(e["timestamp"] for e in events if e["build_request_id"] == pinning)
+    late = bel_cases.job_graph_event("late-graph", last + 1, pinning, "a late graph")
+    with DeltaRsEventLog(lake) as service:  # a service's append: the build request comes back hot,
+        service.append_events([late])  # and its segment stays stale on readers, which never evict
+    erase_each_key_in_turn(lake, [*events, late], {"build_request_id": [pinning]})
 
 
 # Through the Dagster jobs; `make test` proves the serving index's bytes clean after compaction in

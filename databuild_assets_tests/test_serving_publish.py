@@ -53,7 +53,7 @@ def test_a_manifest_written_by_the_pipeline_reads_back_whole():
         ({"snapshot": "snapshots/index-" + "0" * 32 + "/../../x"}, "is not one we write"),
         ({"segments": {"1": ["../../../../etc/x", 1, 1]}}, "segment key is not one we write"),
         ({"segments": {"../1": ["ab" * 8, 1, 1]}}, "not a serving index manifest"),
-        ({"format": 2}, "manifest format 2"),
+        ({"format": 3}, "manifest format 3"),
         ({"snapshot_bytes": "many"}, "not a serving index manifest"),
         ({"snapshot_frames": []}, "0 frames for 4096 bytes"),
     ],

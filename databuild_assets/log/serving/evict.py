@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, PartitionStatus
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.log.serving.cold import (
     ROW_COLUMNS,
     SEGMENTS_FOLDER,
@@ -47,7 +47,7 @@ from databuild_assets.log.serving.cold import (
 )
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
 from databuild_assets.log.serving.store import IndexFolder
-from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, thaw, work_tables
+from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, pin_latest, thaw, work_tables
 from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
 from databuild_assets.log.sqlite.schema import (
     PARTITION_COUNTS_OF_BUILD_REQUESTS,
@@ -103,15 +103,6 @@ def hot_window_ns(window_s: float | None = None) -> int | None:
 
 
 _FROZEN = "(SELECT * FROM main.events WHERE build_request_id IN (SELECT build_request_id FROM temp.freezing))"
-# The events the refresh SQL of partition_state would pick among the frozen ones.
-_PICKS = (
-    ("partition_ref", "1", "DESC"),
-    ("partition_ref", "event_type = 'partition_event'", "DESC"),
-    ("partition_ref", "event_type = 'partition_event' AND job_run_id IS NOT NULL", "DESC"),
-    ("partition_ref", "event_type = 'partition_event' AND status_code = {available}", "DESC"),
-    ("partition_ref", "event_type = 'delegation_event'", "DESC"),
-    ("partition_ref", "event_type = 'partition_invalidation_event'", "DESC"),
-)
 _JOB_RUN_TYPES_SQL = ", ".join(f"'{name}'" for name in JOB_RUN_EVENT_TYPES)
 
 
@@ -122,16 +113,6 @@ _SLIM_PINNED = (
     "UPDATE main.events SET payload = '{}' WHERE event_type = 'partition_event'"
     " AND event_id IN (SELECT event_id FROM temp.pinned)"
 )
-
-
-def _pin(connection: sqlite3.Connection) -> None:
-    available = int(PartitionStatus.PARTITION_AVAILABLE)
-    for key, condition, order in _PICKS:
-        connection.execute(
-            "INSERT OR IGNORE INTO temp.pinned SELECT event_id FROM (SELECT event_id, ROW_NUMBER() OVER"
-            f" (PARTITION BY {key} ORDER BY timestamp {order}, event_id {order}) AS n FROM {_FROZEN}"
-            f" WHERE {key} IS NOT NULL AND {condition.format(available=available)}) WHERE n = 1"
-        )
 
 
 def _next_segment(connection: sqlite3.Connection, folder: str) -> int:
@@ -180,6 +161,7 @@ def evict_building(
         connection.execute(f"DROP INDEX IF EXISTS main.{name}")
     connection.execute("PRAGMA secure_delete = OFF")
     connection.execute("CREATE TEMP TABLE IF NOT EXISTS staying_pins (event_id TEXT PRIMARY KEY) WITHOUT ROWID")
+    connection.execute("DELETE FROM temp.staying_pins")
     building = DeferredColdIds()
     try:
         with _eviction_cache(connection):
@@ -348,7 +330,7 @@ def _switch_to_merged(
     connection.execute("DELETE FROM temp.freezing")
     connection.execute("DELETE FROM temp.pinned")
     connection.executemany("INSERT INTO temp.freezing VALUES (?)", ((i,) for i in requests))
-    _pin(connection)
+    pin_latest(connection, _FROZEN)
     unpinned = f"{_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
@@ -422,7 +404,7 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     ).fetchall()
     segment = _next_segment(connection, folder)
     low, high = write_segment(folder, segment, rows)
-    _pin(connection)
+    pin_latest(connection, _FROZEN)
     connection.execute(_SLIM_PINNED)
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
     counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(

@@ -46,7 +46,6 @@ from databuild_assets.log.serving.thaw import (
     cold_build_requests_matching,
     job_runs_of,
     thaw,
-    thaw_before_deleting,
     thaw_job_runs,
 )
 from databuild_assets.log.sqlite.backend import (
@@ -71,8 +70,9 @@ from databuild_assets.log.sqlite.schema import (
 # 2: serving_stamp.visible_events. 3: the cold tier's tables (cold.py). 4: cold_job_runs.job_events
 # (a job run's events pinned no more). 5: cold_job_runs lists only build requests other than the
 # job run's own. 6: cold_event_ids in buckets (cold_ids.py). 7: cold_build_requests.partition_counts.
-# 8: build_requests WITHOUT ROWID (sqlite/schema.py).
-INDEX_FORMAT = 8
+# 8: build_requests WITHOUT ROWID (sqlite/schema.py). 9: a thaw re-pins its segment's still-cold
+# rows (thaw.py `_repin`): a stale segment of an older index may miss pins.
+INDEX_FORMAT = 9
 
 # partition_state.event_count counts the partition's events: those still in `events` and those a
 # segment holds (evict.py keeps their count; the pinned copies are in `events` and not counted).
@@ -472,7 +472,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
         with transaction(self._connection):
             if self.has_cold():  # the cold build requests holding a matching event come back hot first
                 matching = cold_build_requests_matching(self._connection, self.index_folder, rule)
-                thaw_before_deleting(self._connection, self.index_folder, matching)
+                thaw(self._connection, self.index_folder, matching)
             self._connection.execute(
                 f"INSERT OR IGNORE INTO temp.leaving SELECT event_id FROM main.events AS e WHERE {rule}"
             )
@@ -485,7 +485,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
         with transaction(self._connection):
             if self.has_cold():
                 holding = cold_build_requests_holding(self._connection, self.index_folder, event_ids)
-                thaw_before_deleting(self._connection, self.index_folder, holding)
+                thaw(self._connection, self.index_folder, holding)
             self._connection.executemany("INSERT OR IGNORE INTO temp.leaving VALUES (?)", ((i,) for i in event_ids))
             self._connection.execute(
                 "DELETE FROM main.hidden_event_ids WHERE event_id IN (SELECT event_id FROM temp.leaving)"

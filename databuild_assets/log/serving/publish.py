@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "published.json"
 PUBLISHED_FOLDER = "published"  # a reader's segments, per publication, under its index folder
-_FORMAT = 1
+_FORMAT = 2  # 2: a snapshot's frames an object each; 1 (one object of frames) is still read
 # The pipeline publishes when none is published, when its index was written whole since (an
 # erasure or purge deleted events: the published copy may hold their values), or when the
 # published one is older than this: a new reader then catches up at most this much log.
@@ -117,8 +117,8 @@ class Manifest:
     def from_json(cls, text: str, where: str) -> Manifest:
         try:
             body = json.loads(text)
-            if body.get("format") != _FORMAT:
-                raise PublicationError(f"{where}: manifest format {body.get('format')!r}, this code reads {_FORMAT}")
+            if body.get("format") not in (1, _FORMAT):
+                raise PublicationError(f"{where}: manifest format {body.get('format')!r}, reads 1 to {_FORMAT}")
             manifest = cls(
                 id=str(body["id"]),
                 snapshot=str(body["snapshot"]),
@@ -338,6 +338,8 @@ class Publication:
         for folder in ("snapshots", "segments"):
             selector = pafs.FileSelector(self._path(folder), allow_not_found=True, recursive=True)
             for info in self.fs.get_file_info(selector):
+                if not info.path.startswith(self._path(folder) + "/"):  # spelled otherwise: not ours to judge
+                    continue
                 name = info.path.removeprefix(self.base + "/")
                 if info.type == pafs.FileType.File and name not in keep:
                     self.fs.delete_file(info.path)

@@ -2,7 +2,9 @@
 
 `thaw` reads a build request's rows back from its segment into `events` (its partition counts
 taken off, its cold ids dropped) and marks the segment stale; the next eviction writes what the
-segment still holds into a new one. It runs before a late event of a cold build request is
+segment still holds into a new one; the segment's pins that were their rows are replaced by
+the latest of its still-cold rows (`_repin`), so that deleting the rows that came back never takes
+a partition's cold maximum out of `events`. It runs before a late event of a cold build request is
 added, before a tombstone hides one of its events or a compaction purges one, and before a job
 run of its changes (`thaw_job_runs`): a job run pins nothing, so its job and cancel events come
 back hot together before anything recomputes its row.
@@ -21,6 +23,7 @@ from collections.abc import Collection, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from databuild_assets.events.enums import PartitionStatus
 from databuild_assets.log.serving.cold import (
     JOB_RUN_HOLDERS,
     ROW_COLUMNS,
@@ -45,6 +48,61 @@ CREATE TEMP TABLE IF NOT EXISTS thawing (
 """
 
 
+# The events the refresh SQL of partition_state picks for a partition: the latest, the latest
+# partition event, with a job run, available, delegation and invalidation.
+_PICKS = (
+    "1",
+    "event_type = 'partition_event'",
+    "event_type = 'partition_event' AND job_run_id IS NOT NULL",
+    f"event_type = 'partition_event' AND status_code = {int(PartitionStatus.PARTITION_AVAILABLE)}",
+    "event_type = 'delegation_event'",
+    "event_type = 'partition_invalidation_event'",
+)
+
+
+def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
+    """Into temp.pinned: the event ids among `rows` (a FROM expression of `events` rows) that
+    the refresh SQL of partition_state would pick, for each partition they carry."""
+    for condition in _PICKS:
+        connection.execute(
+            "INSERT OR IGNORE INTO temp.pinned SELECT event_id FROM (SELECT event_id, ROW_NUMBER() OVER"
+            " (PARTITION BY partition_ref ORDER BY timestamp DESC, event_id DESC) AS n FROM"
+            f" {rows} WHERE partition_ref IS NOT NULL AND {condition}) WHERE n = 1"
+        )
+
+
+def _repin(connection: sqlite3.Connection, folder: str, segment: int, refs: Collection[str]) -> None:
+    """After build requests left `segment` hot: the segment's pins of `refs` may have been their
+    rows, so the latest of each kind among its still-cold rows of each ref joins `events` (a
+    partition event's payload empty, as evict.py pins it) and leaves the segment's counts. A later
+    deletion of the hot rows then leaves each partition's cold maximum in `events`."""
+    table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
+    carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
+    cold = still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
+    carried = carried.filter(pc.is_in(carried.column("build_request_id"), value_set=pa.array(cold, pa.string())))
+    connection.execute("DELETE FROM temp.thawing")
+    connection.execute("DELETE FROM temp.pinned")
+    connection.executemany(
+        f"INSERT OR IGNORE INTO temp.thawing VALUES ({', '.join('?' * 8)})",
+        zip(*(carried.column(name).to_pylist() for name in ROW_COLUMNS), strict=True),
+    )
+    pin_latest(connection, "temp.thawing")
+    new = (
+        "temp.thawing AS t WHERE t.event_id IN (SELECT event_id FROM temp.pinned)"
+        " AND NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
+    )
+    connection.execute(
+        "UPDATE main.cold_partition_events AS c SET count = c.count - n.k FROM"
+        f" (SELECT t.partition_ref, COUNT(*) AS k FROM {new} GROUP BY t.partition_ref) AS n"
+        " WHERE c.segment = ? AND c.partition_ref = n.partition_ref",
+        (segment,),
+    )
+    slim = "CASE t.event_type WHEN 'partition_event' THEN '{}' ELSE t.payload END"
+    columns = ", ".join(slim if name == "payload" else f"t.{name}" for name in ROW_COLUMNS)
+    connection.execute(f"INSERT INTO main.events ({_COLUMNS}) SELECT {columns} FROM {new}")
+    connection.execute("DELETE FROM temp.thawing")
+
+
 def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
     """Bring cold build requests back into `events` (their segment marked stale); returns how many
     were cold. Inside the caller's write transaction."""
@@ -61,6 +119,14 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     thawed = 0
     for segment, ids in by_segment.items():
+        pinned = [  # a cold build request's rows in `events` are its segment's pins
+            row[0]
+            for row in connection.execute(
+                "SELECT DISTINCT partition_ref FROM main.events WHERE partition_ref IS NOT NULL"
+                " AND build_request_id IN (SELECT value FROM json_each(?))",
+                (json.dumps(ids),),
+            )
+        ]
         table = read_segment_rows(folder, segment, "build_request_id", ids, spans=request_spans(connection, ids))
         expected = sum(_event_counts(connection, ids))
         if table.num_rows != expected:  # the projection's span missed rows: never lose them, read all
@@ -98,32 +164,10 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
             connection.execute("DELETE FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,))
         connection.execute("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", (segment,))
         connection.execute("DELETE FROM temp.thawing")
+        if pinned:
+            _repin(connection, folder, segment, pinned)
         thawed += len(ids)
     return thawed
-
-
-def thaw_before_deleting(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
-    """`thaw` the cold build requests some of whose events are about to be deleted, and with them
-    the build requests of their segments that hold events of a partition they pin: a segment pins
-    only its latest event of each kind per partition, so once that row is gone the segment's
-    next latest must be in `events` for the partition's refresh to find it. Inside the caller's
-    write transaction; returns how many build requests came back."""
-    leaving = cold_build_requests_among(connection, build_request_ids)
-    pinned: dict[int, set[str]] = {}
-    for segment, partition_ref in connection.execute(
-        "SELECT DISTINCT c.segment, e.partition_ref FROM main.events AS e"
-        " JOIN main.cold_build_requests AS c ON c.build_request_id = e.build_request_id"
-        " WHERE e.build_request_id IN (SELECT value FROM json_each(?)) AND e.partition_ref IS NOT NULL",
-        (json.dumps(leaving),),
-    ):
-        pinned.setdefault(segment, set()).add(partition_ref)
-    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    sharing: list[str] = []
-    for segment, refs in pinned.items():
-        table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
-        carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
-        sharing += still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
-    return thaw(connection, index_folder, [*leaving, *sharing])
 
 
 def job_runs_of(rows: Iterable[tuple]) -> set[str]:
@@ -209,8 +253,8 @@ __all__ = [
     "cold_build_requests_holding",
     "cold_build_requests_matching",
     "job_runs_of",
+    "pin_latest",
     "thaw",
-    "thaw_before_deleting",
     "thaw_job_runs",
     "work_tables",
 ]
