@@ -180,7 +180,10 @@ class DeltaFollower:
             except OutsideTableError as error:
                 raise outside_table_damage(self.path, error) from None
             try:
-                tables.append(pq.read_table(local, columns=list(columns)))
+                # One file's reader, not pq.read_table: that imports pyarrow.dataset, which takes
+                # a second in a new process (a reader's first catch-up, a `query` call).
+                with pq.ParquetFile(local) as file:
+                    tables.append(file.read(columns=list(columns)))
             except (OSError, pa.ArrowException) as error:
                 if (damage := data_file_damage(self.path, relative, error)) is not None:
                     raise damage from None
