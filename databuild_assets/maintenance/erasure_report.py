@@ -36,7 +36,7 @@ from databuild_assets.runtime.object_store import arrow_filesystem
 ALWAYS_REPORTED_FOLDERS = ("landing", "landing_archive", SERVING_INDEX_FOLDER)
 _CHUNK_BYTES = 1 << 20
 # A published snapshot's frames, an object each (log/serving/publish.py): read as one stream.
-_SNAPSHOT_FRAME = re.compile(r"^(.*/snapshots/index-[0-9a-f]{32})/\d+\.sqlite\.zst$")
+_SNAPSHOT_FRAME = re.compile(r"^(.*/snapshots/index-[0-9a-f]{32})/(\d+)\.sqlite\.zst$")
 
 # The finding for the files of Dagster's instance, whose `rows` count byte occurrences.
 DAGSTER_HOME_FINDING = "DAGSTER_HOME"
@@ -260,15 +260,14 @@ def _zstd_bytes(spark: SparkSession, path: str) -> Iterator[bytes] | None:
 def file_streams(spark: SparkSession, paths: list[str]) -> Iterator[Iterator[bytes]]:
     """The bytes to search of each file in `paths` (`_parquet_values`, `_zstd_bytes` or raw),
     a published snapshot's frames unpacked in order as one stream: a value may span two."""
-    snapshots: dict[str, list[str]] = {}
+    snapshots: dict[str, list[tuple[int, str]]] = {}
     for path in paths:
         if match := _SNAPSHOT_FRAME.match(path):
-            snapshots.setdefault(match.group(1), []).append(path)
+            snapshots.setdefault(match.group(1), []).append((int(match.group(2)), path))
         else:
             yield _parquet_values(spark, path) or _zstd_bytes(spark, path) or _chunks(spark, path)
     for frames in snapshots.values():
-        frames.sort(key=lambda path: int(path.rsplit("/", 1)[1].split(".", 1)[0]))
-        yield itertools.chain.from_iterable(_zstd_bytes(spark, path) or () for path in frames)
+        yield itertools.chain.from_iterable(_zstd_bytes(spark, path) or () for _, path in sorted(frames))
 
 
 def lines_holding(chunks: Iterator[bytes], forms: dict[str, tuple[bytes, ...]]) -> dict[str, int]:

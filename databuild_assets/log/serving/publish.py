@@ -133,7 +133,7 @@ class Manifest:
         # Names come from the bucket: a reader turns them into local paths, so only ours pass.
         if not _ID.match(manifest.id) or manifest.snapshot not in (
             snapshot_object_name(manifest.id),
-            _one_object_snapshot(manifest.id),
+            snapshot_object_name(manifest.id) + ".sqlite.zst",  # every frame in one object: read, no longer written
         ):
             raise PublicationError(f"{where}: id {manifest.id!r} or snapshot {manifest.snapshot!r} is not one we write")
         if any(not _KEY.match(key) for key, _, _ in manifest.segments.values()):
@@ -149,15 +149,15 @@ def snapshot_object_name(publication_id: str) -> str:
     return f"snapshots/index-{publication_id}"
 
 
-def _one_object_snapshot(publication_id: str) -> str:
-    return f"snapshots/index-{publication_id}.sqlite.zst"  # every frame in one object: read, no longer written
-
-
 def snapshot_frame_names(snapshot: str, frames: int) -> list[str]:
     """The objects of a snapshot's frames, in order (one object for a one-object snapshot)."""
     if snapshot.endswith(".zst"):
         return [snapshot]
-    return [f"{snapshot}/{number:05d}.sqlite.zst" for number in range(frames)]
+    return [_frame_object(snapshot, number) for number in range(frames)]
+
+
+def _frame_object(snapshot: str, number: int) -> str:
+    return f"{snapshot}/{number:05d}.sqlite.zst"
 
 
 def segment_object_names(segment: int, key: str) -> tuple[str, str]:
@@ -325,8 +325,8 @@ class Publication:
         with open(local, "rb") as source:
             while chunk := source.read(_RANGE):
                 frame = codec.compress(chunk, asbytes=True)
-                (object_name,) = snapshot_frame_names(name, len(frames) + 1)[-1:]
-                with self.fs.open_output_stream(self._path(object_name), compression=None) as stream:
+                target = self._path(_frame_object(name, len(frames)))
+                with self.fs.open_output_stream(target, compression=None) as stream:
                     stream.write(frame)
                 frames.append(len(frame))
         return frames

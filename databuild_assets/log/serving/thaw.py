@@ -71,6 +71,18 @@ def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
         )
 
 
+def _take_off_counts(connection: sqlite3.Connection, segment: int, rows: str) -> None:
+    """Take `rows` (a FROM ... WHERE of thawing rows `t`), now in `events`, off `segment`'s counts.
+    Counted once per partition, then joined: a subquery per partition would scan every thawing
+    row for each (a whole segment thawed: minutes)."""
+    connection.execute(
+        "UPDATE main.cold_partition_events AS c SET count = c.count - n.k FROM"
+        f" (SELECT t.partition_ref, COUNT(*) AS k FROM {rows} GROUP BY t.partition_ref) AS n"
+        " WHERE c.segment = ? AND c.partition_ref = n.partition_ref",
+        (segment,),
+    )
+
+
 def _repin(connection: sqlite3.Connection, folder: str, segment: int, refs: Collection[str]) -> None:
     """After build requests left `segment` hot: the segment's pins of `refs` may have been their
     rows, so the latest of each kind among its still-cold rows of each ref joins `events` (a
@@ -91,12 +103,7 @@ def _repin(connection: sqlite3.Connection, folder: str, segment: int, refs: Coll
         "temp.thawing AS t WHERE t.event_id IN (SELECT event_id FROM temp.pinned)"
         " AND NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
     )
-    connection.execute(
-        "UPDATE main.cold_partition_events AS c SET count = c.count - n.k FROM"
-        f" (SELECT t.partition_ref, COUNT(*) AS k FROM {new} GROUP BY t.partition_ref) AS n"
-        " WHERE c.segment = ? AND c.partition_ref = n.partition_ref",
-        (segment,),
-    )
+    _take_off_counts(connection, segment, new)
     slim = "CASE t.event_type WHEN 'partition_event' THEN '{}' ELSE t.payload END"
     columns = ", ".join(slim if name == "payload" else f"t.{name}" for name in ROW_COLUMNS)
     connection.execute(f"INSERT INTO main.events ({_COLUMNS}) SELECT {columns} FROM {new}")
@@ -135,14 +142,7 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
         connection.execute("DELETE FROM temp.thawing")
         connection.executemany(f"INSERT INTO temp.thawing VALUES ({', '.join('?' * 8)})", rows)
         new = "temp.thawing AS t WHERE NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
-        # Counted once per partition, then joined: a subquery per partition would scan every
-        # thawing row for each (a whole segment thawed: minutes).
-        connection.execute(
-            "UPDATE main.cold_partition_events AS c SET count = c.count - n.k FROM"
-            f" (SELECT t.partition_ref, COUNT(*) AS k FROM {new} GROUP BY t.partition_ref) AS n"
-            " WHERE c.segment = ? AND c.partition_ref = n.partition_ref",
-            (segment,),
-        )
+        _take_off_counts(connection, segment, new)
         # The pinned rows get their payloads and listed partitions back (_SLIM_PINNED); the rest
         # are inserted (the events table's trigger lists their partitions).
         connection.execute(
