@@ -54,7 +54,7 @@ import pyarrow.dataset as ds
 from bench.lakes import copy_serving_index, link_tables
 from bench.measuring import load_average
 from bench.query_path import percentile, service_build
-from databuild_assets.runtime.delta_tables import latest_version_on_disk
+from databuild_assets.runtime.delta_local import latest_version_on_disk
 from databuild_assets.runtime.warm_driver import DRIVERS_DIR_ENV, stop_hosts
 from databuild_assets.workload.encoding import encode_json
 

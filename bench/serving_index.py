@@ -37,7 +37,7 @@ from databuild_assets.log import SqliteEventLog, load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
-from databuild_assets.runtime.delta_tables import iter_local_table
+from databuild_assets.runtime.delta_local import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 

@@ -18,7 +18,7 @@ from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
-from databuild_assets.runtime.delta_tables import table_properties
+from databuild_assets.runtime.delta_local import table_properties
 from databuild_assets.runtime.lake import TOMBSTONES, Lake
 from databuild_assets_tests import bel_cases
 

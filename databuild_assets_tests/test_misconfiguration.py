@@ -19,11 +19,8 @@ from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.writer import append_events
 from databuild_assets.log.spark.backend import DeltaEventLog
 from databuild_assets.runtime.delta_jars import DeltaJarsMissingError, jars_dir
-from databuild_assets.runtime.delta_tables import (
-    NotADeltaTableError,
-    SchemaVersionError,
-    ensure_table,
-)
+from databuild_assets.runtime.delta_local import SchemaVersionError
+from databuild_assets.runtime.delta_tables import NotADeltaTableError, ensure_table
 from databuild_assets.runtime.jvm_startup import ARCHIVE_NAME, QUICK_JIT, WARNINGS_TO_STDERR, driver_java_options
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, SCHEMA_VERSION_PROPERTY, Lake, LakeRootError
 from databuild_assets.runtime.spark import InvalidSparkMasterError, SparkSettings, build_spark_session, spark_config

@@ -40,7 +40,7 @@ from databuild_assets.log.serving.publish import publication_of
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
 from databuild_assets.maintenance.erasure_report import file_streams, lines_holding
 from databuild_assets.maintenance.tombstones import request_erasure
-from databuild_assets.runtime.delta_tables import read_local_table
+from databuild_assets.runtime.delta_local import read_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri
 from databuild_assets.workload import generate_events

@@ -13,12 +13,8 @@ from delta.tables import DeltaTable
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from databuild_assets.ingest.writer import append_events
-from databuild_assets.runtime.delta_tables import (
-    SchemaVersionError,
-    check_schema_version,
-    current_version,
-    ensure_table,
-)
+from databuild_assets.runtime.delta_local import SchemaVersionError
+from databuild_assets.runtime.delta_tables import check_schema_version, current_version, ensure_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.schema_upgrade import (
     SchemaDowngradeError,

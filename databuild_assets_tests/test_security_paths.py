@@ -33,8 +33,9 @@ from databuild_assets.maintenance.vacuum import SymlinkInTableError, vacuum_lake
 from databuild_assets.projections.refresh_all import refresh_all_projections
 from databuild_assets.runtime.commits import log_changes
 from databuild_assets.runtime.damage import DamagedTableError
+from databuild_assets.runtime.delta_local import latest_version_on_disk
 from databuild_assets.runtime.delta_log import OutsideTableError, checked_log, table_relative
-from databuild_assets.runtime.delta_tables import latest_version_on_disk, refuse_paths_outside
+from databuild_assets.runtime.delta_tables import refuse_paths_outside
 from databuild_assets.runtime.lake import FILTERED_EVENT_LOG, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import write_landing_files
 

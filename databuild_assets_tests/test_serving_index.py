@@ -80,6 +80,28 @@ def test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp(l
     assert [path for path in _folder(lake).files() if path.endswith(".sqlite")] == [first_index]
 
 
+def test_a_fresh_process_opens_catches_up_and_answers_without_importing_pandas_or_duckdb(lake: Lake) -> None:
+    # A reader's start-up is mostly imports: pandas (pulled in by `pa.table()` over a foreign Arrow
+    # object) and DuckDB (a bulk conversion's) cost it more than its work.
+    events = list(generate_events(200, seed=5))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:150])
+    _append_behind_the_index(lake, events[150:])
+    request_erasure_without_spark(lake, "partition_ref", "data/never/written")  # the catch-up reads tombstones
+    script = (
+        "import sys\n"
+        "from databuild_assets.log import open_event_log\n"
+        f"with open_event_log({f'delta://{lake.root}'!r}) as log:\n"
+        "    print(log.get_activity_summary().total_events)\n"
+        "print(sorted(m for m in ('pandas', 'duckdb') if m in sys.modules))\n"
+    )
+
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True)
+
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == [str(len(events)), "[]"]
+
+
 def test_a_process_killed_inside_an_index_update_leaves_an_index_the_next_open_uses(lake: Lake) -> None:
     events = list(generate_events(200, seed=5))
     with DeltaRsEventLog(lake) as log:

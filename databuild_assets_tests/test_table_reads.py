@@ -7,14 +7,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from databuild_assets.ingest.landing import _Ledger, ingest_landing_files
-from databuild_assets.runtime.delta_tables import (
-    TableSize,
-    head_rows,
-    local_delta_table,
-    read_local_table,
-    read_table_properties,
-    table_size,
-)
+from databuild_assets.runtime.delta_local import head_rows, local_delta_table, read_local_table
+from databuild_assets.runtime.delta_tables import TableSize, read_table_properties, table_size
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, INGEST_LEDGER, RAW_EVENT_LOG
 from databuild_assets_tests.support import one_partition_build, write_landing
 

@@ -6,7 +6,8 @@ from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from databuild_assets.runtime.delta_tables import head_rows, local_delta_table, table_size
+from databuild_assets.runtime.delta_local import head_rows, local_delta_table
+from databuild_assets.runtime.delta_tables import table_size
 from databuild_assets.runtime.lake import is_local
 
 

@@ -46,14 +46,13 @@ from databuild_assets.ingest.landing_folder import (
 from databuild_assets.ingest.lines import read_landing_lines
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.commits import find_commit
+from databuild_assets.runtime.delta_local import local_delta_table, read_local_table
 from databuild_assets.runtime.delta_tables import (
     TXN_APP_ID,
     TXN_VERSION,
     USER_METADATA,
     current_version,
     ensure_table,
-    local_delta_table,
-    read_local_table,
     retry_on_conflict,
     session_settings,
 )

@@ -25,8 +25,8 @@ import os
 import re
 from dataclasses import dataclass, replace
 
+from databuild_assets.runtime.delta_local import latest_version_on_disk
 from databuild_assets.runtime.delta_log import commit_path
-from databuild_assets.runtime.delta_tables import latest_version_on_disk
 
 COMPACT_AT_FILES_ENV = "DATABUILD_COMPACT_AT_FILES"
 # At ~13 appends/s (issue 43's service) about 13 minutes of appends, so compaction (7 s on an idle

@@ -77,7 +77,7 @@ def _small_files(
     """The table's files under `packed_bytes` (in partitions whose event_date is before
     `closed_before`, when given); None when a path is not a plain relative one or a partition
     value is null or not plain text."""
-    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    adds = pa.RecordBatchReader.from_stream(table.get_add_actions(flatten=True)).read_all().to_pylist()
     files = []
     for add in adds:
         path = add["path"]

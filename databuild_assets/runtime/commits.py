@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from databuild_assets.runtime.damage import commit_damage, outside_table_damage
+from databuild_assets.runtime.delta_local import latest_version_on_disk
 from databuild_assets.runtime.delta_log import (
     OutsideTableError,
     check_action_paths,
@@ -26,7 +27,7 @@ from databuild_assets.runtime.delta_log import (
     resolve_in_table,
     table_relative,
 )
-from databuild_assets.runtime.delta_tables import latest_version_on_disk, missing_files, read_table_properties
+from databuild_assets.runtime.delta_tables import missing_files, read_table_properties
 from databuild_assets.runtime.lake import is_local
 
 

@@ -1,5 +1,6 @@
 """Small operations on our Delta tables: create with the agreed schema and properties, read a
-table's version and size, check its schema version, and retry a write on Delta's conflicts."""
+table's version and size, check its schema version, and retry a write on Delta's conflicts, through
+Spark (a local table's reads that need no Spark are in `delta_local`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import unquote
 
-import deltalake
-import deltalake.exceptions
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from delta.exceptions import (
     ConcurrentAppendException,
     ConcurrentDeleteReadException,
@@ -30,18 +26,16 @@ from pyspark.sql import SparkSession
 
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.commit_lock import commit_lock
-from databuild_assets.runtime.damage import DamagedTableError, commit_damage, data_file_damage, outside_table_damage
+from databuild_assets.runtime.damage import DamagedTableError, commit_damage
+from databuild_assets.runtime.delta_local import add_actions, local_delta_table, schema_version_of, table_properties
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
     LogFileRefusedError,
     OutsideTableError,
     check_log_paths,
-    log_folder,
-    resolve_in_table,
-    table_relative,
 )
-from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec, is_local
-from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
+from databuild_assets.runtime.lake import TableSpec, is_local
+from databuild_assets.runtime.object_store import is_s3
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,10 +52,6 @@ RETRYABLE_CONFLICTS = (
 DELETION_VECTORS = "delta.enableDeletionVectors"
 # Listed by SHOW TBLPROPERTIES while the table's protocol has the feature (whatever the property says).
 DELETION_VECTORS_FEATURE = "delta.feature.deletionVectors"
-
-
-class SchemaVersionError(RuntimeError):
-    """A table was written by a newer (or unknown) schema version than this code knows."""
 
 
 class NotADeltaTableError(RuntimeError):
@@ -193,30 +183,6 @@ def _refuse_foreign_files(spark: SparkSession, path: str, spec: TableSpec) -> No
         )
 
 
-def table_properties(spec: TableSpec) -> dict[str, str]:
-    """The Delta properties a table of ours is created with (see COMMON_TABLE_PROPERTIES)."""
-    properties = dict(COMMON_TABLE_PROPERTIES)
-    if spec.stats_columns:
-        properties["delta.dataSkippingStatsColumns"] = ",".join(spec.stats_columns)
-    else:
-        properties["delta.dataSkippingNumIndexedCols"] = "0"
-    if spec.append_only:
-        properties["delta.appendOnly"] = "true"
-    return properties
-
-
-def local_delta_table(path: str) -> deltalake.DeltaTable | None:
-    """The table at `path` opened by delta-rs, to read its log in this process without a Spark job;
-    None for a remote lake, or a table delta-rs cannot open (the caller asks Spark instead)."""
-    if not is_local(path):
-        return None
-    try:
-        return deltalake.DeltaTable(path.removeprefix("file://").removeprefix("file:"))
-    except deltalake.exceptions.DeltaError as error:
-        log.info("%s: delta-rs cannot open it (%s); reading it through Spark", path, error)
-        return None
-
-
 def read_table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     """The Delta table's properties. SHOW TBLPROPERTIES reads its metadata only (DESCRIBE DETAIL
     would also add up file sizes)."""
@@ -236,24 +202,6 @@ def check_schema_version(spark: SparkSession, path: str, known_version: int = SC
     """The table's schema version (its databuild.schemaVersion property); raises
     SchemaVersionError when it is missing or newer than `known_version` (this code's)."""
     return schema_version_of(path, read_table_properties(spark, path), known_version)
-
-
-def schema_version_of(path: str, properties: Mapping[str, str], known_version: int = SCHEMA_VERSION) -> int:
-    """`check_schema_version` of the table at `path` whose properties are `properties`."""
-    found = properties.get(SCHEMA_VERSION_PROPERTY)
-    if found is None or not found.isdigit():
-        raise SchemaVersionError(
-            f"{path} has no valid {SCHEMA_VERSION_PROPERTY} property (found {found!r}); "
-            "it was not created by databuild-assets. Point the lake root elsewhere or remove the table."
-        )
-    if int(found) > known_version:
-        raise SchemaVersionError(
-            f"{path} has schema version {found}, newer than this code's {known_version}: a newer "
-            f"databuild-assets upgraded it, and this code would misread or mis-write its rows, so it "
-            f"neither reads nor writes it. Run a databuild-assets release that knows schema version "
-            f"{found} (upgrade this deployment), or point DATABUILD_LAKE_ROOT at a lake of version {known_version}."
-        )
-    return int(found)
 
 
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"  # carried by every commit made under it
@@ -335,7 +283,7 @@ def table_size(spark: SparkSession, path: str) -> TableSize:
     then costs no Spark job. Elsewhere Delta's DESCRIBE DETAIL answers (no row count).
     """
     if (table := local_delta_table(path)) is not None:
-        files = pa.table(table.get_add_actions(flatten=True).select(["size_bytes", "num_records"]))
+        files = add_actions(table).select(["size_bytes", "num_records"])
         rows = files["num_records"]
         return TableSize(
             table.version(),
@@ -345,140 +293,6 @@ def table_size(spark: SparkSession, path: str) -> TableSize:
         )
     detail = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").first()
     return TableSize(current_version(spark, path), detail["numFiles"], detail["sizeInBytes"])
-
-
-def head_rows(
-    table: deltalake.DeltaTable, limit: int, columns: list[str] | None = None, newest_by: str | None = None
-) -> pa.Table:
-    """Up to `limit` rows of a local table (`local_delta_table`), read without Spark: the rows with the largest
-    `newest_by` (descending), or the first its files hold.
-
-    Only the files that can hold those rows are read: with statistics on `newest_by`, the newest
-    files by their maximum until they hold `limit` rows, and every file whose maximum reaches the
-    smallest minimum among those (the raw log's newest events after a landing file: its new file).
-    The files are read with pyarrow from delta-rs's list of them.
-
-        head_rows(local_delta_table(path), 5, ["event_id", "timestamp"], newest_by="timestamp")
-    """
-    files = pa.table(table.get_add_actions(flatten=True))
-    names = columns or [field.name for field in table.schema().fields]
-    if files.num_rows == 0:
-        return pa.table({name: pa.array([], pa.null()) for name in names})
-    top, smallest = f"max.{newest_by}", f"min.{newest_by}"
-    if newest_by is not None and top in files.column_names and files[smallest].null_count == 0:
-        files = files.take(pc.sort_indices(files, sort_keys=[(top, "descending")]))
-    held = pc.cumulative_sum(pc.fill_null(files["num_records"], 0)).to_pylist()
-    enough = next((i + 1 for i, rows in enumerate(held) if rows >= limit), files.num_rows)
-    if newest_by is None:
-        files = files.slice(0, enough)
-    elif top in files.column_names and files[smallest].null_count == 0 and files["num_records"].null_count == 0:
-        bound = pc.min(files[smallest].slice(0, enough))
-        files = files.filter(pc.greater_equal(files[top], bound))
-    rows = _read_files(table.table_uri, files, list(dict.fromkeys([*names, *([newest_by] if newest_by else [])])))
-    if newest_by is not None:
-        rows = rows.take(pc.select_k_unstable(rows, k=min(limit, rows.num_rows), sort_keys=[(newest_by, "descending")]))
-        rows = rows.sort_by([(newest_by, "descending")])
-    return rows.slice(0, limit).select(names)
-
-
-def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = None) -> pa.Table:
-    """A whole local table (`local_delta_table`) at its latest version as Arrow, read without Spark:
-    for small tables a run reads often, such as the ingest ledger."""
-    names = columns or [field.name for field in table.schema().fields]
-    files = pa.table(table.get_add_actions(flatten=True))
-    if files.num_rows == 0:
-        return pa.table({name: pa.array([], pa.null()) for name in names})
-    return _read_files(table.table_uri, files, names)
-
-
-def iter_local_table(
-    table: deltalake.DeltaTable, columns: list[str], rows_per_batch: int = 200_000, order_by: str | None = None
-) -> Iterator[tuple[pa.Table, int]]:
-    """`columns` of a local table's live files at the version `table` was opened at, in batches of
-    about `rows_per_batch` rows (a large file is read a part at a time), with the table's total
-    row count: a whole table read in bounded memory. With `order_by` (a column with statistics),
-    the files come by their smallest value and each batch is sorted by it: nearly in that order.
-    A file gone meanwhile raises FileNotFoundError."""
-    files = pa.table(table.get_add_actions(flatten=True))
-    smallest = f"min.{order_by}"
-    if order_by is not None and smallest in files.column_names:
-        files = files.take(pc.sort_indices(files, sort_keys=[(smallest, "ascending", "at_start")]))
-    total = sum(count or 0 for count in files.column("num_records").to_pylist()) if files.num_rows else 0
-    parts: list[pa.Table] = []
-    held = 0
-    for file in files.to_pylist():
-        for part in _file_parts(table.table_uri, file, columns, rows_per_batch):
-            parts.append(part)
-            held += part.num_rows
-            if held >= rows_per_batch:
-                batch = _joined(parts, columns)
-                yield (batch.sort_by(order_by) if order_by is not None else batch), total
-                parts, held = [], 0
-    if parts:
-        batch = _joined(parts, columns)
-        yield (batch.sort_by(order_by) if order_by is not None else batch), total
-
-
-def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: int | None = None) -> Iterator[pa.Table]:
-    """`columns` of one data file (a delta-rs add action), whole or `rows_per_part` rows at a
-    time, with its partition values as columns. A file that does not read while the log still
-    references it raises DamagedTableError naming it; one gone because a newer version removed
-    it (a vacuum) raises FileNotFoundError, for the caller to read the newer snapshot. A path
-    that leaves the table (`delta_log.table_relative`, `resolve_in_table`) is never opened: a
-    local table raises DamagedTableError naming the commit or the symlink, one on S3
-    OutsideTableError."""
-    partition = {k.removeprefix("partition."): v for k, v in file.items() if k.startswith("partition.")}
-    root = unquote(table_uri.removeprefix("file://").removeprefix("file:"))
-    try:
-        relative = table_relative(file["path"])
-        local = None if is_s3(root) else resolve_in_table(root, relative)
-    except OutsideTableError as error:
-        if is_s3(root):
-            raise OutsideTableError(f"{root}: {error}") from None
-        raise outside_table_damage(root, error) from None
-    try:
-        if local is None:
-            filesystem, prefix = arrow_filesystem(root)
-            parquet = pq.ParquetFile(filesystem.open_input_file(f"{prefix}/{relative}"))
-        else:
-            parquet = pq.ParquetFile(local)
-        present = [c for c in columns if c in set(parquet.schema_arrow.names)]
-        if rows_per_part is None:
-            datas: Iterator[pa.Table] = iter([parquet.read(columns=present)])
-        else:
-            datas = (
-                pa.Table.from_batches([b]) for b in parquet.iter_batches(batch_size=rows_per_part, columns=present)
-            )
-        for data in datas:
-            for name in columns:
-                if name in partition and name not in data.column_names:  # a writer may store it in the file too
-                    data = data.append_column(name, pa.array([partition[name]] * data.num_rows))
-            yield data.select([name for name in columns if name in data.column_names])
-    except (OSError, pa.ArrowException) as error:
-        # The damage diagnosis reads a local log; on S3 the error names the object already.
-        if not is_s3(root) and (damage := data_file_damage(root, relative, error)) is not None:
-            raise damage from None
-        raise
-
-
-def _joined(parts: list[pa.Table], columns: list[str]) -> pa.Table:
-    """Parts of files as one table of `columns`: a column a file lacks is null there, as Delta
-    reads it; timestamps are Delta's, UTC: they come back UTC-aware."""
-    rows = pa.concat_tables(parts, promote_options="permissive")
-    for name in columns:
-        if name not in rows.column_names:
-            rows = rows.append_column(name, pa.nulls(rows.num_rows))
-    rows = rows.select(columns)
-    utc = [
-        pa.field(f.name, pa.timestamp(f.type.unit, tz="UTC")) if pa.types.is_timestamp(f.type) and not f.type.tz else f
-        for f in rows.schema
-    ]
-    return rows.cast(pa.schema(utc))
-
-
-def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table:
-    """`columns` of the data files in `files` (delta-rs's add actions), partition values included."""
-    return _joined([part for file in files.to_pylist() for part in _file_parts(table_uri, file, columns)], columns)
 
 
 def table_bytes(spark: SparkSession, path: str) -> int:
@@ -509,16 +323,3 @@ def retry_on_conflict(write: Callable[[], T], *, what: str, attempts: int = 8, b
             )
             time.sleep(delay)
     raise AssertionError("unreachable")
-
-
-def latest_version_on_disk(path: str) -> int | None:
-    """The newest commit of a Delta table on a local disk, by listing `_delta_log` (no JVM).
-
-    For sensors, which run in Dagster's daemon and should not start Spark to see whether a
-    table moved. None when there is no table. Remote roots need Spark (`current_version`).
-    """
-    log_dir = log_folder(path)
-    if not log_dir.is_dir():
-        return None
-    versions = [int(match.group(1)) for name in os.listdir(log_dir) if (match := COMMIT_FILE.match(name))]
-    return max(versions, default=None)

@@ -9,7 +9,7 @@ from databuild_assets.defs.event_log.jobs import ingest_and_refresh_job
 from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.ingest.landing_state import landing_state
 from databuild_assets.runtime.damage import new_commits_damage
-from databuild_assets.runtime.delta_tables import latest_version_on_disk
+from databuild_assets.runtime.delta_local import latest_version_on_disk
 from databuild_assets.runtime.lake import INGEST_LEDGER, RAW_EVENT_LOG, is_local
 from databuild_assets.runtime.object_store import is_s3
 

@@ -13,7 +13,8 @@ from databuild_assets.defs.resources import LakehouseResource
 from databuild_assets.log.serving.follower import follower_for
 from databuild_assets.projections.refresh_all import reflected_versions_on_disk
 from databuild_assets.runtime.damage import DamagedTableError, new_commits_damage
-from databuild_assets.runtime.delta_tables import current_version, latest_version_on_disk
+from databuild_assets.runtime.delta_local import latest_version_on_disk
+from databuild_assets.runtime.delta_tables import current_version
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, is_local
 from databuild_assets.runtime.object_store import is_s3
 

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, PostCommitHookProperties, write_deltalake
 
 from databuild_assets.log.serving.follower import DeltaFollower
-from databuild_assets.runtime.delta_tables import table_properties
+from databuild_assets.runtime.delta_local import table_properties
 from databuild_assets.runtime.file_modes import make_folders
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3

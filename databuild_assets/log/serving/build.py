@@ -23,7 +23,7 @@ from databuild_assets.log.serving.follower import DeltaFollower, follower_for
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, create_index_file
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import remove_index_files
-from databuild_assets.runtime.delta_tables import iter_local_table
+from databuild_assets.runtime.delta_local import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage, outside_table_damage
+from databuild_assets.runtime.delta_local import latest_version_on_disk, read_local_table, schema_version_of
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
     OutsideTableError,
@@ -34,7 +35,6 @@ from databuild_assets.runtime.delta_log import (
     resolve_in_table,
     table_relative,
 )
-from databuild_assets.runtime.delta_tables import latest_version_on_disk, read_local_table, schema_version_of
 from databuild_assets.runtime.object_store import arrow_filesystem, delta_rs_options, delta_rs_uri, is_s3
 
 # Reader features whose files a plain Parquet read would misread: rows only marked deleted,
@@ -115,7 +115,7 @@ class DeltaFollower:
         """`columns` of every live row at the table's latest version: its live files as delta-rs
         lists them, read with pyarrow (`read_local_table`: a column a file was written without
         is null there); sets `version`. For small tables (the tombstones): the raw log is read a
-        few files at a time (`runtime.delta_tables.iter_local_table`).
+        few files at a time (`runtime.delta_local.iter_local_table`).
 
         Not delta-rs's own `to_pyarrow_table`: a process that exits soon after it (a one-shot
         `databuild-assets query`) aborts at exit in most tries (deltalake 1.6.6, pyarrow 26)."""

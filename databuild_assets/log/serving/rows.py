@@ -7,7 +7,6 @@ computed by DuckDB over Arrow for a large table.
 
 from __future__ import annotations
 
-import duckdb
 import pyarrow as pa
 
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
@@ -46,6 +45,8 @@ def event_rows(events: pa.Table) -> list[tuple]:
     events = events.select(list(EVENT_COLUMNS))
     if events.num_rows < _VECTORIZED_FROM_ROWS:
         return [event_row(event) for event in events.to_pylist()]
+    import duckdb  # here: a reader that only appends and catches up never pays its import
+
     connection = duckdb.connect()
     try:
         connection.register("events", events)
