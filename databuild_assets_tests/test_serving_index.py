@@ -18,6 +18,7 @@ from pathlib import Path
 
 import deltalake
 import pyarrow.parquet as pq
+import pytest
 from dagster import materialize
 
 from databuild_assets.defs.maintenance.assets import tombstones
@@ -80,14 +81,18 @@ def test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp(l
     assert [path for path in _folder(lake).files() if path.endswith(".sqlite")] == [first_index]
 
 
-def test_a_fresh_process_opens_catches_up_and_answers_without_importing_pandas_or_duckdb(lake: Lake) -> None:
-    # A reader's start-up is mostly imports: pandas (pulled in by `pa.table()` over a foreign Arrow
-    # object) and DuckDB (a bulk conversion's) cost it more than its work.
+@pytest.mark.parametrize("tombstones", [[], ["data/never/written"]], ids=["empty_tombstones", "a_tombstone"])
+def test_a_fresh_process_opens_catches_up_and_answers_without_importing_pandas_or_duckdb(
+    lake: Lake, tombstones: list[str]
+) -> None:
+    # A reader's start-up is mostly imports: pandas (which pyarrow imports to convert any Python
+    # value, and to take a foreign Arrow object) and DuckDB (a bulk conversion's) cost it more
+    # than its work.
     events = list(generate_events(200, seed=5))
     with DeltaRsEventLog(lake) as log:
         log.append_events(events[:150])
     _append_behind_the_index(lake, events[150:])
-    request_erasure_without_spark(lake, "partition_ref", "data/never/written")  # the catch-up reads tombstones
+    request_erasure_without_spark(lake, "partition_ref", tombstones)  # the catch-up reads the tombstones
     script = (
         "import sys\n"
         "from databuild_assets.log import open_event_log\n"

@@ -108,7 +108,7 @@ def head_rows(
     files = add_actions(table)
     names = columns or [field.name for field in table.schema().fields]
     if files.num_rows == 0:
-        return pa.table({name: pa.array([], pa.null()) for name in names})
+        return pa.table({name: pa.nulls(0) for name in names})
     top, smallest = f"max.{newest_by}", f"min.{newest_by}"
     if newest_by is not None and top in files.column_names and files[smallest].null_count == 0:
         files = files.take(pc.sort_indices(files, sort_keys=[(top, "descending")]))
@@ -132,7 +132,7 @@ def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = No
     names = columns or [field.name for field in table.schema().fields]
     files = add_actions(table)
     if files.num_rows == 0:
-        return pa.table({name: pa.array([], pa.null()) for name in names})
+        return pa.table({name: pa.nulls(0) for name in names})
     return _read_files(table.table_uri, files, names)
 
 

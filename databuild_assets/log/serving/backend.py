@@ -399,7 +399,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         if removed:
             removed_ids = self._log.read(removed, ["event_id"])
             added_ids = (
-                self._log.read(added, ["event_id"]) if added else pa.table({"event_id": pa.array([], pa.string())})
+                self._log.read(added, ["event_id"]) if added else pa.table({"event_id": pa.nulls(0, pa.string())})
             )
             if removed_ids is None or added_ids is None:
                 return False
