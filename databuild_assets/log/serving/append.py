@@ -50,6 +50,12 @@ from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri
 # Spark and delta-rs truncate string statistics to this many characters.
 _STRING_STATS_PREFIX = 32
 _NS_PER_DAY = 86_400 * 10**9
+# A file of a service's append holds a few rows: a dictionary and page statistics per column cost
+# more to write than they save (the commit's `stats` are what skips files), and readers take the
+# types from Parquet's own schema, so the Arrow schema is not stored either. The file reads back
+# the same; compaction rewrites it with Spark's defaults.
+_FEW = 1_000
+_FEW_ROWS = {"use_dictionary": False, "write_statistics": False, "store_schema": False}
 
 
 class CommitConflictError(RuntimeError):
@@ -179,7 +185,7 @@ def write_data_files(
     for values, indexes in groups.items():
         part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
         relative, full = new_data_file(table_path, tuple(zip(partition_by, values, strict=True)))
-        pq.write_table(part, full, compression="snappy")
+        pq.write_table(part, full, compression="snappy", **(_FEW_ROWS if part.num_rows < _FEW else {}))
         actions.append(
             {
                 "add": {

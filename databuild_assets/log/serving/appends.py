@@ -80,8 +80,11 @@ class IndexedAppends:
             with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
                 for attempt in range(attempts):
                     index = self._catch_up(fresh=True)
-                    new = _new_events(index, events)
-                    if staged is not None and (tuple(new) != staged.event_ids or self._table is not staged.table):
+                    if staged is not None and index.stamp() == staged.stamp:
+                        new = staged.new  # the index has not moved since they were staged: the same dedupe
+                    else:
+                        new = _new_events(index, events)
+                    if staged is not None and (tuple(new) != tuple(staged.new) or self._table is not staged.table):
                         staged.discard()  # an event arrived meanwhile, or the table changed
                         staged = None
                     if not new:
@@ -122,14 +125,15 @@ class IndexedAppends:
         # The index as it is, not caught up: catching up now would wait for the SQLite write of
         # the appender holding the lock. A commit it missed is found by the dedupe under the lock.
         index = self._store()
+        stamp = index.stamp()  # before the dedupe: an index that moves after it has another stamp
         new = _new_events(index, events)
-        if not new or index.stamp().raw_log.version < 0:
+        if not new or stamp.raw_log.version < 0:
             return None
         if self._table is None:
             self._table = self._log.open_table()
         rows = raw_log_rows(new.values(), self.writer)
         actions = stage_locally(self._log.path, self._table, rows)
-        return None if actions is None else _Staged(self._log.path, self._table, tuple(new), rows, actions)
+        return None if actions is None else _Staged(self._log.path, self._table, stamp, new, rows, actions)
 
     def _index_own_append(
         self,
@@ -177,12 +181,13 @@ def _new_events(index: ServingIndex, events: list[Mapping[str, Any]]) -> dict[st
 
 @dataclass(frozen=True)
 class _Staged:
-    """Data files an append wrote before its commit, for the events `event_ids` of `table`: the
-    raw log `rows` they hold, and their `add` actions."""
+    """Data files an append wrote before its commit, for the events `new` of `table` that the
+    index did not hold at `stamp`: the raw log `rows` they hold, and their `add` actions."""
 
     path: str
     table: deltalake.DeltaTable
-    event_ids: tuple[str, ...]
+    stamp: Stamp
+    new: dict[str, tuple[int, dict[str, Any]]]
     rows: pa.Table
     actions: list[dict[str, Any]]
 
