@@ -552,22 +552,42 @@ def test_the_cold_ids_are_what_was_evicted_and_not_thawed(tmp_path: Path) -> Non
         assert entries == sorted(set(entries))
 
 
-def test_a_fresh_process_reads_a_cold_build_request_from_its_segment(lake: Lake) -> None:
+def test_a_fresh_process_reads_cold_keys_from_their_segments_without_importing_pandas(lake: Lake) -> None:
+    # pyarrow imports pandas to convert a Python value (pa.array): a one-shot reader of an old key
+    # would spend more on that import than on its answer (log/serving/arrow.py).
     events, request = _cold_request(lake, 600, seed=7)
+    ref = next(e["partition_event"]["partition_ref"] for e in events if e["build_request_id"] == request
+               and e["event_type"] == "partition_event")  # fmt: skip
+    job = next(e["job_event"]["job_run_id"] for e in events if e["build_request_id"] == request
+               and e["event_type"] == "job_event")  # fmt: skip
     code = (
         "import json, sys\n"
         "from databuild_assets.log import open_event_log\n"
+        "from databuild_assets.log.interface import EventFilter\n"
         "with open_event_log(sys.argv[1]) as log:\n"
-        "    print(json.dumps([e['event_id'] for e in log.get_build_request_events(sys.argv[2])]))\n"
+        "    ids = lambda found: [e['event_id'] for e in found]\n"
+        "    print(json.dumps(ids(log.get_build_request_events(sys.argv[2]))))\n"
+        "    page = log.list_events(filter=EventFilter(partition_refs=[sys.argv[3]]), limit=1000)\n"
+        "    print(json.dumps([ids(log.get_partition_events(sys.argv[3])), ids(log.get_job_run_events(sys.argv[4])),"
+        " ids(page.events)]))\n"
+        "print(json.dumps('pandas' in sys.modules))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, f"delta://{lake.root}", request],
+        [sys.executable, "-c", code, f"delta://{lake.root}", request, ref, job],
         capture_output=True, text=True, cwd=REPO_ROOT, check=True,
     )  # fmt: skip
     expected = [e["event_id"] for e in sorted(events, key=lambda e: (e["timestamp"], e["event_id"]))]
-    assert json.loads(done.stdout) == [i for i in expected if any(
+    requests_events, others, pandas = map(json.loads, done.stdout.splitlines())
+    assert requests_events == [i for i in expected if any(
         e["event_id"] == i and e["build_request_id"] == request for e in events
     )]  # fmt: skip
+    with SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        page = reference.list_events(filter=EventFilter(partition_refs=[ref]), limit=1000)
+        answers = [reference.get_partition_events(ref), reference.get_job_run_events(job), page.events]
+        assert others == [[e["event_id"] for e in found] for found in answers]
+    assert all(others)
+    assert pandas is False
 
 
 def test_the_index_keeps_only_hot_events_with_the_window_at_0(lake: Lake, capsys) -> None:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
+from databuild_assets.log.serving.arrow import all_true, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
 from databuild_assets.log.serving.publish import fetch_segment, touch_read
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
@@ -219,7 +220,9 @@ def read_segment_rows(
     table = file.read_row_groups(groups) if groups else file.schema_arrow.empty_table()
     if values is None:
         return table
-    return table.filter(pc.is_in(table.column(column), value_set=pa.array(values, table.schema.field(column).type)))
+    kind = table.schema.field(column).type
+    value_set = strings(values) if kind == pa.string() else pa.array(values, kind)
+    return table.filter(pc.is_in(table.column(column), value_set=value_set))
 
 
 def still_cold_in(connection: Any, segment: int, build_request_ids: Iterable[str]) -> list[str]:
@@ -289,7 +292,7 @@ class ColdReads:
         if not stale[0]:
             return table
         cold = still_cold_in(self._connection, segment, pc.unique(table.column("build_request_id")).to_pylist())
-        return table.filter(pc.is_in(table.column("build_request_id"), value_set=pa.array(cold, pa.string())))
+        return table.filter(pc.is_in(table.column("build_request_id"), value_set=strings(cold)))
 
     def _segment_rows(
         self, segment: int, column: str, values=None, by_partition=False, keep=None, first=None, spans=None
@@ -543,9 +546,9 @@ def _passes(table: pa.Table, after: tuple[int, str] | None, filter: EventFilter 
     selects (`listing`: the event ids that list one of its partitions), as an Arrow mask."""
 
     def among(column: str, values: Iterable[str]) -> pa.Array:
-        return pc.is_in(table.column(column), value_set=pa.array(list(values), pa.string()))
+        return pc.is_in(table.column(column), value_set=strings(values))
 
-    mask = pa.array([True] * table.num_rows, pa.bool_())
+    mask = all_true(table.num_rows)
     if after is not None:
         stamps, ids = table.column("timestamp"), table.column("event_id")
         later = pc.or_(pc.greater(stamps, after[0]), pc.and_(pc.equal(stamps, after[0]), pc.greater(ids, after[1])))

@@ -20,10 +20,10 @@ import os
 import sqlite3
 from collections.abc import Collection, Iterable
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from databuild_assets.events.enums import PartitionStatus
+from databuild_assets.log.serving.arrow import strings
 from databuild_assets.log.serving.cold import (
     JOB_RUN_HOLDERS,
     ROW_COLUMNS,
@@ -91,7 +91,7 @@ def _repin(connection: sqlite3.Connection, folder: str, segment: int, refs: Coll
     table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
     carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
     cold = still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
-    carried = carried.filter(pc.is_in(carried.column("build_request_id"), value_set=pa.array(cold, pa.string())))
+    carried = carried.filter(pc.is_in(carried.column("build_request_id"), value_set=strings(cold)))
     connection.execute("DELETE FROM temp.thawing")
     connection.execute("DELETE FROM temp.pinned")
     connection.executemany(
@@ -222,7 +222,7 @@ def cold_build_requests_holding(
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
         table = read_segment_rows(folder, segment, "event_id")
-        table = table.filter(pc.is_in(table.column("event_id"), value_set=pa.array(list(cold), pa.string())))
+        table = table.filter(pc.is_in(table.column("event_id"), value_set=strings(cold)))
         found.update(table.column("build_request_id").to_pylist())
     return cold_build_requests_among(connection, found)
 
