@@ -46,7 +46,10 @@ UV_PIN = $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
 PYSPARK_PIN = $(shell grep -o '"pyspark\[sql\]==[^"]*"' pyproject.toml | tr -d '"' | sed 's/\[sql\]//')
 WHEELS := .wheels
 # $(call uv_install,VENV_DIR): uv (from the main venv) installing into the venv at VENV_DIR.
-uv_install = VIRTUAL_ENV=$(CURDIR)/$(1) $(BIN)/uv pip install --quiet --find-links $(WHEELS) --python $(1)/bin/python
+# --compile-bytecode: the bytecode is written once here, not left to each process, which cannot write
+# it under PYTHONDONTWRITEBYTECODE or a read-only venv (a container's): importing dagster, pyspark.sql
+# and pandas took 6.3 s without it, 2.5 s with it, for ~20 s more at set-up.
+uv_install = VIRTUAL_ENV=$(CURDIR)/$(1) $(BIN)/uv pip install --quiet --compile-bytecode --find-links $(WHEELS) --python $(1)/bin/python
 # Its own target, so that a clone set up before it gets the wheel too.
 $(WHEELS)/.built: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
