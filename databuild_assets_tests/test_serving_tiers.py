@@ -151,6 +151,19 @@ def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(l
             assert _pages(log, filter) == _pages(reference, filter)
         assert log.get_build_request_events(request) == reference.get_build_request_events(request)
         assert log.get_job_run_events(runs[0]) == reference.get_job_run_events(runs[0])
+        _assert_row_groups_exact(log)
+
+
+def _assert_row_groups_exact(log: DeltaRsEventLog) -> None:
+    """Each cold build request names exactly the row groups of its segment's file holding its
+    rows (it is read from those, not from every group its time span meets)."""
+    index = log._store()
+    rows = index._connection.execute("SELECT build_request_id, segment, row_groups FROM cold_build_requests")
+    for build_request_id, segment, mask in rows:
+        file = parquet_file(cold.segment_paths(index.segment_folder, segment)[0])
+        owners = file.read(columns=["build_request_id"]).column(0).to_pylist()
+        holding = {n // cold.ROWS_PER_GROUP for n, owner in enumerate(owners) if owner == build_request_id}
+        assert cold.row_groups(mask) == sorted(holding)
 
 
 def test_refreshes_that_each_evict_a_few_build_requests_leave_merged_segments_not_one_each(
@@ -195,6 +208,7 @@ def _small_segments(lake: Lake, monkeypatch) -> list[dict[str, Any]]:
 def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_events_back(lake: Lake, monkeypatch) -> None:
     # A merge that thawed its segments wrote every event of them into the index and deleted them
     # again, holding the write lock the appends wait for: seconds under a service's load.
+    monkeypatch.setattr(cold, "ROWS_PER_GROUP", 50)  # files of many row groups: each build request names its own
     events = _small_segments(lake, monkeypatch)
     with DeltaRsEventLog(lake) as log:
         index = log._store()
@@ -214,6 +228,7 @@ def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_event
         # A partition keeps the latest events of the merged segment, not those of each one.
         assert connection.execute(pinned).fetchone()[0] < pins
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+        _assert_row_groups_exact(log)
     assert len(list(Path(folder, "segments").glob("segment-*.by-partition.parquet"))) == len(after)
 
 
@@ -443,9 +458,9 @@ def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_req
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
-def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_time_span_says(lake: Lake, monkeypatch) -> None:
+def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_row_groups_say(lake: Lake, monkeypatch) -> None:
     events, request = _cold_request(lake, 600, seed=9)
-    monkeypatch.setattr(thaw, "request_spans", lambda connection, ids: [(0, 0)])  # a span holding none
+    monkeypatch.setattr(thaw, "row_groups", lambda mask: [])  # a bitmask naming no row group
     late = bel_cases.partition_event("late-9", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
     with DeltaRsEventLog(lake) as log:
         log.append_events([late])

@@ -6,15 +6,16 @@ A segment is two files under `<index folder>/segments/`: `segment-<n>.parquet`, 
 `segment-<n>.by-partition.parquet`, one row per (partition_ref, event) for the events that carry
 or list a partition (the rows `event_listed_partitions` and `events.partition_ref` give), sorted
 by partition_ref. Both are zstd with row groups of `ROWS_PER_GROUP` rows: a partition's events
-are read from the row groups whose min/max holds it, a range's, a page's and a build request's
-(between its first and last timestamp) from those of their time; footers are read once per
+are read from the row groups whose min/max holds it, a range's and a page's from those of their
+time, and a build request's from the row groups `cold_build_requests.row_groups` names (a bitmask
+written with the segment: its rows' groups, however long it ran); footers are read once per
 process.
 
 `ColdReads` is mixed into the serving index: with no cold build request it answers as the
 reference does; with some, the index's rows of cold build requests (the pinned copies kept for
 the projections' refresh, evict.py) are left out and the segments' rows merged in.
 
-    rows = read_segment_rows(segments_folder, 3, "build_request_id", {"br-1"}, spans=[(t0, t1)])
+    rows = read_segment_rows(segments_folder, 3, "build_request_id", {"br-1"}, groups={0, 5})
     [event_from_row(row) for row in rows]
 """
 
@@ -71,7 +72,8 @@ CREATE TABLE IF NOT EXISTS cold_segments (
 );
 CREATE TABLE IF NOT EXISTS cold_build_requests (
     build_request_id TEXT PRIMARY KEY, segment INTEGER NOT NULL,
-    partition_counts TEXT NOT NULL  -- list_build_requests' counts of its events: {"status code": count}
+    partition_counts TEXT NOT NULL,  -- list_build_requests' counts of its events: {"status code": count}
+    row_groups BLOB NOT NULL  -- the row groups of the segment's file holding its rows: bit g, little-endian
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cold_partition_events (
     partition_ref TEXT NOT NULL, segment INTEGER NOT NULL, count INTEGER NOT NULL,
@@ -131,10 +133,11 @@ def _columns(rows: list[tuple], schema: pa.Schema) -> pa.Table:
     return pa.table(arrays, schema=schema)
 
 
-def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, int]:
+def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, int, dict[str, bytes]]:
     """Write segment `segment` of `rows` (index `events` rows), sorted by (timestamp, event_id)
     so a range or a page reads only the row groups of its time, and its by-partition companion
-    (sorted by ref); returns their (min, max) timestamp."""
+    (sorted by ref); returns their (min, max) timestamp and each build request's row groups
+    (`cold_build_requests.row_groups`)."""
     make_folders(folder)
     table = _columns(rows, SEGMENT_SCHEMA).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
     by_partition = []
@@ -151,7 +154,19 @@ def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, in
     _write_parquet(main, table)
     fsync_folder(folder)
     stamps = table.column("timestamp")
-    return pc.min(stamps).as_py(), pc.max(stamps).as_py()
+    return pc.min(stamps).as_py(), pc.max(stamps).as_py(), _row_groups(table.column("build_request_id").to_pylist())
+
+
+def _row_groups(build_request_ids: list[str]) -> dict[str, bytes]:
+    """Each build request's row groups in a file of rows whose build requests are
+    `build_request_ids`, in file order: a bitmask, bit g set when group g holds one of its rows.
+    Its time span would name every group between its first and last event, and at 10M events a
+    build request that ran an hour spans most of its segment."""
+    masks: dict[str, int] = {}
+    for position, build_request_id in enumerate(build_request_ids):
+        masks[build_request_id] = masks.get(build_request_id, 0) | 1 << position // ROWS_PER_GROUP
+    width = (len(build_request_ids) // ROWS_PER_GROUP) // 8 + 1
+    return {build_request_id: mask.to_bytes(width, "little") for build_request_id, mask in masks.items()}
 
 
 _footers: dict[tuple[str, int, int], pq.FileMetaData] = {}
@@ -197,17 +212,22 @@ def read_segment_rows(
     values: Collection[Any] | None = None,
     by_partition: bool = False,
     spans: Collection[tuple[int, int]] | None = None,
+    groups: Collection[int] | None = None,
 ) -> pa.Table:
     """The rows of a segment (its by-partition companion with `by_partition`) whose `column` is
-    in `values` (every row when None), read from the row groups whose min/max can hold one and,
-    with `spans`, whose timestamps meet one of those (low, high) intervals (both ends included)."""
+    in `values` (every row when None), read from the row groups `groups` when given, else from
+    those whose min/max can hold one and, with `spans`, whose timestamps meet one of those (low,
+    high) intervals (both ends included)."""
     file = parquet_file(segment_paths(folder, segment)[1 if by_partition else 0])
     if values is not None:
         values = sorted(set(values))
         if not values:
             return file.schema_arrow.empty_table()
-    if values is None and spans is None:
+    if values is None and spans is None and groups is None:
         return file.read()
+    if groups is not None:
+        table = file.read_row_groups(sorted(groups)) if groups else file.schema_arrow.empty_table()
+        return table if values is None else table.filter(_in(table, column, values))
     groups = []
     for number in range(file.metadata.num_row_groups):
         held = _min_max(file, number, column) if values is not None else None
@@ -218,11 +238,14 @@ def read_segment_rows(
             continue
         groups.append(number)
     table = file.read_row_groups(groups) if groups else file.schema_arrow.empty_table()
-    if values is None:
-        return table
+    return table if values is None else table.filter(_in(table, column, values))
+
+
+def _in(table: pa.Table, column: str, values: list[Any]) -> pa.Array:
+    """The mask of `table`'s rows whose `column` is one of `values`."""
     kind = table.schema.field(column).type
     value_set = strings(values) if kind == pa.string() else pa.array(values, kind)
-    return table.filter(pc.is_in(table.column(column), value_set=value_set))
+    return pc.is_in(table.column(column), value_set=value_set)
 
 
 def still_cold_in(connection: Any, segment: int, build_request_ids: Iterable[str]) -> list[str]:
@@ -238,18 +261,10 @@ def still_cold_in(connection: Any, segment: int, build_request_ids: Iterable[str
     ]
 
 
-def request_spans(connection: Any, build_request_ids: Iterable[str]) -> list[tuple[int, int]] | None:
-    """The (first, last) timestamps of each build request (its projection row): where its events
-    lie in a segment sorted by time. None when one has no row (read every row group then)."""
-    spans = []
-    for build_request_id in build_request_ids:
-        row = connection.execute(
-            "SELECT received_at, updated_at FROM main.build_requests WHERE build_request_id = ?", (build_request_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        spans.append((row[0], row[1]))
-    return spans
+def row_groups(mask: bytes) -> list[int]:
+    """The row groups a `cold_build_requests.row_groups` bitmask names."""
+    bits = int.from_bytes(mask, "little")
+    return [number for number in range(bits.bit_length()) if bits >> number & 1]
 
 
 def event_from_row(row: tuple) -> dict[str, Any]:
@@ -295,13 +310,13 @@ class ColdReads:
         return table.filter(pc.is_in(table.column("build_request_id"), value_set=strings(cold)))
 
     def _segment_rows(
-        self, segment: int, column: str, values=None, by_partition=False, keep=None, first=None, spans=None
+        self, segment: int, column: str, values=None, by_partition=False, keep=None, first=None, spans=None, groups=None
     ) -> list[tuple]:
         """A segment's live rows whose `column` is in `values` (all when None) within `spans` of
-        time (read_segment_rows), those `keep(table)` (an Arrow mask) selects, the `first` of them
+        time or in row `groups` (read_segment_rows), those `keep(table)` (an Arrow mask) selects, the `first` of them
         in (timestamp, event_id) order when given: filtered in Arrow, so only returned rows become
         Python tuples."""
-        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition, spans)
+        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition, spans, groups)
         table = self._live(segment, table)
         if keep is not None:
             table = table.filter(keep(table))
@@ -309,14 +324,18 @@ class ColdReads:
             table = _first_in_order(table, first)
         return _rows(table)
 
-    def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, list[str]]:
-        by_segment: dict[int, list[str]] = {}
+    def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, tuple[list[str], set[int]]]:
+        """The cold ones of `build_request_ids` by segment, with the row groups holding their rows."""
+        by_segment: dict[int, tuple[list[str], set[int]]] = {}
         for build_request_id in build_request_ids:
             row = self._connection.execute(
-                "SELECT segment FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,)
+                "SELECT segment, row_groups FROM main.cold_build_requests WHERE build_request_id = ?",
+                (build_request_id,),
             ).fetchone()
             if row is not None:
-                by_segment.setdefault(row[0], []).append(build_request_id)
+                ids, groups = by_segment.setdefault(row[0], ([], set()))
+                ids.append(build_request_id)
+                groups.update(row_groups(row[1]))
         return by_segment
 
     # -- the reference's reads, hot rows only, then merged with the segments' ------------------
@@ -347,9 +366,8 @@ class ColdReads:
             cold = self._cold_of([build_request_id])
             if not cold:  # hot (a thaw may have brought it back since the last try)
                 return hot(build_request_id, since_ns)
-            (segment,) = cold
-            spans = request_spans(self._connection, [build_request_id])
-            rows = self._segment_rows(segment, "build_request_id", [build_request_id], spans=spans)
+            ((segment, (_, groups)),) = cold.items()
+            rows = self._segment_rows(segment, "build_request_id", [build_request_id], groups=groups)
             return [event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns]
 
         return self._with_cold(read)
@@ -363,9 +381,8 @@ class ColdReads:
             hot = hot_events(job_run_id)
             owners = [row[0] for row in self._connection.execute(JOB_RUN_HOLDERS, (job_run_id,))]
             cold = []
-            for segment, build_request_ids in self._cold_of(owners).items():
-                spans = request_spans(self._connection, build_request_ids)
-                rows = self._segment_rows(segment, "build_request_id", build_request_ids, spans=spans)
+            for segment, (build_request_ids, groups) in self._cold_of(owners).items():
+                rows = self._segment_rows(segment, "build_request_id", build_request_ids, groups=groups)
                 cold.extend(event_from_row(row) for row in rows if row[6] == job_run_id)
             return _in_order(hot + cold)
 
@@ -449,10 +466,9 @@ class ColdReads:
                 among = self._segments_holding(filter) if filter is not None else None
                 return [event_from_row(row) for row in self._first_rows(start, keep_in, limit + 1, among)]
             cold = []
-            for segment, build_request_ids in self._cold_of(filter.build_request_ids).items():
-                spans = request_spans(self._connection, build_request_ids)
+            for segment, (ids, groups) in self._cold_of(filter.build_request_ids).items():
                 rows = self._segment_rows(
-                    segment, "build_request_id", build_request_ids, keep=keep_in(segment), first=limit + 1, spans=spans
+                    segment, "build_request_id", ids, keep=keep_in(segment), first=limit + 1, groups=groups
                 )
                 cold.extend(event_from_row(row) for row in rows)
             return _in_order(cold)[: limit + 1]
@@ -575,6 +591,7 @@ __all__ = [
     "event_from_row",
     "listed_partitions",
     "read_segment_rows",
+    "row_groups",
     "still_cold_in",
     "segment_paths",
     "write_segment",

@@ -287,7 +287,7 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
         table = parquet_file(segment_paths(folder, segment)[0]).read()
         rows.extend(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
     merged = _next_segment(connection, folder)
-    low, high = write_segment(folder, merged, rows)
+    low, high, groups = write_segment(folder, merged, rows)
     marks = ", ".join("?" * len(segments))
     live = 0
     requests = sorted({row[2] for row in rows})  # a segment not stale holds its build requests all cold
@@ -297,7 +297,7 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
                 f"SELECT COUNT(*) FROM main.cold_segments WHERE NOT stale AND segment IN ({marks})", segments
             ).fetchone()[0]
             if live == len(segments):
-                _switch_to_merged(connection, segments, requests, merged, (len(rows), low, high))
+                _switch_to_merged(connection, segments, requests, merged, (len(rows), low, high), groups)
     finally:
         if live != len(segments):  # given up, or the switch failed: no row names the new files
             for path in segment_paths(folder, merged):
@@ -306,19 +306,24 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
 
 
 def _switch_to_merged(
-    connection: sqlite3.Connection, segments: list[int], requests: list[str], merged: int, facts: tuple
+    connection: sqlite3.Connection,
+    segments: list[int],
+    requests: list[str],
+    merged: int,
+    facts: tuple,
+    groups: dict[str, bytes],
 ) -> None:
     """Inside the merge's transaction: the merged segment in place of `segments` (`facts`: its
-    events, min and max timestamp; `requests`: the build requests they hold), and the pins of
-    its build requests chosen again over all of them, so that a partition keeps the latest of
-    each kind of the merged segment, not of each one (each segment's pins hold the latest of its
-    own: the latest among them is the merged one's). The rows no longer pinned leave `events`
-    and join the partition counts."""
+    events, min and max timestamp; `requests`: the build requests they hold, `groups`: their row
+    groups in the merged file), and the pins of its build requests chosen again over all of them,
+    so that a partition keeps the latest of each kind of the merged segment, not of each one (each
+    segment's pins hold the latest of its own: the latest among them is the merged one's). The
+    rows no longer pinned leave `events` and join the partition counts."""
     marks = ", ".join("?" * len(segments))
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (merged, *facts))
-    connection.execute(
-        "UPDATE main.cold_build_requests SET segment = ? WHERE build_request_id IN (SELECT value FROM json_each(?))",
-        (merged, json.dumps(requests)),
+    connection.executemany(
+        "UPDATE main.cold_build_requests SET segment = ?, row_groups = ? WHERE build_request_id = ?",
+        ((merged, groups[build_request_id], build_request_id) for build_request_id in requests),
     )
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count) SELECT partition_ref, ?,"
@@ -403,7 +408,7 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
         f"SELECT {_COLUMNS} FROM {_FROZEN} ORDER BY build_request_id, timestamp, event_id"
     ).fetchall()
     segment = _next_segment(connection, folder)
-    low, high = write_segment(folder, segment, rows)
+    low, high, groups = write_segment(folder, segment, rows)
     pin_latest(connection, _FROZEN)
     connection.execute(_SLIM_PINNED)
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
@@ -415,8 +420,8 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     for build_request_id, status_code, count in connection.execute(counts):
         by_request[build_request_id][str(status_code)] = count
     connection.executemany(
-        "INSERT INTO main.cold_build_requests VALUES (?, ?, ?)",
-        ((i, segment, json.dumps(c, separators=(",", ":"))) for i, c in by_request.items()),
+        "INSERT INTO main.cold_build_requests VALUES (?, ?, ?, ?)",
+        ((i, segment, json.dumps(c, separators=(",", ":")), groups.get(i, b"")) for i, c in by_request.items()),
     )
     # partition_state.event_count counts the events carrying the ref: those deleted here are kept
     # as a count; a ref only listed gets a row of 0, its pointer to this segment.

@@ -71,8 +71,9 @@ from databuild_assets.log.sqlite.schema import (
 # (a job run's events pinned no more). 5: cold_job_runs lists only build requests other than the
 # job run's own. 6: cold_event_ids in buckets (cold_ids.py). 7: cold_build_requests.partition_counts.
 # 8: build_requests WITHOUT ROWID (sqlite/schema.py). 9: a thaw re-pins its segment's still-cold
-# rows (thaw.py `_repin`): a stale segment of an older index may miss pins.
-INDEX_FORMAT = 9
+# rows (thaw.py `_repin`): a stale segment of an older index may miss pins. 10:
+# cold_build_requests.row_groups (cold.py).
+INDEX_FORMAT = 10
 
 # partition_state.event_count counts the partition's events: those still in `events` and those a
 # segment holds (evict.py keeps their count; the pinned copies are in `events` and not counted).

@@ -29,7 +29,7 @@ from databuild_assets.log.serving.cold import (
     ROW_COLUMNS,
     SEGMENTS_FOLDER,
     read_segment_rows,
-    request_spans,
+    row_groups,
     still_cold_in,
 )
 from databuild_assets.log.serving.cold_ids import drop_cold_ids, known_cold_ids
@@ -134,9 +134,15 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
                 (json.dumps(ids),),
             )
         ]
-        table = read_segment_rows(folder, segment, "build_request_id", ids, spans=request_spans(connection, ids))
+        masks = connection.execute(
+            "SELECT row_groups FROM main.cold_build_requests"
+            " WHERE build_request_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(ids),),
+        )
+        groups = {number for (mask,) in masks for number in row_groups(mask)}
+        table = read_segment_rows(folder, segment, "build_request_id", ids, groups=groups)
         expected = sum(_event_counts(connection, ids))
-        if table.num_rows != expected:  # the projection's span missed rows: never lose them, read all
+        if table.num_rows != expected:  # never lose a row: read them all
             table = read_segment_rows(folder, segment, "build_request_id", ids)
         rows = list(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
         connection.execute("DELETE FROM temp.thawing")
