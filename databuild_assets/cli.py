@@ -221,7 +221,11 @@ def query(uri: str, method: str, arguments: list[str]) -> int:
             answer = getattr(log, method)(**keywords)
     except DamagedTableError as error:
         return _damaged("query", error)
-    print(to_json(answer))
+    try:
+        print(to_json(answer), flush=True)
+    except BrokenPipeError:  # the reader stopped early (`| head`): what it read was right
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would raise again
+        return 141  # as a tool killed by SIGPIPE (128 + 13)
     return 0
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from databuild_assets.log import EventLogNotFoundError, SqliteEventLog, open_event_log
 from databuild_assets.runtime.lake import LakeRootError
+from databuild_assets.workload import generate_events
 from databuild_assets_tests.bel_cases import one_build_events
 from databuild_assets_tests.support import REPO_ROOT, tree
 
@@ -135,6 +136,20 @@ def test_a_partition_ref_holding_an_equals_sign_is_still_a_positional_value(sqli
 
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "null"
+
+
+def test_a_query_whose_reader_stops_early_exits_quietly(tmp_path):
+    # `databuild-assets query ... | head`: a long answer into a pipe closed after its first bytes.
+    with SqliteEventLog(tmp_path / "bel.db") as log:
+        log.append_events(generate_events(2000, seed=4))
+    query = [sys.executable, "-m", "databuild_assets.cli", "query", f"sqlite://{tmp_path}/bel.db", "list_events"]
+    run = subprocess.run(
+        ["bash", "-c", 'set -o pipefail; "$@" | head -c 100 > /dev/null', "query", *query],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert run.stderr == ""
+    assert run.returncode == 141
 
 
 def test_a_query_answers_without_importing_dagster(sqlite_uri):
