@@ -460,7 +460,8 @@ def test_a_cold_job_run_pins_nothing_and_comes_back_hot_before_another_build_req
 
 def test_a_thaw_brings_back_every_row_of_a_build_request_whatever_its_row_groups_say(lake: Lake, monkeypatch) -> None:
     events, request = _cold_request(lake, 600, seed=9)
-    monkeypatch.setattr(thaw, "row_groups", lambda mask: [])  # a bitmask naming no row group
+    found = thaw.cold_by_segment  # each segment's row groups named as none
+    monkeypatch.setattr(thaw, "cold_by_segment", lambda *a: {s: (i, set()) for s, (i, _) in found(*a).items()})
     late = bel_cases.partition_event("late-9", 5, request, "data/late", bel_cases.P.PARTITION_AVAILABLE)
     with DeltaRsEventLog(lake) as log:
         log.append_events([late])

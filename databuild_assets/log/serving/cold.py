@@ -267,6 +267,20 @@ def row_groups(mask: bytes) -> list[int]:
     return [number for number in range(bits.bit_length()) if bits >> number & 1]
 
 
+def cold_by_segment(connection: Any, build_request_ids: Iterable[str]) -> dict[int, tuple[list[str], set[int]]]:
+    """The cold ones of `build_request_ids` by segment, with the row groups holding their rows."""
+    by_segment: dict[int, tuple[list[str], set[int]]] = {}
+    for build_request_id in dict.fromkeys(build_request_ids):
+        row = connection.execute(
+            "SELECT segment, row_groups FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,)
+        ).fetchone()
+        if row is not None:
+            ids, groups = by_segment.setdefault(row[0], ([], set()))
+            ids.append(build_request_id)
+            groups.update(row_groups(row[1]))
+    return by_segment
+
+
 def event_from_row(row: tuple) -> dict[str, Any]:
     """The event of a segment row, exactly as the reference backend returns it."""
     return _event_from_row(row[:5])
@@ -325,18 +339,7 @@ class ColdReads:
         return _rows(table)
 
     def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, tuple[list[str], set[int]]]:
-        """The cold ones of `build_request_ids` by segment, with the row groups holding their rows."""
-        by_segment: dict[int, tuple[list[str], set[int]]] = {}
-        for build_request_id in build_request_ids:
-            row = self._connection.execute(
-                "SELECT segment, row_groups FROM main.cold_build_requests WHERE build_request_id = ?",
-                (build_request_id,),
-            ).fetchone()
-            if row is not None:
-                ids, groups = by_segment.setdefault(row[0], ([], set()))
-                ids.append(build_request_id)
-                groups.update(row_groups(row[1]))
-        return by_segment
+        return cold_by_segment(self._connection, build_request_ids)
 
     # -- the reference's reads, hot rows only, then merged with the segments' ------------------
 
@@ -585,6 +588,7 @@ def _passes(table: pa.Table, after: tuple[int, str] | None, filter: EventFilter 
 __all__ = [
     "COLD_TABLES",
     "ColdReads",
+    "cold_by_segment",
     "HOT_EVENTS_VIEW",
     "JOB_RUN_HOLDERS",
     "SEGMENTS_FOLDER",

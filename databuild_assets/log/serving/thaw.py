@@ -28,8 +28,8 @@ from databuild_assets.log.serving.cold import (
     JOB_RUN_HOLDERS,
     ROW_COLUMNS,
     SEGMENTS_FOLDER,
+    cold_by_segment,
     read_segment_rows,
-    row_groups,
     still_cold_in,
 )
 from databuild_assets.log.serving.cold_ids import drop_cold_ids, known_cold_ids
@@ -113,19 +113,13 @@ def _repin(connection: sqlite3.Connection, folder: str, segment: int, refs: Coll
 def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
     """Bring cold build requests back into `events` (their segment marked stale); returns how many
     were cold. Inside the caller's write transaction."""
-    by_segment: dict[int, list[str]] = {}
-    for build_request_id in dict.fromkeys(build_request_ids):
-        row = connection.execute(
-            "SELECT segment FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,)
-        ).fetchone()
-        if row is not None:
-            by_segment.setdefault(row[0], []).append(build_request_id)
+    by_segment = cold_by_segment(connection, build_request_ids)
     if not by_segment:
         return 0
     work_tables(connection)
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     thawed = 0
-    for segment, ids in by_segment.items():
+    for segment, (ids, groups) in by_segment.items():
         pinned = [  # a cold build request's rows in `events` are its segment's pins
             row[0]
             for row in connection.execute(
@@ -134,12 +128,6 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
                 (json.dumps(ids),),
             )
         ]
-        masks = connection.execute(
-            "SELECT row_groups FROM main.cold_build_requests"
-            " WHERE build_request_id IN (SELECT value FROM json_each(?))",
-            (json.dumps(ids),),
-        )
-        groups = {number for (mask,) in masks for number in row_groups(mask)}
         table = read_segment_rows(folder, segment, "build_request_id", ids, groups=groups)
         expected = sum(_event_counts(connection, ids))
         if table.num_rows != expected:  # never lose a row: read them all
