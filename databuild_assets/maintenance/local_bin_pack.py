@@ -46,6 +46,7 @@ from databuild_assets.log.serving.append import (
 from databuild_assets.log.serving.checkpoints import checkpoint_if_due, open_listed
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.delta_log import commit_path
+from databuild_assets.runtime.file_modes import create_new_file
 
 # Delta's spark.databricks.delta.optimize.maxFileSize: the input bytes of one packed file.
 BIN_BYTES = 2**30
@@ -142,7 +143,11 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
         return part if part.schema.equals(schema) else part.cast(schema)
 
     try:
-        with pq.ParquetWriter(full, schema, compression="snappy") as writer, ThreadPoolExecutor(_READERS) as pool:
+        with (
+            os.fdopen(create_new_file(full), "wb") as sink,
+            pq.ParquetWriter(sink, schema, compression="snappy") as writer,
+            ThreadPoolExecutor(_READERS) as pool,
+        ):
             pending: list[pa.Table] = []
             pending_rows = 0
             for part in _in_order(pool, read, files):

@@ -76,7 +76,8 @@ def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[Non
         yield
         return
     restrict_umask()
-    make_folders(str(path.parent))
+    if not path.parent.is_dir():
+        make_folders(str(path.parent))
     with held_lock(path, "the commit lock", timeout_s):
         held.add(key)
         try:

@@ -76,6 +76,27 @@ def restrict_umask() -> int:
     return narrowed
 
 
+def create_new_file(path: str) -> int:
+    """A descriptor, open for writing, of a new file at `path` made with `file_mode()` (narrower
+    under a stricter umask), whatever the umask: refused (FileExistsError) when anything is there,
+    a symbolic link too."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+
+
+def write_new_file(path: str, data: bytes | memoryview) -> None:
+    """Write `data` as a new file at `path` (`create_new_file`).
+
+    write_new_file(os.path.join(folder, name), parquet_bytes)
+    """
+    descriptor = create_new_file(path)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view) :]
+    finally:
+        os.close(descriptor)
+
+
 def make_folders(path: str) -> None:
     """`path` and its missing parents, each made with `folder_mode()` (existing ones left as
     they are). Narrows the umask first (`restrict_umask`), so no folder is wider for a moment."""
@@ -98,10 +119,12 @@ def make_folders(path: str) -> None:
 
 __all__ = [
     "GROUP_READ_ENV",
+    "create_new_file",
     "current_umask",
     "file_mode",
     "folder_mode",
     "lake_umask",
     "make_folders",
     "restrict_umask",
+    "write_new_file",
 ]

@@ -43,7 +43,7 @@ from deltalake import CommitProperties, PostCommitHookProperties, write_deltalak
 
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.runtime.delta_local import table_properties
-from databuild_assets.runtime.file_modes import make_folders
+from databuild_assets.runtime.file_modes import make_folders, write_new_file
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
 
@@ -68,6 +68,11 @@ def raw_log_schema() -> pa.Schema:
     return pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
 
 
+@functools.cache
+def _raw_log_row_type() -> pa.StructType:
+    return pa.struct(list(raw_log_schema()))
+
+
 def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer: str) -> pa.Table:
     """Raw log rows of canonical events (with their place in the append), as the Spark writer
     stores them (source "writer:<writer>")."""
@@ -82,7 +87,8 @@ def raw_log_rows(indexed_events: Iterable[tuple[int, Mapping[str, Any]]], writer
             ingested_at=ingested_at,
         )
         rows.append(row)
-    return pa.Table.from_pylist(rows, schema=raw_log_schema())
+    # One struct array converted at once: the same table as Table.from_pylist, at half its cost.
+    return pa.Table.from_batches([pa.RecordBatch.from_struct_array(pa.array(rows, type=_raw_log_row_type()))])
 
 
 def commit_exactly(
@@ -135,6 +141,15 @@ def _stat(value: Any) -> Any:
     return value
 
 
+def _extremes(column: pa.ChunkedArray) -> tuple[Any, Any]:
+    """The least and greatest value of `column`, which holds at least one non-null value."""
+    if len(column) < _FEW:  # an append's few rows: Python's min and max cost less than a kernel's call
+        values = [value for value in column.to_pylist() if value is not None]
+        return min(values), max(values)
+    extremes = pc.min_max(column)
+    return extremes["min"].as_py(), extremes["max"].as_py()
+
+
 def statistics(rows: pa.Table, stats_columns: Sequence[str]) -> str:
     """The `stats` of an `add` action for `rows`: row count, and the minimum, maximum and null
     count of each of `stats_columns` the rows have (strings cut as Spark and delta-rs cut them)."""
@@ -145,8 +160,8 @@ def statistics(rows: pa.Table, stats_columns: Sequence[str]) -> str:
         column = rows.column(name)
         nulls[name] = column.null_count
         if column.null_count < len(column):
-            extremes = pc.min_max(column)
-            minimum[name], maximum[name] = _stat(extremes["min"].as_py()), _stat(extremes["max"].as_py())
+            least, greatest = _extremes(column)
+            minimum[name], maximum[name] = _stat(least), _stat(greatest)
     return json.dumps(
         {"numRecords": rows.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls},
         separators=(",", ":"),
@@ -160,12 +175,14 @@ def partition_text(value: Any) -> str | None:
 
 def new_data_file(table_path: str, partition: Sequence[tuple[str, str | None]]) -> tuple[str, str]:
     """A new data file's name in the table (relative, as a commit names it) and its path on disk,
-    in the folder of `partition` ((column, value as text) pairs), that folder made if missing."""
+    in the folder of `partition` ((column, value as text) pairs), that folder made if missing.
+    The caller creates the file with the project's mode (`file_modes.create_new_file`)."""
     folder = "/".join(f"{name}={value}" for name, value in partition)
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     relative = f"{folder}/{name}" if folder else name
     full = os.path.join(table_path, relative)
-    make_folders(os.path.dirname(full))  # narrows the umask first: the file is the owner's alone
+    if not os.path.isdir(os.path.dirname(full)):
+        make_folders(os.path.dirname(full))  # the owner's alone, whatever the umask
     return relative, full
 
 
@@ -185,13 +202,14 @@ def write_data_files(
     for values, indexes in groups.items():
         part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
         relative, full = new_data_file(table_path, tuple(zip(partition_by, values, strict=True)))
-        pq.write_table(part, full, compression="snappy", **(_FEW_ROWS if part.num_rows < _FEW else {}))
+        data = parquet_bytes(part)
+        write_new_file(full, data)
         actions.append(
             {
                 "add": {
                     "path": relative,
                     "partitionValues": dict(zip(partition_by, values, strict=True)),
-                    "size": os.path.getsize(full),
+                    "size": len(data),
                     "modificationTime": now_ms,
                     "dataChange": True,
                     "stats": statistics(part, stats_columns),
@@ -199,6 +217,17 @@ def write_data_files(
             }
         )
     return actions
+
+
+def parquet_bytes(rows: pa.Table) -> pa.Buffer:
+    """`rows` as the bytes of one Parquet file (snappy; a few rows without dictionaries, page
+    statistics or Arrow schema), written in memory so that the file is created once, whole, with
+    the project's mode (`write_new_file`)."""
+    sink = pa.BufferOutputStream()
+    options = _FEW_ROWS if rows.num_rows < _FEW else {}
+    with pq.ParquetWriter(sink, rows.schema, compression="snappy", **options) as writer:
+        writer.write_table(rows)
+    return sink.getvalue()
 
 
 def remove_data_files(table_path: str, actions: Sequence[Mapping[str, Any]]) -> None:
@@ -288,8 +317,7 @@ def _put_if_absent(path: str, text: str) -> None:
     """Write `path` whole or not at all, and only if it does not exist (a hard link of a
     finished temporary file: atomic on a local filesystem)."""
     temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(text)
+    write_new_file(temporary, text.encode())
     try:
         os.link(temporary, path)
     except FileExistsError:
@@ -368,6 +396,7 @@ __all__ = [
     "commit_files",
     "fast_layout",
     "new_data_file",
+    "parquet_bytes",
     "partition_text",
     "raw_log_rows",
     "raw_log_schema",
