@@ -140,6 +140,8 @@ class Checkpointer:
         self._guard = threading.Lock()
         self._newest = -1
         self._writing = False
+        # The newest checkpoint `_last_checkpoint` named when last read (-1: none; inf: not read).
+        self._read_last: float = math.inf
 
     def after_commit(self, version: int, configuration: dict[str, str]) -> bool:
         """Start writing a checkpoint of `version` (just committed by this process) when it is
@@ -157,7 +159,12 @@ class Checkpointer:
         return True
 
     def _due(self, version: int, configuration: dict[str, str]) -> bool:
+        # Checkpoints only move forward and the interval is never shorter than with no actions:
+        # until `version` is that far past the newest checkpoint read, none is due, unread.
+        if self._read_last <= version < self._read_last + checkpoint_interval(configuration, 0):
+            return False
         last, actions = last_checkpoint(self.table_path) or (None, 0)
+        self._read_last = -1 if last is None else last
         return checkpoint_due(version, last, actions, configuration)
 
     def _write(self, version: int, configuration: dict[str, str]) -> None:
