@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
+from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, PartitionStatus
 from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log.serving import evict
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
-from databuild_assets_tests.serving_support import erase_each_key_in_turn, files_holding
+from databuild_assets_tests.serving_support import erase_each_key_in_turn, files_holding, reference_answers
 
 
 def _cold(lake: Lake) -> dict[str, int]:
@@ -79,6 +80,101 @@ def test_erasing_a_pinning_build_request_a_late_event_brought_back_keeps_the_par
     with DeltaRsEventLog(lake) as service:  # a service's append: the build request comes back hot,
         service.append_events([late])  # and its segment stays stale on readers, which never evict
     erase_each_key_in_turn(lake, [*events, late], {"build_request_id": [pinning]})
+
+
+def _cold_events_in_turn(lake: Lake, events: list[dict[str, Any]], refreshes: int, monkeypatch) -> None:
+    """`events` appended in `refreshes` slices by time, the pipeline's refresh after each (window
+    0): each finished build request goes cold in the segment of its slice (none merged)."""
+    monkeypatch.setattr(evict, "MERGE_FANIN", 1000)
+    events = sorted(events, key=lambda e: (e["timestamp"], e["event_id"]))
+    size = -(-len(events) // refreshes)
+    for start in range(0, len(events), size):
+        with DeltaRsEventLog(lake) as log:
+            log.append_events(events[start : start + size])
+        refresh_serving_index(lake, hot_window_s=0)
+
+
+def _pins_and_segments(lake: Lake) -> tuple[dict[str, tuple[str, str, int]], dict[str, int]]:
+    """The pinned rows (event_id: partition_ref, build request, its segment) and each cold build
+    request's segment."""
+    with DeltaRsEventLog(lake) as log:
+        path = log._store().path
+    connection = sqlite3.connect(path)
+    try:
+        segment_of = dict(connection.execute("SELECT build_request_id, segment FROM cold_build_requests"))
+        pins = {
+            event_id: (ref, request, segment_of[request])
+            for event_id, ref, request in connection.execute(
+                "SELECT event_id, partition_ref, build_request_id FROM events WHERE partition_ref IS NOT NULL"
+            )
+            if request in segment_of
+        }
+    finally:
+        connection.close()
+    return pins, segment_of
+
+
+def _latest_of_each_kind(events: list[dict[str, Any]]) -> set[str]:
+    """The event ids partition_state's refresh picks per partition among `events`: the latest, the
+    latest partition event, with a job run, available, the latest delegation and invalidation."""
+    kinds = {
+        "partition_event": lambda p: [
+            "status",
+            *(["job run"] * (p.get("job_run_id") is not None)),
+            *(["available"] * (p["status_code"] == PartitionStatus.PARTITION_AVAILABLE)),
+        ],
+        "delegation_event": lambda p: ["delegation"],
+        "partition_invalidation_event": lambda p: ["invalidation"],
+    }
+    latest: dict[tuple[str, str], tuple[int, str]] = {}
+    for e in events:
+        if e["event_type"] in kinds:
+            payload = e[e["event_type"]]
+            for kind in ["latest", *kinds[e["event_type"]](payload)]:
+                key = (payload["partition_ref"], kind)
+                latest[key] = max(latest.get(key, (-1, "")), (e["timestamp"], e["event_id"]))
+    return {event_id for _, event_id in latest.values()}
+
+
+def test_a_partition_pins_the_latest_of_each_kind_once_over_every_segment(lake: Lake, monkeypatch) -> None:
+    events = list(generate_events(3000, seed=3))
+    _cold_events_in_turn(lake, events, refreshes=4, monkeypatch=monkeypatch)
+    pins, segment_of = _pins_and_segments(lake)
+    assert len(set(segment_of.values())) >= 3
+    assert set(pins) == _latest_of_each_kind([e for e in events if e["build_request_id"] in segment_of])
+    with DeltaRsEventLog(lake) as log:
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
+def test_erasing_a_partitions_pin_finds_its_older_cold_events_in_another_segment(lake: Lake, monkeypatch) -> None:
+    events = list(generate_events(3000, seed=3))
+    _cold_events_in_turn(lake, events, refreshes=4, monkeypatch=monkeypatch)
+    pins, segment_of = _pins_and_segments(lake)
+    carried: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["event_type"] == "partition_event" and e["build_request_id"] in segment_of:
+            carried.setdefault(e["partition_event"]["partition_ref"], []).append(e)
+
+    def next_latest_beyond_the_first_segment(ref: str, request: str) -> bool:
+        """The partition's cold events outside `request` are in two segments or more, none in
+        `request`'s, and the latest of them is not in the first of those segments."""
+        others = [e for e in carried[ref] if e["build_request_id"] != request]
+        segments = {segment_of[e["build_request_id"]] for e in others}
+        if len(segments) < 2 or segment_of[request] in segments:
+            return False
+        latest = max(others, key=lambda e: (e["timestamp"], e["event_id"]))
+        return segment_of[latest["build_request_id"]] != min(segments)
+
+    pinning = next(request for ref, request, _ in pins.values() if next_latest_beyond_the_first_segment(ref, request))
+
+    def pins_are_the_latest_then_refresh(_: list[str]) -> None:
+        # The readers' catch-up thawed it: the pins it held were replaced from the other segments.
+        pins, cold = _pins_and_segments(lake)
+        assert pinning not in cold
+        assert set(pins) == _latest_of_each_kind([e for e in events if e["build_request_id"] in cold])
+        refresh_serving_index(lake, hot_window_s=0)
+
+    erase_each_key_in_turn(lake, events, {"build_request_id": [pinning]}, after_each=pins_are_the_latest_then_refresh)
 
 
 # Through the Dagster jobs; `make test` proves the serving index's bytes clean after compaction in

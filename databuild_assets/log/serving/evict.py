@@ -4,9 +4,10 @@
 requests that are terminal and whose last event is older than the log's newest event minus the
 hot window are written to a new segment, then in one transaction recorded cold and their events
 deleted from the index, except the pinned ones. For each partition their events touch, the
-events the partition_state refresh SQL picks among them (the latest of each kind) stay in
-`events`, so a later refresh over what remains gives the reference's answer: the max over what
-remains is the max over all. A pinned partition event keeps an empty payload, which that SQL
+events the partition_state refresh SQL picks among all cold events (the latest of each kind, over
+every segment: a pin that a later-evicted row supersedes leaves) stay in `events`, so a later
+refresh over what remains gives the reference's answer: the max over what remains is the max
+over all. A pinned partition event keeps an empty payload, which that SQL
 never reads, and no pinned event lists partitions (reads of a cold build request's events go to
 its segment). A job run pins nothing (its job and cancel events live in one build request): its
 cold build requests come back hot before one of its job or cancel events is added or deleted
@@ -47,7 +48,7 @@ from databuild_assets.log.serving.cold import (
 )
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
 from databuild_assets.log.serving.store import IndexFolder
-from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, pin_latest, thaw, work_tables
+from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, keep_latest_pins, pin_latest, thaw, work_tables
 from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
 from databuild_assets.log.sqlite.schema import (
     PARTITION_COUNTS_OF_BUILD_REQUESTS,
@@ -109,6 +110,19 @@ _JOB_RUN_TYPES_SQL = ", ".join(f"'{name}'" for name in JOB_RUN_EVENT_TYPES)
 # The refresh SQL reads no payload field of a partition event (only a delegation's and an
 # invalidation's): a pinned one keeps an empty payload while its build request is cold. Its whole
 # row is in the segment; `thaw` puts the payload back.
+# The candidates of `keep_latest_pins` in an eviction: the rows it pins (temp.pinned) and the
+# pins already kept (the rows of cold build requests in `events`) of the partitions they carry.
+_PINS_OF_PINNED_REFS = (
+    "SELECT event_id FROM temp.pinned UNION SELECT e.event_id FROM main.events AS e"
+    " JOIN main.cold_build_requests AS c ON c.build_request_id = e.build_request_id WHERE e.partition_ref IN"
+    " (SELECT partition_ref FROM main.events WHERE event_id IN (SELECT event_id FROM temp.pinned))"
+)
+# The superseded pins of build requests evicted before (the evicting rows leave with the others).
+_DROP_SUPERSEDED_COLD_PINS = (
+    "DELETE FROM main.events WHERE event_id IN (SELECT s.event_id FROM temp.superseded AS s"
+    " JOIN main.events AS e USING (event_id) JOIN main.cold_build_requests AS c"
+    " ON c.build_request_id = e.build_request_id)"
+)
 _SLIM_PINNED = (
     "UPDATE main.events SET payload = '{}' WHERE event_type = 'partition_event'"
     " AND event_id IN (SELECT event_id FROM temp.pinned)"
@@ -168,6 +182,11 @@ def evict_building(
             _evict(connection, index_folder, window_ns, progress, building)
             with transaction(connection):
                 building.write(connection)
+                # Each segment pinned its own latest: of those, only the latest over all stay.
+                keep_latest_pins(connection, "SELECT event_id FROM temp.staying_pins")
+                connection.execute(
+                    "DELETE FROM temp.staying_pins WHERE event_id IN (SELECT event_id FROM temp.superseded)"
+                )
                 _keep_only_staying(connection)
             progress("serving index: the events that stay copied out and indexed")
             _evict(connection, index_folder, window_ns, progress, None)  # merges, if any
@@ -410,6 +429,9 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     segment = _next_segment(connection, folder)
     low, high, groups = write_segment(folder, segment, rows)
     pin_latest(connection, _FROZEN)
+    if building is None:  # the pins of the partitions these rows carry, over every segment
+        keep_latest_pins(connection, _PINS_OF_PINNED_REFS)
+        connection.execute(_DROP_SUPERSEDED_COLD_PINS)
     connection.execute(_SLIM_PINNED)
     connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
     counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(

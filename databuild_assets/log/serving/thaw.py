@@ -2,12 +2,12 @@
 
 `thaw` reads a build request's rows back from its segment into `events` (its partition counts
 taken off, its cold ids dropped) and marks the segment stale; the next eviction writes what the
-segment still holds into a new one; the segment's pins that were their rows are replaced by
-the latest of its still-cold rows (`_repin`), so that deleting the rows that came back never takes
-a partition's cold maximum out of `events`. It runs before a late event of a cold build request is
-added, before a tombstone hides one of its events or a compaction purges one, and before a job
-run of its changes (`thaw_job_runs`): a job run pins nothing, so its job and cancel events come
-back hot together before anything recomputes its row.
+segment still holds into a new one; the pins that were their rows are replaced by the latest of
+the still-cold rows of every segment holding those partitions (`_repin`), so that deleting the
+rows that came back never takes a partition's cold maximum out of `events`. It runs before a late
+event of a cold build request is added, before a tombstone hides one of its events or a
+compaction purges one, and before a job run of its changes (`thaw_job_runs`): a job run pins
+nothing, so its job and cancel events come back hot together before anything recomputes its row.
 
     with transaction(connection):
         thaw(connection, index_folder, cold_build_requests_among(connection, ["br-1"]))
@@ -41,6 +41,13 @@ _COLUMNS = ", ".join(ROW_COLUMNS)
 _WORK = """
 CREATE TEMP TABLE IF NOT EXISTS freezing (build_request_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TEMP TABLE IF NOT EXISTS pinned (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS pin_candidates (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS superseded (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS repinning (
+    segment INTEGER NOT NULL, event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL,
+    build_request_id TEXT NOT NULL, event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT,
+    job_run_id TEXT, status_code INTEGER
+);
 CREATE TEMP TABLE IF NOT EXISTS thawing (
     event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL,
     event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
@@ -71,6 +78,32 @@ def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
         )
 
 
+def keep_latest_pins(connection: sqlite3.Connection, candidates: str) -> None:
+    """Of `candidates` (a SELECT of the event ids of rows in `events`: the pins of cold build
+    requests, with the rows an eviction is pinning), only the latest of each kind per partition
+    stay pinned (temp.pinned): the cold tier pins a partition's cold maximum once, over every
+    segment, not once per segment. The others are listed in temp.superseded, and those of build
+    requests already cold join their segment's partition counts; the caller takes them out of
+    `events`. The maximum of each kind over all cold rows is the maximum of the segments' own, so
+    it is among the candidates."""
+    connection.execute("DELETE FROM temp.pin_candidates")
+    connection.execute(f"INSERT OR IGNORE INTO temp.pin_candidates {candidates}")
+    connection.execute("DELETE FROM temp.pinned")
+    pin_latest(connection, "(SELECT e.* FROM temp.pin_candidates AS p JOIN main.events AS e USING (event_id))")
+    connection.execute("DELETE FROM temp.superseded")
+    connection.execute(
+        "INSERT INTO temp.superseded SELECT event_id FROM temp.pin_candidates"
+        " WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
+    )
+    connection.execute(
+        "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
+        " SELECT e.partition_ref, c.segment, COUNT(*) FROM temp.superseded AS s JOIN main.events AS e USING (event_id)"
+        " JOIN main.cold_build_requests AS c ON c.build_request_id = e.build_request_id"
+        " GROUP BY e.partition_ref, c.segment"
+        " ON CONFLICT (partition_ref, segment) DO UPDATE SET count = count + excluded.count"
+    )
+
+
 def _take_off_counts(connection: sqlite3.Connection, segment: int, rows: str) -> None:
     """Take `rows` (a FROM ... WHERE of thawing rows `t`), now in `events`, off `segment`'s counts.
     Counted once per partition, then joined: a subquery per partition would scan every thawing
@@ -83,31 +116,39 @@ def _take_off_counts(connection: sqlite3.Connection, segment: int, rows: str) ->
     )
 
 
-def _repin(connection: sqlite3.Connection, folder: str, segment: int, refs: Collection[str]) -> None:
-    """After build requests left `segment` hot: the segment's pins of `refs` may have been their
-    rows, so the latest of each kind among its still-cold rows of each ref joins `events` (a
-    partition event's payload empty, as evict.py pins it) and leaves the segment's counts. A later
-    deletion of the hot rows then leaves each partition's cold maximum in `events`."""
-    table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
-    carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
-    cold = still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
-    carried = carried.filter(pc.is_in(carried.column("build_request_id"), value_set=strings(cold)))
-    connection.execute("DELETE FROM temp.thawing")
+def _repin(connection: sqlite3.Connection, folder: str, refs: Collection[str]) -> None:
+    """After build requests came back hot: the pins of `refs` may have been their rows, so the
+    latest of each kind among the still-cold rows of each ref, in every segment that holds it,
+    joins `events` (a partition event's payload empty, as evict.py pins it) and leaves that
+    segment's counts. A later deletion of the hot rows then leaves each partition's cold maximum
+    in `events`."""
+    connection.execute("DELETE FROM temp.repinning")
+    segments = connection.execute(
+        "SELECT DISTINCT segment FROM main.cold_partition_events"
+        " WHERE partition_ref IN (SELECT value FROM json_each(?))",
+        (json.dumps(sorted(refs)),),
+    ).fetchall()
+    for (segment,) in segments:
+        table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
+        carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
+        cold = still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
+        carried = carried.filter(pc.is_in(carried.column("build_request_id"), value_set=strings(cold)))
+        connection.executemany(
+            f"INSERT OR IGNORE INTO temp.repinning VALUES (?, {', '.join('?' * 8)})",
+            zip([segment] * carried.num_rows, *(carried.column(name).to_pylist() for name in ROW_COLUMNS), strict=True),
+        )
     connection.execute("DELETE FROM temp.pinned")
-    connection.executemany(
-        f"INSERT OR IGNORE INTO temp.thawing VALUES ({', '.join('?' * 8)})",
-        zip(*(carried.column(name).to_pylist() for name in ROW_COLUMNS), strict=True),
-    )
-    pin_latest(connection, "temp.thawing")
+    pin_latest(connection, "temp.repinning")
     new = (
-        "temp.thawing AS t WHERE t.event_id IN (SELECT event_id FROM temp.pinned)"
+        "temp.repinning AS t WHERE t.event_id IN (SELECT event_id FROM temp.pinned)"
         " AND NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
     )
-    _take_off_counts(connection, segment, new)
+    for (segment,) in segments:
+        _take_off_counts(connection, segment, f"{new} AND t.segment = {int(segment)}")
     slim = "CASE t.event_type WHEN 'partition_event' THEN '{}' ELSE t.payload END"
     columns = ", ".join(slim if name == "payload" else f"t.{name}" for name in ROW_COLUMNS)
     connection.execute(f"INSERT INTO main.events ({_COLUMNS}) SELECT {columns} FROM {new}")
-    connection.execute("DELETE FROM temp.thawing")
+    connection.execute("DELETE FROM temp.repinning")
 
 
 def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: Iterable[str]) -> int:
@@ -119,15 +160,16 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
     work_tables(connection)
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     thawed = 0
+    pinned: set[str] = set()
     for segment, (ids, groups) in by_segment.items():
-        pinned = [  # a cold build request's rows in `events` are its segment's pins
+        pinned.update(  # a cold build request's rows in `events` are pins
             row[0]
             for row in connection.execute(
                 "SELECT DISTINCT partition_ref FROM main.events WHERE partition_ref IS NOT NULL"
                 " AND build_request_id IN (SELECT value FROM json_each(?))",
                 (json.dumps(ids),),
             )
-        ]
+        )
         table = read_segment_rows(folder, segment, "build_request_id", ids, groups=groups)
         expected = sum(_event_counts(connection, ids))
         if table.num_rows != expected:  # never lose a row: read them all
@@ -158,9 +200,9 @@ def thaw(connection: sqlite3.Connection, index_folder: str, build_request_ids: I
             connection.execute("DELETE FROM main.cold_build_requests WHERE build_request_id = ?", (build_request_id,))
         connection.execute("UPDATE main.cold_segments SET stale = 1 WHERE segment = ?", (segment,))
         connection.execute("DELETE FROM temp.thawing")
-        if pinned:
-            _repin(connection, folder, segment, pinned)
         thawed += len(ids)
+    if pinned:
+        _repin(connection, folder, pinned)
     return thawed
 
 
@@ -247,6 +289,7 @@ __all__ = [
     "cold_build_requests_holding",
     "cold_build_requests_matching",
     "job_runs_of",
+    "keep_latest_pins",
     "pin_latest",
     "thaw",
     "thaw_job_runs",
