@@ -7,9 +7,9 @@ deleted from the index, except the pinned ones. For each partition their events 
 events the partition_state refresh SQL picks among all cold events (the latest of each kind, over
 every segment: a pin that a later-evicted row supersedes leaves) stay in `events`, so a later
 refresh over what remains gives the reference's answer: the max over what remains is the max
-over all. A pinned partition event keeps an empty payload, which that SQL
-never reads, and no pinned event lists partitions (reads of a cold build request's events go to
-its segment). A job run pins nothing (its job and cancel events live in one build request): its
+over all. A pinned partition event keeps an empty payload, which that SQL never reads, and no
+pinned event lists partitions (reads of a cold build request's events go to its segment). A job
+run pins nothing (its job and cancel events live in one build request): its
 cold build requests come back hot before one of its job or cancel events is added or deleted
 (`thaw_job_runs`). What the SQL would count over the evicted events is kept per key
 (`cold_partition_events`, `cold_build_requests.partition_counts`), and every evicted event id
@@ -107,9 +107,6 @@ _FROZEN = "(SELECT * FROM main.events WHERE build_request_id IN (SELECT build_re
 _JOB_RUN_TYPES_SQL = ", ".join(f"'{name}'" for name in JOB_RUN_EVENT_TYPES)
 
 
-# The refresh SQL reads no payload field of a partition event (only a delegation's and an
-# invalidation's): a pinned one keeps an empty payload while its build request is cold. Its whole
-# row is in the segment; `thaw` puts the payload back.
 # The candidates of `keep_latest_pins` in an eviction: the rows it pins (temp.pinned) and the
 # pins already kept (the rows of cold build requests in `events`) of the partitions they carry.
 _PINS_OF_PINNED_REFS = (
@@ -123,6 +120,9 @@ _DROP_SUPERSEDED_COLD_PINS = (
     " JOIN main.events AS e USING (event_id) JOIN main.cold_build_requests AS c"
     " ON c.build_request_id = e.build_request_id)"
 )
+# The refresh SQL reads no payload field of a partition event (only a delegation's and an
+# invalidation's): a pinned one keeps an empty payload while its build request is cold. Its whole
+# row is in the segment; `thaw` puts the payload back.
 _SLIM_PINNED = (
     "UPDATE main.events SET payload = '{}' WHERE event_type = 'partition_event'"
     " AND event_id IN (SELECT event_id FROM temp.pinned)"
