@@ -41,7 +41,10 @@ _COLUMNS = ", ".join(ROW_COLUMNS)
 _WORK = """
 CREATE TEMP TABLE IF NOT EXISTS freezing (build_request_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TEMP TABLE IF NOT EXISTS pinned (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
-CREATE TEMP TABLE IF NOT EXISTS pin_candidates (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS pin_candidates (
+    event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL,
+    event_type TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
+);
 CREATE TEMP TABLE IF NOT EXISTS superseded (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TEMP TABLE IF NOT EXISTS repinning (
     segment INTEGER NOT NULL, event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL,
@@ -86,10 +89,15 @@ def keep_latest_pins(connection: sqlite3.Connection, candidates: str) -> None:
     requests already cold join their segment's partition counts; the caller takes them out of
     `events`. The maximum of each kind over all cold rows is the maximum of the segments' own, so
     it is among the candidates."""
+    # The candidates' rows read once: the picks below scan them six times.
     connection.execute("DELETE FROM temp.pin_candidates")
-    connection.execute(f"INSERT OR IGNORE INTO temp.pin_candidates {candidates}")
+    connection.execute(
+        "INSERT OR IGNORE INTO temp.pin_candidates SELECT e.event_id, e.timestamp, e.build_request_id,"
+        f" e.event_type, e.partition_ref, e.job_run_id, e.status_code FROM ({candidates}) AS p"
+        " JOIN main.events AS e USING (event_id)"
+    )
     connection.execute("DELETE FROM temp.pinned")
-    pin_latest(connection, "(SELECT e.* FROM temp.pin_candidates AS p JOIN main.events AS e USING (event_id))")
+    pin_latest(connection, "temp.pin_candidates")
     connection.execute("DELETE FROM temp.superseded")
     connection.execute(
         "INSERT INTO temp.superseded SELECT event_id FROM temp.pin_candidates"
@@ -97,9 +105,9 @@ def keep_latest_pins(connection: sqlite3.Connection, candidates: str) -> None:
     )
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
-        " SELECT e.partition_ref, c.segment, COUNT(*) FROM temp.superseded AS s JOIN main.events AS e USING (event_id)"
-        " JOIN main.cold_build_requests AS c ON c.build_request_id = e.build_request_id"
-        " GROUP BY e.partition_ref, c.segment"
+        " SELECT p.partition_ref, c.segment, COUNT(*) FROM temp.pin_candidates AS p"
+        " JOIN main.cold_build_requests AS c ON c.build_request_id = p.build_request_id"
+        " WHERE p.event_id IN (SELECT event_id FROM temp.superseded) GROUP BY p.partition_ref, c.segment"
         " ON CONFLICT (partition_ref, segment) DO UPDATE SET count = count + excluded.count"
     )
 
