@@ -177,6 +177,34 @@ def test_erasing_a_partitions_pin_finds_its_older_cold_events_in_another_segment
     erase_each_key_in_turn(lake, events, {"build_request_id": [pinning]}, after_each=pins_are_the_latest_then_refresh)
 
 
+def test_a_delegation_and_an_invalidation_pinned_again_from_an_older_segment_keep_their_payloads(lake: Lake) -> None:
+    # The refresh SQL reads a delegation's target and an invalidation's reason: a re-pin from
+    # another segment, which reads rows without payloads, must bring those two back whole.
+    ref, BR, P = "data/x", bel_cases.BR, bel_cases.P
+
+    def build(request: str, at: int, target: str, reason: str) -> list[dict[str, Any]]:
+        return [
+            bel_cases.build_request_event(f"{request}-1", at, request, BR.BUILD_REQUEST_RECEIVED, [ref]),
+            bel_cases.partition_event(f"{request}-2", at + 1, request, ref, P.PARTITION_AVAILABLE),
+            bel_cases.delegation_event(f"{request}-3", at + 2, request, ref, target),
+            bel_cases.invalidation_event(f"{request}-4", at + 3, request, ref, reason),
+            bel_cases.build_request_event(f"{request}-5", at + 4, request, BR.BUILD_REQUEST_COMPLETED),
+        ]
+
+    older, newer = build("br-old", 1_000, "br-old-target", "old reason"), build("br-new", 2_000, "br-new-target", "new")
+    for events in (older, newer):  # a segment each
+        with DeltaRsEventLog(lake) as log:
+            log.append_events(events)
+        refresh_serving_index(lake, hot_window_s=0)
+    pins, segment_of = _pins_and_segments(lake)
+    assert {request for _, request, _ in pins.values()} == {"br-new"} and len(set(segment_of.values())) == 2
+    hidden = erase_each_key_in_turn(lake, older + newer, {"build_request_id": ["br-new"]})
+    assert hidden == newer
+    with DeltaRsEventLog(lake) as log:
+        (summary,) = log.list_recent_partitions()
+    assert (summary.delegated_to_build_request_id, summary.invalidation_reason) == ("br-old-target", "old reason")
+
+
 # Through the Dagster jobs; `make test` proves the serving index's bytes clean after compaction in
 # test_serving_index.py (an erased value leaves the index's bytes). Extended tier.
 @pytest.mark.extended

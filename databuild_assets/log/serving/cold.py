@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -213,20 +213,28 @@ def read_segment_rows(
     by_partition: bool = False,
     spans: Collection[tuple[int, int]] | None = None,
     groups: Collection[int] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """The rows of a segment (its by-partition companion with `by_partition`) whose `column` is
     in `values` (every row when None), read from the row groups `groups` when given, else from
     those whose min/max can hold one and, with `spans`, whose timestamps meet one of those (low,
-    high) intervals (both ends included)."""
+    high) intervals (both ends included); only `columns` (with `column`) when given."""
     file = parquet_file(segment_paths(folder, segment)[1 if by_partition else 0])
+    if columns is not None:
+        columns = list(dict.fromkeys([*columns, column]))
+
+    def empty() -> pa.Table:  # only when nothing is read: an empty table's arrays import pandas
+        table = file.schema_arrow.empty_table()
+        return table if columns is None else table.select(columns)
+
     if values is not None:
         values = sorted(set(values))
         if not values:
-            return file.schema_arrow.empty_table()
+            return empty()
     if values is None and spans is None and groups is None:
-        return file.read()
+        return file.read(columns=columns)
     if groups is not None:
-        table = file.read_row_groups(sorted(groups)) if groups else file.schema_arrow.empty_table()
+        table = file.read_row_groups(sorted(groups), columns=columns) if groups else empty()
         return table if values is None else table.filter(_in(table, column, values))
     groups = []
     for number in range(file.metadata.num_row_groups):
@@ -237,7 +245,7 @@ def read_segment_rows(
         if stamps is not None and not any(low <= stamps[1] and stamps[0] <= high for low, high in spans):
             continue
         groups.append(number)
-    table = file.read_row_groups(groups) if groups else file.schema_arrow.empty_table()
+    table = file.read_row_groups(groups, columns=columns) if groups else empty()
     return table if values is None else table.filter(_in(table, column, values))
 
 

@@ -37,6 +37,7 @@ from databuild_assets.log.sqlite.schema import select_listed_partitions
 
 JOB_RUN_EVENT_TYPES = ("job_event", "task_cancel_event")
 _COLUMNS = ", ".join(ROW_COLUMNS)
+_UNLESS_PAYLOAD = [name for name in ROW_COLUMNS if name != "payload"]
 
 _WORK = """
 CREATE TEMP TABLE IF NOT EXISTS freezing (build_request_id TEXT PRIMARY KEY) WITHOUT ROWID;
@@ -129,7 +130,9 @@ def _repin(connection: sqlite3.Connection, folder: str, refs: Collection[str]) -
     latest of each kind among the still-cold rows of each ref, in every segment that holds it,
     joins `events` (a partition event's payload empty, as evict.py pins it) and leaves that
     segment's counts. A later deletion of the hot rows then leaves each partition's cold maximum
-    in `events`."""
+    in `events`. The rows are read without their payloads, which only a picked delegation or
+    invalidation needs (read again for those): a large partition's rows in every segment are
+    read here."""
     connection.execute("DELETE FROM temp.repinning")
     segments = connection.execute(
         "SELECT DISTINCT segment FROM main.cold_partition_events"
@@ -137,13 +140,15 @@ def _repin(connection: sqlite3.Connection, folder: str, refs: Collection[str]) -
         (json.dumps(sorted(refs)),),
     ).fetchall()
     for (segment,) in segments:
-        table = read_segment_rows(folder, segment, "key", refs, by_partition=True)
+        table = read_segment_rows(folder, segment, "key", refs, by_partition=True, columns=_UNLESS_PAYLOAD)
         carried = table.filter(pc.equal(table.column("key"), table.column("partition_ref")))
         cold = still_cold_in(connection, segment, pc.unique(carried.column("build_request_id")).to_pylist())
         carried = carried.filter(pc.is_in(carried.column("build_request_id"), value_set=strings(cold)))
+        payloads = ["{}"] * carried.num_rows  # read for the picks that need one, below
+        values = [payloads if name == "payload" else carried.column(name).to_pylist() for name in ROW_COLUMNS]
         connection.executemany(
             f"INSERT OR IGNORE INTO temp.repinning VALUES (?, {', '.join('?' * 8)})",
-            zip([segment] * carried.num_rows, *(carried.column(name).to_pylist() for name in ROW_COLUMNS), strict=True),
+            zip([segment] * carried.num_rows, *values, strict=True),
         )
     connection.execute("DELETE FROM temp.pinned")
     pin_latest(connection, "temp.repinning")
@@ -151,6 +156,12 @@ def _repin(connection: sqlite3.Connection, folder: str, refs: Collection[str]) -
         "temp.repinning AS t WHERE t.event_id IN (SELECT event_id FROM temp.pinned)"
         " AND NOT EXISTS (SELECT 1 FROM main.events AS e WHERE e.event_id = t.event_id)"
     )
+    for segment, ref, event_id in connection.execute(  # payloads the refresh SQL reads
+        f"SELECT t.segment, t.partition_ref, t.event_id FROM {new} AND t.event_type <> 'partition_event'"
+    ).fetchall():
+        table = read_segment_rows(folder, segment, "key", [ref], by_partition=True)
+        payload = table.filter(pc.equal(table.column("event_id"), event_id)).column("payload")[0].as_py()
+        connection.execute("UPDATE temp.repinning SET payload = ? WHERE event_id = ?", (payload, event_id))
     for (segment,) in segments:
         _take_off_counts(connection, segment, f"{new} AND t.segment = {int(segment)}")
     slim = "CASE t.event_type WHEN 'partition_event' THEN '{}' ELSE t.payload END"
