@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from databuild_assets.runtime.durable import fsync_folder
-from databuild_assets.runtime.file_modes import file_mode, make_folders
+from databuild_assets.runtime.file_modes import create_new_file, file_mode, make_folders
 from databuild_assets.runtime.lake import is_local, plain_path
 from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
 
@@ -62,8 +62,7 @@ class LocalFiles:
         with the project's modes whatever the umask (runtime/file_modes.py): an erasure's rewrite
         of a landing file holds the values it kept."""
         make_folders(os.path.dirname(self.path(uri)))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        descriptor = os.open(self.path(uri), flags, file_mode())
+        descriptor = create_new_file(self.path(uri))
         os.fchmod(descriptor, file_mode())
         return os.fdopen(descriptor, "wb")
 

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
-from databuild_assets.runtime.file_modes import file_mode, make_folders, restrict_umask
+from databuild_assets.runtime.file_modes import create_new_file, file_mode, make_folders, restrict_umask
 from databuild_assets.runtime.lake import is_local
 from databuild_assets.runtime.lock_files import held_lock
 from databuild_assets.runtime.private_folders import private_folder
@@ -195,7 +195,7 @@ def _create_private_file(path: str, keep_open: bool = False) -> int | None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+    descriptor = create_new_file(path)
     os.fchmod(descriptor, file_mode())
     if keep_open:
         return descriptor
