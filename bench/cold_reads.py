@@ -41,8 +41,8 @@ from bench.query_path import percentile
 from databuild_assets.log import load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
-from databuild_assets.log.serving.cold import SEGMENT_SCHEMA
 from databuild_assets.log.serving.rows import event_rows
+from databuild_assets.log.serving.segment_files import SEGMENT_SCHEMA
 from databuild_assets.workload import generate_events
 
 ROW_GROUPS = (4_096, 16_384, 65_536)

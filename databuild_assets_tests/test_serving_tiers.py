@@ -21,7 +21,7 @@ from deltalake import write_deltalake
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES, BuildRequestStatus
 from databuild_assets.log.interface import EventFilter, canonical_event
-from databuild_assets.log.serving import cold, cold_ids, evict, thaw
+from databuild_assets.log.serving import cold, cold_ids, evict, segment_files, thaw
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.cold import parquet_file
@@ -121,7 +121,7 @@ def test_the_default_window_keeps_the_last_hour_of_log_time_hot_and_inf_keeps_ev
 
 
 def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(lake: Lake, monkeypatch) -> None:
-    monkeypatch.setattr(cold, "ROWS_PER_GROUP", 50)  # segments of many row groups
+    monkeypatch.setattr(segment_files, "ROWS_PER_GROUP", 50)  # segments of many row groups
     monkeypatch.setattr(evict, "SEGMENT_EVENTS", 700)  # and several segments, their times overlapping
     events = list(generate_events(3000, seed=8))
     with DeltaRsEventLog(lake) as log:
@@ -160,9 +160,9 @@ def _assert_row_groups_exact(log: DeltaRsEventLog) -> None:
     index = log._store()
     rows = index._connection.execute("SELECT build_request_id, segment, row_groups FROM cold_build_requests")
     for build_request_id, segment, mask in rows:
-        file = parquet_file(cold.segment_paths(index.segment_folder, segment)[0])
+        file = parquet_file(segment_files.segment_paths(index.segment_folder, segment)[0])
         owners = file.read(columns=["build_request_id"]).column(0).to_pylist()
-        holding = {n // cold.ROWS_PER_GROUP for n, owner in enumerate(owners) if owner == build_request_id}
+        holding = {n // segment_files.ROWS_PER_GROUP for n, owner in enumerate(owners) if owner == build_request_id}
         assert cold.row_groups(mask) == sorted(holding)
 
 
@@ -208,7 +208,7 @@ def _small_segments(lake: Lake, monkeypatch) -> list[dict[str, Any]]:
 def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_events_back(lake: Lake, monkeypatch) -> None:
     # A merge that thawed its segments wrote every event of them into the index and deleted them
     # again, holding the write lock the appends wait for: seconds under a service's load.
-    monkeypatch.setattr(cold, "ROWS_PER_GROUP", 50)  # files of many row groups: each build request names its own
+    monkeypatch.setattr(segment_files, "ROWS_PER_GROUP", 50)  # files of many row groups: each build request names its own
     events = _small_segments(lake, monkeypatch)
     with DeltaRsEventLog(lake) as log:
         index = log._store()

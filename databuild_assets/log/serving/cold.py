@@ -5,11 +5,11 @@ A segment is two files under `<index folder>/segments/`: `segment-<n>.parquet`, 
 `events` rows of the build requests it holds, sorted by (timestamp, event_id), and
 `segment-<n>.by-partition.parquet`, one row per (partition_ref, event) for the events that carry
 or list a partition (the rows `event_listed_partitions` and `events.partition_ref` give), sorted
-by partition_ref. Both are zstd with row groups of `ROWS_PER_GROUP` rows: a partition's events
-are read from the row groups whose min/max holds it, a range's and a page's from those of their
-time, and a build request's from the row groups `cold_build_requests.row_groups` names (a bitmask
-written with the segment: its rows' groups, however long it ran); footers are read once per
-process.
+by partition_ref (segment_files.py writes them). Both are zstd with row groups of
+`ROWS_PER_GROUP` rows: a partition's events are read from the row groups whose min/max holds it,
+a range's and a page's from those of their time, and a build request's from the row groups
+`cold_build_requests.row_groups` names (a bitmask written with the segment: its rows' groups,
+however long it ran); footers are read once per process.
 
 `ColdReads` is mixed into the serving index: with no cold build request it answers as the
 reference does; with some, the index's rows of cold build requests (the pinned copies kept for
@@ -36,30 +36,11 @@ from databuild_assets.log.interface import EventFilter, EventPage, check_page, d
 from databuild_assets.log.serving.arrow import all_true, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
 from databuild_assets.log.serving.publish import fetch_segment, touch_read
+from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
-from databuild_assets.runtime.durable import fsync_file, fsync_folder
-from databuild_assets.runtime.file_modes import file_mode, make_folders
 
 SEGMENTS_FOLDER = "segments"
-ROWS_PER_GROUP = 4096
-ROW_COLUMNS = (
-    "event_id", "timestamp", "build_request_id", "event_type", "payload", "partition_ref", "job_run_id", "status_code",
-)  # fmt: skip
-SEGMENT_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("timestamp", pa.int64()),
-        ("build_request_id", pa.string()),
-        ("event_type", pa.string()),
-        ("payload", pa.string()),
-        ("partition_ref", pa.string()),
-        ("job_run_id", pa.string()),
-        ("status_code", pa.int64()),
-    ]
-)
-BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
-_LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
 
 # The cold tables of the index (INDEX_FORMAT 3; 4 cold_job_runs.job_events; 5 cold_job_runs only
 # for build requests other than the job run's own; 6 the cold ids in buckets; 7 partition counts
@@ -98,75 +79,6 @@ HOT_EVENTS_VIEW = """
 CREATE TEMP VIEW IF NOT EXISTS hot_events AS SELECT * FROM main.events
 WHERE build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requests)
 """
-
-
-def segment_paths(folder: str, segment: int) -> tuple[str, str]:
-    """The files of segment `segment`: its events by build request, and by partition."""
-    base = os.path.join(folder, f"segment-{segment}")
-    return base + ".parquet", base + ".by-partition.parquet"
-
-
-def listed_partitions(event_type: str, payload: str) -> set[str]:
-    """The partition refs an event row lists (sqlite/schema.py `select_listed_partitions`)."""
-    field = _LISTS.get(event_type)
-    if field is None:
-        return set()
-    listed = json.loads(payload).get(field)
-    return {ref for ref in listed if isinstance(ref, str)} if isinstance(listed, list) else set()
-
-
-def _write_parquet(path: str, table: pa.Table) -> None:
-    """`table` at `path`, made 0600 (file_modes) through a temporary name, fsynced."""
-    building = path + ".building"
-    descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
-    os.fchmod(descriptor, file_mode())
-    with os.fdopen(descriptor, "wb") as file:
-        pq.write_table(table, file, row_group_size=ROWS_PER_GROUP, compression="zstd")
-    fsync_file(building)
-    os.replace(building, path)
-
-
-def _columns(rows: list[tuple], schema: pa.Schema) -> pa.Table:
-    """`rows` (tuples in `schema`'s order) as an Arrow table, built column by column."""
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
-    arrays = [pa.array(column, field.type) for column, field in zip(columns, schema, strict=True)]
-    return pa.table(arrays, schema=schema)
-
-
-def write_segment(folder: str, segment: int, rows: list[tuple]) -> tuple[int, int, dict[str, bytes]]:
-    """Write segment `segment` of `rows` (index `events` rows), sorted by (timestamp, event_id)
-    so a range or a page reads only the row groups of its time, and its by-partition companion
-    (sorted by ref); returns their (min, max) timestamp and each build request's row groups
-    (`cold_build_requests.row_groups`)."""
-    make_folders(folder)
-    table = _columns(rows, SEGMENT_SCHEMA).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
-    by_partition = []
-    for row in rows:
-        keys = listed_partitions(row[3], row[4])
-        if row[5] is not None:
-            keys.add(row[5])
-        by_partition.extend((key, *row) for key in keys)
-    companion = _columns(by_partition, BY_PARTITION_SCHEMA).sort_by(
-        [("key", "ascending"), ("timestamp", "ascending"), ("event_id", "ascending")]
-    )
-    main, partitions = segment_paths(folder, segment)
-    _write_parquet(partitions, companion)
-    _write_parquet(main, table)
-    fsync_folder(folder)
-    stamps = table.column("timestamp")
-    return pc.min(stamps).as_py(), pc.max(stamps).as_py(), _row_groups(table.column("build_request_id").to_pylist())
-
-
-def _row_groups(build_request_ids: list[str]) -> dict[str, bytes]:
-    """Each build request's row groups in a file of rows whose build requests are
-    `build_request_ids`, in file order: a bitmask, bit g set when group g holds one of its rows.
-    Its time span would name every group between its first and last event, and at 10M events a
-    build request that ran an hour spans most of its segment."""
-    masks: dict[str, int] = {}
-    for position, build_request_id in enumerate(build_request_ids):
-        masks[build_request_id] = masks.get(build_request_id, 0) | 1 << position // ROWS_PER_GROUP
-    width = (len(build_request_ids) // ROWS_PER_GROUP) // 8 + 1
-    return {build_request_id: mask.to_bytes(width, "little") for build_request_id, mask in masks.items()}
 
 
 _footers: dict[tuple[str, int, int], pq.FileMetaData] = {}
@@ -601,10 +513,7 @@ __all__ = [
     "JOB_RUN_HOLDERS",
     "SEGMENTS_FOLDER",
     "event_from_row",
-    "listed_partitions",
     "read_segment_rows",
     "row_groups",
     "still_cold_in",
-    "segment_paths",
-    "write_segment",
 ]

@@ -38,15 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
-from databuild_assets.log.serving.cold import (
-    ROW_COLUMNS,
-    SEGMENTS_FOLDER,
-    parquet_file,
-    segment_paths,
-    still_cold_in,
-    write_segment,
-)
+from databuild_assets.log.serving.cold import SEGMENTS_FOLDER, parquet_file, still_cold_in
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
+from databuild_assets.log.serving.segment_files import ROW_COLUMNS, rows_table, segment_paths, write_segment
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, keep_latest_pins, pin_latest, thaw, work_tables
 from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
@@ -105,6 +99,12 @@ def hot_window_ns(window_s: float | None = None) -> int | None:
 
 _FROZEN = "(SELECT * FROM main.events WHERE build_request_id IN (SELECT build_request_id FROM temp.freezing))"
 _JOB_RUN_TYPES_SQL = ", ".join(f"'{name}'" for name in JOB_RUN_EVENT_TYPES)
+# list_build_requests' counts of the evicting build requests (cold_build_requests.partition_counts).
+_COUNTS_OF_FROZEN = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
+    "FROM events\n    WHERE build_request_id IN (SELECT value FROM json_each(?)) AND", "FROM temp.frozen WHERE"
+)
+if _COUNTS_OF_FROZEN == PARTITION_COUNTS_OF_BUILD_REQUESTS:
+    raise ImportError("sqlite/schema.py PARTITION_COUNTS_OF_BUILD_REQUESTS changed: evict.py reads it of temp.frozen")
 
 
 # The candidates of `keep_latest_pins` in an eviction: the rows it pins (temp.pinned) and the
@@ -152,12 +152,14 @@ def evict(
 
 @contextlib.contextmanager
 def _eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
-    previous_cache = connection.execute("PRAGMA cache_size").fetchone()[0]
-    connection.execute(f"PRAGMA cache_size = -{EVICTION_CACHE_KIB}")
+    previous = [connection.execute(f"PRAGMA {schema}.cache_size").fetchone()[0] for schema in ("main", "temp")]
+    for schema in ("main", "temp"):
+        connection.execute(f"PRAGMA {schema}.cache_size = -{EVICTION_CACHE_KIB}")
     try:
         yield
     finally:
-        connection.execute(f"PRAGMA cache_size = {previous_cache}")
+        for schema, size in zip(("main", "temp"), previous, strict=True):
+            connection.execute(f"PRAGMA {schema}.cache_size = {size}")
 
 
 def evict_building(
@@ -270,6 +272,7 @@ def _evict(
             break
         for group in merging:
             _merge(connection, folder, group)
+    connection.execute("DELETE FROM temp.frozen")  # the last segment's rows, out of memory
     _shrink_if_mostly_free(connection)
     return evicted
 
@@ -301,22 +304,19 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
     which wait for the index's write lock, wait only for that switch (a merge that thawed the
     segments and evicted them again held it for seconds). False, with nothing changed, when a
     thaw (a late event, a tombstone) made one of them stale meanwhile: the next round rewrites it."""
-    rows: list[tuple] = []
-    for segment in segments:
-        table = parquet_file(segment_paths(folder, segment)[0]).read()
-        rows.extend(zip(*(table.column(name).to_pylist() for name in ROW_COLUMNS), strict=True))
+    rows = pa.concat_tables(parquet_file(segment_paths(folder, segment)[0]).read() for segment in segments)
     merged = _next_segment(connection, folder)
     low, high, groups = write_segment(folder, merged, rows)
     marks = ", ".join("?" * len(segments))
     live = 0
-    requests = sorted({row[2] for row in rows})  # a segment not stale holds its build requests all cold
+    requests = sorted(groups)  # a segment not stale holds its build requests all cold
     try:
         with transaction(connection):
             live = connection.execute(
                 f"SELECT COUNT(*) FROM main.cold_segments WHERE NOT stale AND segment IN ({marks})", segments
             ).fetchone()[0]
             if live == len(segments):
-                _switch_to_merged(connection, segments, requests, merged, (len(rows), low, high), groups)
+                _switch_to_merged(connection, segments, requests, merged, (rows.num_rows, low, high), groups)
     finally:
         if live != len(segments):  # given up, or the switch failed: no row names the new files
             for path in segment_paths(folder, merged):
@@ -423,23 +423,21 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     connection.execute("DELETE FROM temp.freezing")
     connection.execute("DELETE FROM temp.pinned")
     connection.executemany("INSERT INTO temp.freezing VALUES (?)", ((i,) for i in chosen))
-    rows = connection.execute(
-        f"SELECT {_COLUMNS} FROM {_FROZEN} ORDER BY build_request_id, timestamp, event_id"
-    ).fetchall()
+    # Their rows copied once: what follows reads them ten times, and `events` at 10M is mostly
+    # not in SQLite's cache.
+    connection.execute("DELETE FROM temp.frozen")
+    connection.execute(f"INSERT INTO temp.frozen SELECT {_COLUMNS} FROM {_FROZEN}")
+    rows = rows_table(connection.execute(f"SELECT {_COLUMNS} FROM temp.frozen"))
     segment = _next_segment(connection, folder)
     low, high, groups = write_segment(folder, segment, rows)
-    pin_latest(connection, _FROZEN)
+    pin_latest(connection, "temp.frozen")
     if building is None:  # the pins of the partitions these rows carry, over every segment
         keep_latest_pins(connection, _PINS_OF_PINNED_REFS)
         connection.execute(_DROP_SUPERSEDED_COLD_PINS)
     connection.execute(_SLIM_PINNED)
-    connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, len(rows), low, high))
-    counts = PARTITION_COUNTS_OF_BUILD_REQUESTS.replace(
-        "build_request_id IN (SELECT value FROM json_each(?))",
-        "build_request_id IN (SELECT build_request_id FROM temp.freezing)",
-    )
+    connection.execute("INSERT INTO main.cold_segments VALUES (?, ?, ?, ?, 0)", (segment, rows.num_rows, low, high))
     by_request: dict[str, dict[str, int]] = {build_request_id: {} for build_request_id in chosen}
-    for build_request_id, status_code, count in connection.execute(counts):
+    for build_request_id, status_code, count in connection.execute(_COUNTS_OF_FROZEN):
         by_request[build_request_id][str(status_code)] = count
     connection.executemany(
         "INSERT INTO main.cold_build_requests VALUES (?, ?, ?, ?)",
@@ -449,14 +447,14 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     # as a count; a ref only listed gets a row of 0, its pointer to this segment.
     connection.execute(
         "INSERT OR IGNORE INTO main.cold_partition_events SELECT DISTINCT listed.value, ?, 0 FROM ("
-        + select_listed_partitions("e", source=f"{_FROZEN} AS e, ")
+        + select_listed_partitions("e", source="temp.frozen AS e, ")
         + ") AS listed",
         (segment,),
     )
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"
-        f" SELECT partition_ref, ?, COUNT(*) FILTER (WHERE event_id NOT IN (SELECT event_id FROM temp.pinned))"
-        f" FROM {_FROZEN} WHERE partition_ref IS NOT NULL GROUP BY partition_ref"
+        " SELECT partition_ref, ?, COUNT(*) FILTER (WHERE event_id NOT IN (SELECT event_id FROM temp.pinned))"
+        " FROM temp.frozen WHERE partition_ref IS NOT NULL GROUP BY partition_ref"
         " ON CONFLICT (partition_ref, segment) DO UPDATE SET count = excluded.count",
         (segment,),
     )
@@ -464,26 +462,27 @@ def _evict_one(connection: sqlite3.Connection, folder: str, window_ns: int, buil
     # others that hold events of it are listed.
     connection.execute(
         "INSERT OR IGNORE INTO main.cold_job_runs SELECT job_run_id, build_request_id,"
-        f" MAX(event_type IN ({_JOB_RUN_TYPES_SQL})) FROM {_FROZEN} AS f WHERE job_run_id IS NOT NULL"
+        f" MAX(event_type IN ({_JOB_RUN_TYPES_SQL})) FROM temp.frozen AS f WHERE job_run_id IS NOT NULL"
         " AND NOT EXISTS (SELECT 1 FROM main.job_runs AS r"
         " WHERE r.job_run_id = f.job_run_id AND r.build_request_id = f.build_request_id)"
         " GROUP BY job_run_id, build_request_id"
     )
+    event_ids = rows.column("event_id").to_pylist()
     if building is not None:  # the rows stay until `_keep_only_staying`, and the ids are written once
-        building.add(row[0] for row in rows)
+        building.add(event_ids)
         connection.execute("INSERT OR IGNORE INTO temp.staying_pins SELECT event_id FROM temp.pinned")
-        return len(rows)
-    add_cold_ids(connection, (row[0] for row in rows))
+        return rows.num_rows
+    add_cold_ids(connection, event_ids)
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.
     # By the table's own key (the refs their rows list), not by event_id: that would scan it whole.
     connection.execute(
         "DELETE FROM main.event_listed_partitions WHERE (partition_ref, timestamp, event_id) IN ("
-        + select_listed_partitions("e", source=f"{_FROZEN} AS e, ")
+        + select_listed_partitions("e", source="temp.frozen AS e, ")
         + ")"
     )
-    leaving = f"SELECT event_id FROM {_FROZEN} WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
+    leaving = "SELECT event_id FROM temp.frozen WHERE event_id NOT IN (SELECT event_id FROM temp.pinned)"
     connection.execute(f"DELETE FROM main.events WHERE event_id IN ({leaving})")
-    return len(rows)
+    return rows.num_rows
 
 
 def _count_deleted(connection: sqlite3.Connection, deleted: int) -> None:

@@ -242,6 +242,7 @@ def create_index_file(path: str) -> sqlite3.Connection:
     connection.execute("PRAGMA journal_mode = OFF")
     connection.execute("PRAGMA synchronous = OFF")
     connection.execute("PRAGMA cache_size = -65536")
+    connection.execute("PRAGMA mmap_size = 2147418112")
     _pragmas(connection, temp_store="FILE")
     connection.executescript(SCHEMA + _INDEX_TABLES)
     connection.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")

@@ -26,13 +26,13 @@ from databuild_assets.events.enums import PartitionStatus
 from databuild_assets.log.serving.arrow import strings
 from databuild_assets.log.serving.cold import (
     JOB_RUN_HOLDERS,
-    ROW_COLUMNS,
     SEGMENTS_FOLDER,
     cold_by_segment,
     read_segment_rows,
     still_cold_in,
 )
 from databuild_assets.log.serving.cold_ids import drop_cold_ids, known_cold_ids
+from databuild_assets.log.serving.segment_files import ROW_COLUMNS
 from databuild_assets.log.sqlite.schema import select_listed_partitions
 
 JOB_RUN_EVENT_TYPES = ("job_event", "task_cancel_event")
@@ -47,6 +47,10 @@ CREATE TEMP TABLE IF NOT EXISTS pin_candidates (
     event_type TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
 );
 CREATE TEMP TABLE IF NOT EXISTS superseded (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS frozen (
+    event_id TEXT NOT NULL, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL, event_type TEXT NOT NULL,
+    payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
+);
 CREATE TEMP TABLE IF NOT EXISTS repinning (
     segment INTEGER NOT NULL, event_id TEXT NOT NULL PRIMARY KEY, timestamp INTEGER NOT NULL,
     build_request_id TEXT NOT NULL, event_type TEXT NOT NULL, payload TEXT NOT NULL, partition_ref TEXT,

@@ -1,0 +1,147 @@
+"""Writing a cold segment's two files (cold.py reads them; docs/decisions/0051).
+
+A segment is `segment-<n>.parquet`, the index's `events` rows of the build requests it holds,
+sorted by (timestamp, event_id), and `segment-<n>.by-partition.parquet`, one row per (ref, event)
+for the refs an event carries (`partition_ref`) or lists (a build request's requested partitions,
+a job's targets), sorted by ref. Rows arrive as Arrow (an eviction's rows from SQLite as one
+struct array, a merge's from the segments' own files): a segment of 262,144 events is sorted,
+fanned out by ref and written by Arrow, with Python touching only the payloads that list refs.
+
+    low, high, groups = write_segment(folder, 7, rows_table(connection.execute("SELECT * FROM events")))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from databuild_assets.runtime.durable import fsync_file, fsync_folder
+from databuild_assets.runtime.file_modes import file_mode, make_folders
+
+ROWS_PER_GROUP = 4096
+ROW_COLUMNS = (
+    "event_id", "timestamp", "build_request_id", "event_type", "payload", "partition_ref", "job_run_id", "status_code",
+)  # fmt: skip
+SEGMENT_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("timestamp", pa.int64()),
+        ("build_request_id", pa.string()),
+        ("event_type", pa.string()),
+        ("payload", pa.string()),
+        ("partition_ref", pa.string()),
+        ("job_run_id", pa.string()),
+        ("status_code", pa.int64()),
+    ]
+)
+BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
+_LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
+_ROW_TYPE = pa.struct(list(SEGMENT_SCHEMA))
+
+
+def segment_paths(folder: str, segment: int) -> tuple[str, str]:
+    """The files of segment `segment`: its events by build request, and by partition."""
+    base = os.path.join(folder, f"segment-{segment}")
+    return base + ".parquet", base + ".by-partition.parquet"
+
+
+def listed_partitions(event_type: str, payload: str) -> set[str]:
+    """The partition refs an event row lists (sqlite/schema.py `select_listed_partitions`)."""
+    field = _LISTS.get(event_type)
+    if field is None:
+        return set()
+    listed = json.loads(payload).get(field)
+    return {ref for ref in listed if isinstance(ref, str)} if isinstance(listed, list) else set()
+
+
+def rows_table(rows: Iterable[tuple]) -> pa.Table:
+    """Index `events` rows (tuples in ROW_COLUMNS order, as SQLite returns them) as a table of
+    SEGMENT_SCHEMA: one struct array, not a Python list per column."""
+    return pa.Table.from_struct_array(pa.array(list(rows), _ROW_TYPE))
+
+
+def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, dict[str, bytes]]:
+    """Write segment `segment` of `rows` (SEGMENT_SCHEMA, not empty) and its by-partition
+    companion; returns their (min, max) timestamp and each build request's row groups
+    (`cold_build_requests.row_groups`)."""
+    make_folders(folder)
+    table = rows.select(list(ROW_COLUMNS)).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
+    companion = _by_partition(table)
+    main, partitions = segment_paths(folder, segment)
+    _write_parquet(partitions, companion)
+    _write_parquet(main, table)
+    fsync_folder(folder)
+    stamps = table.column("timestamp")
+    return pc.min(stamps).as_py(), pc.max(stamps).as_py(), _row_groups(table.column("build_request_id").to_pylist())
+
+
+def _by_partition(table: pa.Table) -> pa.Table:
+    """A row of `table` for each ref it carries or lists, with that ref as `key` (a ref both
+    carried and listed by one event, once), sorted by (key, timestamp, event_id): the order is
+    found on those three columns, then every column taken once."""
+    refs = table.column("partition_ref")
+    carrying = pc.indices_nonzero(pc.is_valid(refs))
+    listing = pc.indices_nonzero(pc.is_in(table.column("event_type"), value_set=pa.array(list(_LISTS))))
+    positions, keys = [], []
+    if len(listing):
+        chosen = table.take(listing)
+        for position, event_type, payload, ref in zip(
+            listing.to_pylist(),
+            *(chosen.column(name).to_pylist() for name in ("event_type", "payload", "partition_ref")),
+            strict=True,
+        ):
+            listed = listed_partitions(event_type, payload)
+            listed.discard(ref)
+            positions.extend([position] * len(listed))
+            keys.extend(sorted(listed))
+    order = pa.concat_arrays([carrying.cast(pa.int64()), pa.array(positions, pa.int64())])
+    key = pa.concat_arrays([refs.take(carrying).combine_chunks(), pa.array(keys, pa.string())])
+    sorting = pa.table(
+        {
+            "key": key,
+            "timestamp": table.column("timestamp").take(order),
+            "event_id": table.column("event_id").take(order),
+        }
+    )
+    ranks = pc.sort_indices(sorting, [("key", "ascending"), ("timestamp", "ascending"), ("event_id", "ascending")])
+    return table.take(order.take(ranks)).add_column(0, "key", key.take(ranks))
+
+
+def _write_parquet(path: str, table: pa.Table) -> None:
+    """`table` at `path`, made 0600 (file_modes) through a temporary name, fsynced."""
+    building = path + ".building"
+    descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+    os.fchmod(descriptor, file_mode())
+    with os.fdopen(descriptor, "wb") as file:
+        pq.write_table(table, file, row_group_size=ROWS_PER_GROUP, compression="zstd")
+    fsync_file(building)
+    os.replace(building, path)
+
+
+def _row_groups(build_request_ids: list[str]) -> dict[str, bytes]:
+    """Each build request's row groups in a file of rows whose build requests are
+    `build_request_ids`, in file order: a bitmask, bit g set when group g holds one of its rows.
+    Its time span would name every group between its first and last event, and at 10M events a
+    build request that ran an hour spans most of its segment."""
+    masks: dict[str, int] = {}
+    for position, build_request_id in enumerate(build_request_ids):
+        masks[build_request_id] = masks.get(build_request_id, 0) | 1 << position // ROWS_PER_GROUP
+    width = (len(build_request_ids) // ROWS_PER_GROUP) // 8 + 1
+    return {build_request_id: mask.to_bytes(width, "little") for build_request_id, mask in masks.items()}
+
+
+__all__ = [
+    "BY_PARTITION_SCHEMA",
+    "ROWS_PER_GROUP",
+    "ROW_COLUMNS",
+    "SEGMENT_SCHEMA",
+    "listed_partitions",
+    "rows_table",
+    "segment_paths",
+    "write_segment",
+]
