@@ -47,6 +47,7 @@ CREATE TEMP TABLE IF NOT EXISTS pin_candidates (
     event_type TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
 );
 CREATE TEMP TABLE IF NOT EXISTS superseded (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TEMP TABLE IF NOT EXISTS evictable (build_request_id TEXT NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS frozen (
     event_id TEXT NOT NULL, timestamp INTEGER NOT NULL, build_request_id TEXT NOT NULL, event_type TEXT NOT NULL,
     payload TEXT NOT NULL, partition_ref TEXT, job_run_id TEXT, status_code INTEGER
