@@ -208,7 +208,9 @@ def _small_segments(lake: Lake, monkeypatch) -> list[dict[str, Any]]:
 def test_a_merge_of_small_segments_writes_a_new_one_without_bringing_their_events_back(lake: Lake, monkeypatch) -> None:
     # A merge that thawed its segments wrote every event of them into the index and deleted them
     # again, holding the write lock the appends wait for: seconds under a service's load.
-    monkeypatch.setattr(segment_files, "ROWS_PER_GROUP", 50)  # files of many row groups: each build request names its own
+    monkeypatch.setattr(
+        segment_files, "ROWS_PER_GROUP", 50
+    )  # files of many row groups: each build request names its own
     events = _small_segments(lake, monkeypatch)
     with DeltaRsEventLog(lake) as log:
         index = log._store()
@@ -479,37 +481,6 @@ def test_an_append_of_a_cold_event_id_is_a_duplicate(lake: Lake) -> None:
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
-def test_an_eviction_that_lasts_says_how_far_it_is(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 200)  # several segments, each one reported
-    monkeypatch.setattr(evict, "PROGRESS_EVERY_S", 0.0)
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(list(generate_events(1500, seed=4)))
-    lines: list[str] = []
-    refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
-    moved = [line for line in lines if "events moved to segments" in line]
-    assert len(moved) > 1, lines
-
-
-def test_the_pipelines_first_build_evicts_before_the_index_is_published(lake: Lake) -> None:
-    events = list(generate_events(3000, seed=8))
-    first, later = events[:2000], events[2000:]
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(first)
-    shutil.rmtree(os.path.join(lake.root, "serving_index"))  # a new machine, or an index lost
-    lines: list[str] = []
-    refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
-    assert any("written whole without the events that left" in line for line in lines), lines
-    with DeltaRsEventLog(lake) as log:
-        index = log._store()
-        assert index.cold_facts()["cold_build_requests"] > 50
-        assert index._connection.execute("PRAGMA freelist_count").fetchone()[0] == 0
-        assert index.deleted_events() == 0  # published whole: no second write of the file
-        assert bel_cases.answers(log, *bel_cases.keys_of(first)) == reference_answers(first)
-        # Later events of the same partitions: their rows are refreshed over the pins it kept.
-        log.append_events(later)
-        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
-
-
 def test_a_partition_that_a_cold_build_request_only_lists_finds_it_in_its_segment(lake: Lake) -> None:
     listing = [  # requested, then failed before any event of the partition
         bel_cases.build_request_event("l-1", 100, "br-l", BuildRequestStatus.BUILD_REQUEST_RECEIVED, ["data/listed"]),
@@ -527,28 +498,6 @@ def test_a_partition_that_a_cold_build_request_only_lists_finds_it_in_its_segmen
             assert connection.execute("SELECT 1 FROM cold_build_requests WHERE build_request_id = 'br-l'").fetchone()
             assert bel_cases.ids(log.get_partition_events("data/listed")) == ["l-1"]
             assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
-
-
-def test_a_first_build_whose_eviction_fails_leaves_no_segment_behind(
-    lake: Lake, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    events = list(generate_events(3000, seed=9))
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    shutil.rmtree(os.path.join(lake.root, "serving_index"))
-
-    def disk_full(self: cold_ids.DeferredColdIds, connection: Any) -> None:
-        raise OSError("no space left on device")
-
-    monkeypatch.setattr(cold_ids.DeferredColdIds, "write", disk_full)
-    with pytest.raises(OSError, match="no space left"):
-        refresh_serving_index(lake, hot_window_s=0)
-    segments = os.path.join(lake.root, "serving_index", cold.SEGMENTS_FOLDER)
-    assert not os.path.isdir(segments) or os.listdir(segments) == []  # each retry would add a set
-    monkeypatch.undo()
-    refresh_serving_index(lake, hot_window_s=0)
-    with DeltaRsEventLog(lake) as log:
-        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 
 def test_the_cold_ids_are_what_was_evicted_and_not_thawed(tmp_path: Path) -> None:

@@ -1,0 +1,123 @@
+"""How the pipeline's refresh moves build requests to segments (evict.py): one segment at a time,
+each in its own transaction beside the service's appends, with progress; a first build evicts
+before the index is anyone's, and a failed one leaves no segment behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from typing import Any
+
+import pytest
+
+from databuild_assets.events.enums import BuildRequestStatus
+from databuild_assets.log.serving import cold, cold_ids, evict
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.runtime.lake import Lake
+from databuild_assets.workload import generate_events
+from databuild_assets_tests import bel_cases
+from databuild_assets_tests.serving_support import reference_answers
+
+
+def test_a_build_request_an_append_reopens_while_the_eviction_runs_stays_hot(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 300)  # an eviction of several segments
+    events = list(generate_events(3000, seed=11))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=float("inf"))  # every event hot, then evicted below
+    real_transaction, reopened, evicted = evict.transaction, [], []
+
+    @contextlib.contextmanager
+    def then_append(connection):  # between two segments' transactions, as a service appends
+        with real_transaction(connection):
+            yield
+        segments = connection.execute("SELECT COUNT(*) FROM main.cold_segments").fetchone()[0]
+        if reopened:  # a later segment took it, reopened or not (a catch-up would thaw it again)
+            cold_now = "SELECT 1 FROM main.cold_build_requests WHERE build_request_id = ?"
+            evicted.extend(connection.execute(cold_now, (reopened[0]["build_request_id"],)).fetchall())
+        elif segments:  # after the first segment: the last build request listed gets a new event
+            (last,) = connection.execute("SELECT build_request_id FROM temp.evictable ORDER BY rowid DESC").fetchone()
+            mine = [e for e in events if e["build_request_id"] == last]
+            event = next(e for e in reversed(mine) if e["event_type"] == "build_request_event")
+            executing = BuildRequestStatus.BUILD_REQUEST_EXECUTING
+            late = {
+                **event,
+                "event_id": str(uuid.uuid4()),
+                "timestamp": max(e["timestamp"] for e in events) + 1,
+                "build_request_event": {
+                    **event["build_request_event"],
+                    "status_code": int(executing),
+                    "status_name": executing.name,
+                },
+            }
+            with DeltaRsEventLog(lake) as appender:
+                appender.append_events([late])
+            reopened.append(late)
+
+    monkeypatch.setattr(evict, "transaction", then_append)
+    refresh_serving_index(lake, hot_window_s=0)
+    (late,) = reopened
+    assert not evicted  # it was listed, and is no longer terminal when its turn came
+    with DeltaRsEventLog(lake) as log:
+        index = log._store()
+        assert index.cold_facts()["cold_segments"] > 1
+        cold_ones = {row[0] for row in index._connection.execute("SELECT build_request_id FROM cold_build_requests")}
+        assert late["build_request_id"] not in cold_ones  # no longer terminal: it stays hot
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers([*events, late])
+
+
+def test_an_eviction_that_lasts_says_how_far_it_is(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 200)  # several segments, each one reported
+    monkeypatch.setattr(evict, "PROGRESS_EVERY_S", 0.0)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(list(generate_events(1500, seed=4)))
+    lines: list[str] = []
+    refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
+    moved = [line for line in lines if "events moved to segments" in line]
+    assert len(moved) > 1, lines
+
+
+def test_the_pipelines_first_build_evicts_before_the_index_is_published(lake: Lake) -> None:
+    events = list(generate_events(3000, seed=8))
+    first, later = events[:2000], events[2000:]
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(first)
+    shutil.rmtree(os.path.join(lake.root, "serving_index"))  # a new machine, or an index lost
+    lines: list[str] = []
+    refresh_serving_index(lake, progress=lines.append, hot_window_s=0)
+    assert any("written whole without the events that left" in line for line in lines), lines
+    with DeltaRsEventLog(lake) as log:
+        index = log._store()
+        assert index.cold_facts()["cold_build_requests"] > 50
+        assert index._connection.execute("PRAGMA freelist_count").fetchone()[0] == 0
+        assert index.deleted_events() == 0  # published whole: no second write of the file
+        assert bel_cases.answers(log, *bel_cases.keys_of(first)) == reference_answers(first)
+        # Later events of the same partitions: their rows are refreshed over the pins it kept.
+        log.append_events(later)
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
+def test_a_first_build_whose_eviction_fails_leaves_no_segment_behind(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = list(generate_events(3000, seed=9))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    shutil.rmtree(os.path.join(lake.root, "serving_index"))
+
+    def disk_full(self: cold_ids.DeferredColdIds, connection: Any) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(cold_ids.DeferredColdIds, "write", disk_full)
+    with pytest.raises(OSError, match="no space left"):
+        refresh_serving_index(lake, hot_window_s=0)
+    segments = os.path.join(lake.root, "serving_index", cold.SEGMENTS_FOLDER)
+    assert not os.path.isdir(segments) or os.listdir(segments) == []  # each retry would add a set
+    monkeypatch.undo()
+    refresh_serving_index(lake, hot_window_s=0)
+    with DeltaRsEventLog(lake) as log:
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
