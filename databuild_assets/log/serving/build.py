@@ -108,7 +108,7 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None], cold: tuple[s
             raw_mark = table_mark(raw, table.version(), table.metadata().id)
         progress(f"serving index: {loaded:,} events loaded; hiding, indexing, projecting")
         started = time.monotonic()
-        index.finish_build(hidden_by)
+        index.finish_build(hidden_by, progress)
         progress(f"serving index: indexes and projections built ({time.monotonic() - started:.0f} s)")
         with index.updating():
             index.set_stamp(Stamp(raw_mark, tombstones))

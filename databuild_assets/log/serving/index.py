@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -237,7 +238,8 @@ def _pragmas(connection: sqlite3.Connection, temp_store: str = "MEMORY") -> None
 def create_index_file(path: str) -> sqlite3.Connection:
     """A new, empty index at `path` (which must not exist), open for a bulk load: no journal
     (a failed build is thrown away whole), temporary tables on disk (bounded memory), and the
-    indexes of `events` dropped until `finish_build`."""
+    indexes of `events` dropped until `finish_build`. Its pages are read through a memory map
+    (SQLite caps it at 2 GB): an eviction reads again pages it just wrote."""
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("PRAGMA journal_mode = OFF")
     connection.execute("PRAGMA synchronous = OFF")
@@ -344,11 +346,14 @@ class ServingIndex(ColdReads, SqliteEventLog):
                 f"INSERT OR IGNORE INTO main.events ({_ROW_COLUMNS}) VALUES ({', '.join('?' * 8)})", rows
             )
 
-    def finish_build(self, hidden_by: Mapping[str, Collection[str]]) -> None:
+    def finish_build(
+        self, hidden_by: Mapping[str, Collection[str]], progress: Callable[[str], None] | None = None
+    ) -> None:
         """After a bulk load (`create_index_file`, `load`): the events `hidden_by` (tombstone
         values by key) matches hidden, the indexes of `events` built once, the projections of
-        every key, and the file switched to WAL for sharing."""
-        connection = self._connection
+        every key, and the file switched to WAL for sharing; `progress` is told when the indexes
+        are built."""
+        connection, started = self._connection, time.monotonic()
         rule = tombstone_rule_sql(connection, hidden_by)
         with transaction(connection):
             connection.execute(
@@ -358,6 +363,8 @@ class ServingIndex(ColdReads, SqliteEventLog):
             for statement in _MARK_DIRTY:
                 connection.execute(statement.format(rows="main.events"))
             build_event_indexes(connection)
+            if progress is not None:
+                progress(f"serving index: events indexed ({time.monotonic() - started:.0f} s); projecting")
             refresh_dirty_projections(connection, _REFRESHES)
         if connection.execute("SELECT COUNT(*) FROM main.hidden_event_ids").fetchone()[0]:
             connection.execute("VACUUM")  # the hidden events' bytes, left in rebuilt pages, go

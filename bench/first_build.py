@@ -1,0 +1,122 @@
+"""The pipeline's first build of the serving index (a new lake's, or one whose index was lost),
+phase by phase, on a generated lake; with `--anchor`, SQLite's own bulk load of the same events.
+
+    python -m bench.first_build --events 10000000 [--workdir /var/tmp/bench-first-build] [--anchor]
+
+Generates (once per workdir) a lake whose raw log holds `generate_events(N, seed=7)`, written by
+delta-rs 200,000 events at a time, then, on a hard-linked copy (lakes.py), brings its serving
+index up from nothing as the pipeline does (`refresh_serving_index` at the default hot window)
+and prints the seconds of each phase its progress lines mark (load, indexes, projections,
+segments with the pins and the copy-out, the file written whole), with this process's and the
+machine's other CPU meanwhile, and the index's and segments' bytes. `--anchor` then loads the
+same events into a SQLite BEL (`load_events`: indexes built once, at the end), the reference
+backend's bulk load, for the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from itertools import islice
+from pathlib import Path
+
+import deltalake
+
+from bench.lakes import link_tables
+from bench.measuring import Row, measure, print_rows
+from databuild_assets.events.schema import EVENT_COLUMNS
+from databuild_assets.log import load_events
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.append import raw_log_rows
+from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.runtime.delta_local import iter_local_table
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.workload import generate_events
+
+BATCH = 200_000
+# The progress line that ends each phase, in order.
+_PHASES = (
+    ("load the raw log", "events loaded; hiding"),
+    ("indexes of events", "events indexed"),
+    ("projections", "indexes and projections built"),
+    ("segments", "the events that stay copied out"),
+    ("written whole (VACUUM)", "written whole without"),
+)
+
+
+def generated_lake(workdir: Path, events: int) -> Lake:
+    """A lake of `events` generated events under `workdir`, made once."""
+    lake, done = Lake(str(workdir / "lake")), workdir / f"generated-{events}"
+    if done.exists():
+        return lake
+    shutil.rmtree(workdir / "lake", ignore_errors=True)
+    stream = generate_events(events, seed=7)
+    with DeltaRsEventLog(lake, writer="bench") as log:  # creates the raw log with its properties
+        log.append_events(list(islice(stream, 1_000)))
+    written = 1_000
+    while batch := list(islice(stream, BATCH)):
+        rows = raw_log_rows(enumerate(map(canonical_event, batch)), "bench")
+        deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
+        written += len(batch)
+        print(f"  {written:,} events written", flush=True)
+    done.touch()
+    return lake
+
+
+def first_build(lake: Lake, copy: Path) -> list[Row]:
+    """The phases of a first build on a copy of `lake` at `copy`, from its progress lines."""
+    shutil.rmtree(copy, ignore_errors=True)
+    link_tables(Path(lake.root), copy)
+    marks: list[float] = []
+    started = time.perf_counter()
+
+    def progress(line: str) -> None:
+        print(f"  {time.perf_counter() - started:7.1f} s  {line}", flush=True)
+        if len(marks) < len(_PHASES) and _PHASES[len(marks)][1] in line:
+            marks.append(time.perf_counter() - started)
+
+    status, usage = measure(lambda: refresh_serving_index(Lake(str(copy)), progress))
+    starts = [0.0, *marks[:-1]]
+    rows = [Row(name, end - start) for (name, _), start, end in zip(_PHASES, starts, marks)]  # noqa: B905
+    rows.append(Row("the rest (stamp, publish)", usage.wall - (marks[-1] if marks else 0.0)))
+    note = f"index {status.bytes / 1e6:,.1f} MB, {status.segments} segments {status.segment_bytes / 1e6:,.1f} MB"
+    return [*rows, Row.of("first build", usage, events=status.events, note=note)]
+
+
+def sqlite_load(lake: Lake, path: Path) -> Row:
+    """SQLite's own bulk load of the lake's events into a new BEL at `path`."""
+    path.unlink(missing_ok=True)
+    table = deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG))
+
+    loaded = 0
+
+    def events():
+        nonlocal loaded
+        for batch, _ in iter_local_table(table, list(EVENT_COLUMNS)):
+            loaded += batch.num_rows
+            yield from batch.to_pylist()
+
+    _, usage = measure(lambda: load_events(path, events()))
+    return Row.of("SQLite's bulk load (anchor)", usage, events=loaded)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--workdir", default="/var/tmp/bench-first-build")
+    parser.add_argument("--anchor", action="store_true", help="also SQLite's bulk load of the same events")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir)
+    lake = generated_lake(workdir, args.events)
+    rows = first_build(lake, workdir / "copy")
+    total = rows[-1].seconds
+    if args.anchor:
+        rows.append(sqlite_load(lake, workdir / "anchor.db"))
+    print_rows(f"First build of the serving index, {args.events:,} generated events", rows, total)
+    shutil.rmtree(workdir / "copy", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
