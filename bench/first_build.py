@@ -51,6 +51,8 @@ def generated_lake(workdir: Path, events: int) -> Lake:
     if done.exists():
         return lake
     shutil.rmtree(workdir / "lake", ignore_errors=True)
+    for stale in workdir.glob("generated-*"):  # the lake of another size, gone
+        stale.unlink()
     stream = generate_events(events, seed=7)
     with DeltaRsEventLog(lake, writer="bench") as log:  # creates the raw log with its properties
         log.append_events(list(islice(stream, 1_000)))

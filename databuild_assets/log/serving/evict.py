@@ -160,6 +160,9 @@ def _eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
     finally:
         for schema, size in zip(("main", "temp"), previous, strict=True):
             connection.execute(f"PRAGMA {schema}.cache_size = {size}")
+        with contextlib.suppress(sqlite3.OperationalError):  # made by the eviction, if it began
+            connection.execute("DELETE FROM temp.frozen")  # the last segment's rows
+            connection.execute("DELETE FROM temp.evictable")
 
 
 def evict_building(
@@ -273,8 +276,6 @@ def _evict(
             break
         for group in merging:
             _merge(connection, folder, group)
-    connection.execute("DELETE FROM temp.frozen")  # the last segment's rows, out of memory
-    connection.execute("DELETE FROM temp.evictable")
     _shrink_if_mostly_free(connection)
     return evicted
 

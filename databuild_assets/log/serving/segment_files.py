@@ -89,7 +89,7 @@ def _by_partition(table: pa.Table) -> pa.Table:
     listing = pc.indices_nonzero(pc.is_in(table.column("event_type"), value_set=pa.array(list(_LISTS))))
     positions, keys = [], []
     if len(listing):
-        chosen = table.take(listing)
+        chosen = table.select(["event_type", "payload", "partition_ref"]).take(listing)
         for position, event_type, payload, ref in zip(
             listing.to_pylist(),
             *(chosen.column(name).to_pylist() for name in ("event_type", "payload", "partition_ref")),
