@@ -18,20 +18,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from itertools import islice
 from pathlib import Path
 
-import deltalake
-
-from bench.lakes import link_tables
+from bench.lakes import link_tables, write_events
 from bench.measuring import Row, measure, print_rows
-from databuild_assets.events.schema import EVENT_COLUMNS
-from databuild_assets.log import load_events
-from databuild_assets.log.interface import canonical_event
-from databuild_assets.log.serving.append import raw_log_rows
-from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
-from databuild_assets.runtime.delta_local import iter_local_table
-from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from bench.serving_index import sqlite_of_lake
+from databuild_assets.log.serving.backend import refresh_serving_index
+from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
 
 BATCH = 200_000
@@ -53,15 +46,8 @@ def generated_lake(workdir: Path, events: int) -> Lake:
     shutil.rmtree(workdir / "lake", ignore_errors=True)
     for stale in workdir.glob("generated-*"):  # the lake of another size, gone
         stale.unlink()
-    stream = generate_events(events, seed=7)
-    with DeltaRsEventLog(lake, writer="bench") as log:  # creates the raw log with its properties
-        log.append_events(list(islice(stream, 1_000)))
-    written = 1_000
-    while batch := list(islice(stream, BATCH)):
-        rows = raw_log_rows(enumerate(map(canonical_event, batch)), "bench")
-        deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
-        written += len(batch)
-        print(f"  {written:,} events written", flush=True)
+    for _ in write_events(lake, generate_events(events, seed=7), BATCH):
+        pass
     done.touch()
     return lake
 
@@ -86,21 +72,11 @@ def first_build(lake: Lake, copy: Path) -> list[Row]:
     return [*rows, Row.of("first build", usage, events=status.events, note=note)]
 
 
-def sqlite_load(lake: Lake, path: Path) -> Row:
-    """SQLite's own bulk load of the lake's events into a new BEL at `path`."""
+def sqlite_load(lake: Lake, path: Path, events: int) -> Row:
+    """SQLite's own bulk load of the lake's `events` events into a new BEL at `path`."""
     path.unlink(missing_ok=True)
-    table = deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG))
-
-    loaded = 0
-
-    def events():
-        nonlocal loaded
-        for batch, _ in iter_local_table(table, list(EVENT_COLUMNS)):
-            loaded += batch.num_rows
-            yield from batch.to_pylist()
-
-    _, usage = measure(lambda: load_events(path, events()))
-    return Row.of("SQLite's bulk load (anchor)", usage, events=loaded)
+    _, usage = measure(lambda: sqlite_of_lake(lake, path))
+    return Row.of("SQLite's bulk load (anchor)", usage, events=events)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = first_build(lake, workdir / "copy")
     total = rows[-1].seconds
     if args.anchor:
-        rows.append(sqlite_load(lake, workdir / "anchor.db"))
+        rows.append(sqlite_load(lake, workdir / "anchor.db", rows[-1].events))
     print_rows(f"First build of the serving index, {args.events:,} generated events", rows, total)
     shutil.rmtree(workdir / "copy", ignore_errors=True)
     return 0

@@ -1,4 +1,5 @@
-"""Working copies of bench lakes, so that a bench can change a lake and the lake stays as it was.
+"""Bench lakes: generated events written into a new lake's raw log, and working copies of a
+lake, so that a bench can change a lake and the lake stays as it was.
 
     link_tables(Path("/var/tmp/lake-10m"), Path("/var/tmp/work/lake"))
     copy_serving_index(Path("/var/tmp/lake-10m"), Path("/var/tmp/work/lake"))
@@ -13,9 +14,35 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
+import deltalake
+
+from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving.append import raw_log_rows
+from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+
+
+def write_events(lake: Lake, events: Iterable[dict], batch: int) -> Iterator[dict]:
+    """Write `events` into a new lake's raw log (created by the JVM-free backend with its
+    properties, then delta-rs appends of `batch` events), yielding each event once it is written,
+    with progress: a bench loads the same events into its SQLite BEL as they go by."""
+    stream = iter(events)
+    first = list(islice(stream, 1_000))
+    with DeltaRsEventLog(lake, writer="bench") as log:
+        log.append_events(first)
+    yield from first
+    written = len(first)
+    while chunk := list(islice(stream, batch)):
+        rows = raw_log_rows(enumerate(map(canonical_event, chunk)), "bench")
+        deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
+        written += len(chunk)
+        print(f"  {written:,} events written", flush=True)
+        yield from chunk
 
 
 def link_tables(source: Path, target: Path) -> None:

@@ -26,11 +26,11 @@ import subprocess
 import sys
 import time
 from functools import partial
-from itertools import islice
 from pathlib import Path
 
 import deltalake
 
+from bench.lakes import write_events
 from bench.query_path import ms, percentile, query_methods, service_build, timings
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log import SqliteEventLog, load_events
@@ -68,24 +68,8 @@ def build(workdir: Path, events: int) -> tuple[Lake, Path]:
     if done.exists() and json.loads(done.read_text())["events"] == events:
         return lake, sqlite_path
     workdir.mkdir(parents=True, exist_ok=True)
-    stream = generate_events(events, seed=7)
-    with DeltaRsEventLog(lake, writer="bench") as log:  # creates the raw log with its properties
-        first = list(islice(stream, 1_000))
-        log.append_events(first)
-    table_path = lake.table_path(RAW_EVENT_LOG)
-
-    def batches_to_delta():
-        yield from first
-        written = len(first)
-        while batch := list(islice(stream, BATCH)):
-            deltalake.write_deltalake(
-                table_path, raw_log_rows(enumerate(map(canonical_event, batch)), "bench"), mode="append"
-            )
-            written += len(batch)
-            print(f"  {written:,} events written", flush=True)
-            yield from batch
-
-    load_events(sqlite_path, batches_to_delta())  # one bulk load: SQLite's indexes built once, at the end
+    written = write_events(lake, generate_events(events, seed=7), BATCH)
+    load_events(sqlite_path, written)  # one bulk load: SQLite's indexes built once, at the end
     done.write_text(json.dumps({"events": events}))
     return lake, sqlite_path
 
