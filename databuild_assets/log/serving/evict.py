@@ -152,6 +152,8 @@ def evict(
 
 @contextlib.contextmanager
 def _eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
+    """EVICTION_CACHE_KIB of page cache for `main` and `temp` while an eviction runs, and its
+    work rows (temp.frozen: a segment's events; temp.evictable) emptied however it ends."""
     previous = [connection.execute(f"PRAGMA {schema}.cache_size").fetchone()[0] for schema in ("main", "temp")]
     for schema in ("main", "temp"):
         connection.execute(f"PRAGMA {schema}.cache_size = -{EVICTION_CACHE_KIB}")
