@@ -81,9 +81,11 @@ def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, 
 
 
 def _by_partition(table: pa.Table) -> pa.Table:
-    """A row of `table` for each ref it carries or lists, with that ref as `key` (a ref both
-    carried and listed by one event, once), sorted by (key, timestamp, event_id): the order is
-    found on those three columns, then every column taken once."""
+    """A row of `table` (sorted by timestamp, event_id) for each ref it carries or lists, with
+    that ref as `key` (a ref both carried and listed by one event, once), sorted by (key,
+    timestamp, event_id): by the key's rank among the refs, then by the row's position, two
+    integers (a sort on the strings themselves was a tenth of a first build's segments), and
+    every column taken once."""
     refs = table.column("partition_ref")
     carrying = pc.indices_nonzero(pc.is_valid(refs))
     listing = pc.indices_nonzero(pc.is_in(table.column("event_type"), value_set=pa.array(list(_LISTS))))
@@ -101,14 +103,9 @@ def _by_partition(table: pa.Table) -> pa.Table:
             keys.extend(sorted(listed))
     order = pa.concat_arrays([carrying.cast(pa.int64()), pa.array(positions, pa.int64())])
     key = pa.concat_arrays([refs.take(carrying).combine_chunks(), pa.array(keys, pa.string())])
-    sorting = pa.table(
-        {
-            "key": key,
-            "timestamp": table.column("timestamp").take(order),
-            "event_id": table.column("event_id").take(order),
-        }
-    )
-    ranks = pc.sort_indices(sorting, [("key", "ascending"), ("timestamp", "ascending"), ("event_id", "ascending")])
+    refs_in_order = pc.unique(key).sort()
+    sorting = pa.table({"rank": pc.index_in(key, value_set=refs_in_order), "position": order})
+    ranks = pc.sort_indices(sorting, [("rank", "ascending"), ("position", "ascending")])
     return table.take(order.take(ranks)).add_column(0, "key", key.take(ranks))
 
 
