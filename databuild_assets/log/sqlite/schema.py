@@ -72,10 +72,9 @@ BEGIN
     {select_listed_partitions("NEW")};
 END"""
 
-SCHEMA = f"""
--- One row per event. `payload` is the JSON object of the event_type's payload with every field
--- present; the columns after it are copied out of it for the lookups below.
-CREATE TABLE IF NOT EXISTS events (
+# One row per event. `payload` is the JSON object of the event_type's payload with every field
+# present; the columns after it are copied out of it for the lookups below.
+EVENTS_TABLE = """CREATE TABLE IF NOT EXISTS events (
     event_id         TEXT    NOT NULL PRIMARY KEY,
     timestamp        INTEGER NOT NULL,
     build_request_id TEXT    NOT NULL,
@@ -84,7 +83,10 @@ CREATE TABLE IF NOT EXISTS events (
     partition_ref    TEXT,     -- partition_event, delegation_event, partition_invalidation_event
     job_run_id       TEXT,     -- partition_event, job_event, task_cancel_event
     status_code      INTEGER   -- build_request_event, partition_event, job_event
-);
+)"""
+
+SCHEMA = f"""
+{EVENTS_TABLE};
 {EVENT_INDEXES_DDL};
 
 -- The partition_refs an event lists rather than carries: build_request_event.requested_partitions
