@@ -45,6 +45,7 @@ from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, keep_latest_pins, pin_latest, thaw, work_tables
 from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
 from databuild_assets.log.sqlite.schema import (
+    EVENTS_TABLE,
     PARTITION_COUNTS_OF_BUILD_REQUESTS,
     select_listed_partitions,
 )
@@ -173,10 +174,10 @@ def evict_building(
     """`evict` on an index being built (no process reads it yet, under the build lock): the
     evicted rows are not deleted one by one from `events` and its indexes but left there while
     the segments are written, then the rows that stay (the hot build requests' and the pins) are
-    copied out, the two tables emptied at once and the rows put back with the indexes built over
-    them; the file is then written whole (VACUUM), so that it is published without the free pages
-    of the events that left. Deleting most of a first build's events from every index of `events`
-    was most of its time."""
+    copied out into `events` made again, with the partitions they list and the indexes built over
+    them (`_keep_only_staying`); the file is then written whole (VACUUM), so that it is published
+    without the free pages of the events that left. Deleting most of a first build's events from
+    every index of `events` was most of its time."""
     unread = ("events_by_type", "events_by_partition", "events_by_job_run")
     for name in unread:
         connection.execute(f"DROP INDEX IF EXISTS main.{name}")
@@ -211,18 +212,19 @@ def evict_building(
 
 
 def _keep_only_staying(connection: sqlite3.Connection) -> None:
-    """Inside the build's transaction: `events` holds only the rows of hot build requests and the
-    pins (temp.staying_pins), in the order it had them, and event_listed_partitions only what
-    they list (a pin lists nothing), with every index built again."""
+    """Inside the build's transaction: `events` made again (with its key on event_id: a build
+    that evicts loads it without, index.py `create_index_file`) of only the rows of hot build
+    requests and the pins (temp.staying_pins), in the order it had them, and
+    event_listed_partitions of only what they list (a pin lists nothing), with every index
+    built over them."""
     connection.execute(
         "CREATE TEMP TABLE staying_events AS SELECT * FROM main.events WHERE build_request_id NOT IN"
         " (SELECT build_request_id FROM main.cold_build_requests)"
         " OR event_id IN (SELECT event_id FROM temp.staying_pins) ORDER BY rowid"
     )
-    for name in ("events_in_order", "events_by_build_request"):
-        connection.execute(f"DROP INDEX IF EXISTS main.{name}")
     connection.execute("DROP TRIGGER IF EXISTS main.events_list_partitions")
-    connection.execute("DELETE FROM main.events")  # no WHERE: SQLite empties the table at once
+    connection.execute("DROP TABLE main.events")  # its indexes with it
+    connection.execute(EVENTS_TABLE)
     connection.execute("DELETE FROM main.event_listed_partitions")
     connection.execute("INSERT INTO main.events SELECT * FROM temp.staying_events")
     connection.execute("DROP TABLE temp.staying_events")

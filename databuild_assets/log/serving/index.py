@@ -60,6 +60,7 @@ from databuild_assets.log.sqlite.backend import (
 from databuild_assets.log.sqlite.schema import (
     _REFRESH_PARTITION_STATE,
     DIRTY_TABLES,
+    EVENT_INDEXES,
     REFRESHES,
     SCHEMA,
     SQLITE_SCHEMA_VERSION,
@@ -128,6 +129,10 @@ CREATE TEMP TABLE IF NOT EXISTS staged_events (
 );
 CREATE TEMP TABLE IF NOT EXISTS leaving (event_id TEXT PRIMARY KEY) WITHOUT ROWID;
 """
+
+# The indexes of `events` the projections' refresh SQL reads (EXPLAIN QUERY PLAN), besides the
+# one on event_id.
+_PROJECTIONS_READ = ("events_by_build_request", "events_by_partition", "events_by_job_run")
 
 # The events deleted from the file (hidden or purged) since it was last written whole; made on the
 # first deletion, so that indexes of this format made before it need no rebuild.
@@ -347,12 +352,18 @@ class ServingIndex(ColdReads, SqliteEventLog):
             )
 
     def finish_build(
-        self, hidden_by: Mapping[str, Collection[str]], progress: Callable[[str], None] | None = None
+        self,
+        hidden_by: Mapping[str, Collection[str]],
+        progress: Callable[[str], None] | None = None,
+        evicting: bool = False,
     ) -> None:
         """After a bulk load (`create_index_file`, `load`): the events `hidden_by` (tombstone
         values by key) matches hidden, the indexes of `events` built once, the projections of
         every key, and the file switched to WAL for sharing; `progress` is told when the indexes
-        are built."""
+        are built. `evicting`: the build's eviction follows (evict.py `evict_building`), which
+        lists partitions and builds every index again over the rows that stay and writes the file
+        whole, so only the indexes the projections read are built here, and the file is not
+        written whole twice."""
         connection, started = self._connection, time.monotonic()
         rule = tombstone_rule_sql(connection, hidden_by)
         with transaction(connection):
@@ -362,11 +373,15 @@ class ServingIndex(ColdReads, SqliteEventLog):
             connection.execute("DELETE FROM main.events WHERE event_id IN (SELECT event_id FROM main.hidden_event_ids)")
             for statement in _MARK_DIRTY:
                 connection.execute(statement.format(rows="main.events"))
-            build_event_indexes(connection)
+            if evicting:
+                for name in _PROJECTIONS_READ:
+                    connection.execute(EVENT_INDEXES[name])
+            else:
+                build_event_indexes(connection)
             if progress is not None:
                 progress(f"serving index: events indexed ({time.monotonic() - started:.0f} s); projecting")
             refresh_dirty_projections(connection, _REFRESHES)
-        if connection.execute("SELECT COUNT(*) FROM main.hidden_event_ids").fetchone()[0]:
+        if not evicting and connection.execute("SELECT COUNT(*) FROM main.hidden_event_ids").fetchone()[0]:
             connection.execute("VACUUM")  # the hidden events' bytes, left in rebuilt pages, go
         connection.execute("PRAGMA journal_mode = WAL")
 
