@@ -10,12 +10,15 @@ import shutil
 import uuid
 from typing import Any
 
+import deltalake
 import pytest
 
-from databuild_assets.events.enums import BuildRequestStatus
+from databuild_assets.events.enums import BuildRequestStatus, PartitionStatus
+from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving import cold, cold_ids, evict
+from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
-from databuild_assets.runtime.lake import Lake
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
 from databuild_assets_tests.serving_support import reference_answers
@@ -98,6 +101,28 @@ def test_the_pipelines_first_build_evicts_before_the_index_is_published(lake: La
         assert bel_cases.answers(log, *bel_cases.keys_of(first)) == reference_answers(first)
         # Later events of the same partitions: their rows are refreshed over the pins it kept.
         log.append_events(later)
+        assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
+@pytest.mark.parametrize("hot_window_s", [0, float("inf")])
+def test_a_first_build_of_a_raw_log_holding_an_event_twice_keeps_the_first(lake: Lake, hot_window_s: float) -> None:
+    # A build that evicts loads `events` without its key on event_id (index.py), so it finds the
+    # copies itself.
+    events = list(generate_events(2000, seed=12))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    original = next(e for e in events if e["event_type"] == "partition_event")
+    lost = PartitionStatus.PARTITION_FAILED
+    copy = {
+        **original,
+        "timestamp": max(e["timestamp"] for e in events) + 1,
+        "partition_event": {**original["partition_event"], "status_code": int(lost), "status_name": lost.name},
+    }
+    rows = raw_log_rows([(0, canonical_event(copy))], "another writer")  # past the appends' dedupe
+    deltalake.write_deltalake(lake.table_path(RAW_EVENT_LOG), rows, mode="append")
+    shutil.rmtree(os.path.join(lake.root, "serving_index"))
+    refresh_serving_index(lake, hot_window_s=hot_window_s)
+    with DeltaRsEventLog(lake) as log:
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
 
 

@@ -1,9 +1,10 @@
 """A new serving index from a lake's raw log and tombstones, in bounded memory.
 
 The raw log's live files are read a few at a time (about 200,000 events) and loaded into a new
-SQLite file with its indexes dropped; then the events a tombstone matches are hidden, the indexes
-are built once and the projections computed for every key, all in SQLite on disk. Memory stays
-that of one batch and SQLite's cache whatever the history's size. The stamp is the versions the
+SQLite file with its indexes dropped (in a build that evicts, its key on event_id too); then the
+events a tombstone matches are hidden, the indexes are built once and the projections computed
+for every key, all in SQLite on disk. Memory stays that of one batch and SQLite's cache whatever
+the history's size. The stamp is the versions the
 snapshot was read at: a catch-up then applies only the commits after them.
 
     stamp = build_index(lake, "/data/lake/serving_index/.index-4.sqlite.building")
@@ -23,12 +24,25 @@ from databuild_assets.log.serving.follower import DeltaFollower, follower_for
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, create_index_file
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import remove_index_files
+from databuild_assets.log.sqlite.schema import EVENTS_TABLE
 from databuild_assets.runtime.delta_local import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 
 log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
+# `events` as a build that evicts loads it: without its key on event_id, which is built once the
+# load is done (inserting into it event by event was most of a large load). The eviction makes
+# the table again, keyed, of the rows that stay (evict.py `_keep_only_staying`).
+_UNKEYED_EVENTS = EVENTS_TABLE.replace("event_id         TEXT    NOT NULL PRIMARY KEY,", "event_id TEXT NOT NULL,")
+if _UNKEYED_EVENTS == EVENTS_TABLE:
+    raise ImportError("sqlite/schema.py EVENTS_TABLE changed: build.py loads `events` without its key")
+# Of an unkeyed load, the rows whose event_id an earlier row has: the first of an event_id wins.
+_LATER_COPIES = (
+    "DELETE FROM main.events WHERE rowid IN (SELECT e.rowid FROM (SELECT event_id, MIN(rowid) AS first"
+    " FROM main.events GROUP BY event_id HAVING COUNT(*) > 1) AS d JOIN main.events AS e"
+    " ON e.event_id = d.event_id WHERE e.rowid > d.first)"
+)
 _SNAPSHOT_ATTEMPTS = 3
 _PROGRESS_EVERY_S = 10.0
 
@@ -91,6 +105,9 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None], cold: tuple[s
     hidden_by, tombstones = tombstone_values(lake)
     raw = follower_for(lake.table_path(RAW_EVENT_LOG))
     connection = create_index_file(path)
+    if cold is not None:
+        connection.execute("DROP TABLE main.events")
+        connection.execute(_UNKEYED_EVENTS)
     index = ServingIndex(path, connection)
     try:
         raw_mark, loaded = TableMark(), 0
@@ -108,7 +125,10 @@ def _build(lake: Lake, path: str, progress: Callable[[str], None], cold: tuple[s
             raw_mark = table_mark(raw, table.version(), table.metadata().id)
         progress(f"serving index: {loaded:,} events loaded; hiding, indexing, projecting")
         started = time.monotonic()
-        index.finish_build(hidden_by, progress)
+        if cold is not None:
+            connection.execute("CREATE INDEX main.events_by_id ON events (event_id)")
+            connection.execute(_LATER_COPIES)
+        index.finish_build(hidden_by, progress, evicting=cold is not None)
         progress(f"serving index: indexes and projections built ({time.monotonic() - started:.0f} s)")
         with index.updating():
             index.set_stamp(Stamp(raw_mark, tombstones))
