@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
+import sqlite3
 import uuid
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from databuild_assets.events.enums import BuildRequestStatus, PartitionStatus
 from databuild_assets.log.interface import canonical_event
-from databuild_assets.log.serving import cold, cold_ids, evict
+from databuild_assets.log.serving import cold, cold_ids, evict, segment_files, thaw
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -146,3 +148,34 @@ def test_a_first_build_whose_eviction_fails_leaves_no_segment_behind(
     refresh_serving_index(lake, hot_window_s=0)
     with DeltaRsEventLog(lake) as log:
         assert bel_cases.answers(log, *bel_cases.keys_of(events)) == reference_answers(events)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pinning_a_segments_rows_in_arrow_picks_what_the_refresh_sql_picks(seed: int) -> None:
+    # Few refs, timestamps and types, so that ties on timestamp and missing values are common.
+    rng = random.Random(seed)
+    types = ["partition_event", "delegation_event", "partition_invalidation_event", "job_event"]
+    rows = [
+        (
+            f"e-{rng.randrange(10**6):06d}-{n}",
+            rng.randrange(8),
+            "br",
+            rng.choice(types),
+            "{}",
+            rng.choice([None, "p/a", "p/b", "p/c"]),
+            rng.choice([None, "jr"]),
+            rng.choice([None, 1, 2, 3]),
+        )
+        for n in range(400)
+    ]
+    pins = []
+    for arrow in (False, True):
+        connection = sqlite3.connect(":memory:")
+        thaw.work_tables(connection)
+        connection.executemany("INSERT INTO temp.frozen VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        if arrow:
+            thaw.pin_latest_of(connection, segment_files.rows_table(rows))
+        else:
+            thaw.pin_latest(connection, "temp.frozen")
+        pins.append(connection.execute("SELECT event_id FROM temp.pinned ORDER BY event_id").fetchall())
+    assert pins[0] == pins[1] and len(pins[0]) >= 6

@@ -42,7 +42,15 @@ from databuild_assets.log.serving.cold import SEGMENTS_FOLDER, parquet_file, sti
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, rows_table, segment_paths, write_segment
 from databuild_assets.log.serving.store import IndexFolder
-from databuild_assets.log.serving.thaw import JOB_RUN_EVENT_TYPES, keep_latest_pins, pin_latest, thaw, work_tables
+from databuild_assets.log.serving.thaw import (
+    JOB_RUN_EVENT_TYPES,
+    PIN_CANDIDATES_OF_FROZEN,
+    keep_latest_pins,
+    pin_latest,
+    pin_latest_of,
+    thaw,
+    work_tables,
+)
 from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
 from databuild_assets.log.sqlite.schema import (
     EVENTS_TABLE,
@@ -184,6 +192,8 @@ def evict_building(
     connection.execute("PRAGMA secure_delete = OFF")
     connection.execute("CREATE TEMP TABLE IF NOT EXISTS staying_pins (event_id TEXT PRIMARY KEY) WITHOUT ROWID")
     connection.execute("DELETE FROM temp.staying_pins")
+    work_tables(connection)
+    connection.execute("DELETE FROM temp.pin_candidates")
     building = DeferredColdIds()
     try:
         with _eviction_cache(connection):
@@ -191,7 +201,7 @@ def evict_building(
             with transaction(connection):
                 building.write(connection)
                 # Each segment pinned its own latest: of those, only the latest over all stay.
-                keep_latest_pins(connection, "SELECT event_id FROM temp.staying_pins")
+                keep_latest_pins(connection, None)
                 connection.execute(
                     "DELETE FROM temp.staying_pins WHERE event_id IN (SELECT event_id FROM temp.superseded)"
                 )
@@ -460,7 +470,7 @@ def _evict_one(
     rows = rows_table(connection.execute(f"SELECT {_COLUMNS} FROM temp.frozen"))
     segment = _next_segment(connection, folder)
     low, high, groups = write_segment(folder, segment, rows)
-    pin_latest(connection, "temp.frozen")
+    pin_latest_of(connection, rows)
     if building is None:  # the pins of the partitions these rows carry, over every segment
         keep_latest_pins(connection, _PINS_OF_PINNED_REFS)
         connection.execute(_DROP_SUPERSEDED_COLD_PINS)
@@ -501,6 +511,7 @@ def _evict_one(
     if building is not None:  # the rows stay until `_keep_only_staying`, and the ids are written once
         building.add(event_ids)
         connection.execute("INSERT OR IGNORE INTO temp.staying_pins SELECT event_id FROM temp.pinned")
+        connection.execute(PIN_CANDIDATES_OF_FROZEN)  # read here, not looked up in `events` at the end
         return rows.num_rows, after
     add_cold_ids(connection, event_ids)
     # Reads of a cold build request's partitions go to the segment: the pinned rows list none.

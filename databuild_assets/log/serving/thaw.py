@@ -20,6 +20,7 @@ import os
 import sqlite3
 from collections.abc import Collection, Iterable
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from databuild_assets.events.enums import PartitionStatus
@@ -76,6 +77,17 @@ _PICKS = (
 )
 
 
+# The columns of temp.pin_candidates, of rows `e`.
+_PIN_CANDIDATE_COLUMNS = (
+    "SELECT e.event_id, e.timestamp, e.build_request_id, e.event_type, e.partition_ref, e.job_run_id, e.status_code"
+)
+# The rows of a segment being written that it pins, as candidates (a first build's eviction).
+PIN_CANDIDATES_OF_FROZEN = (
+    f"INSERT OR IGNORE INTO temp.pin_candidates {_PIN_CANDIDATE_COLUMNS} FROM temp.frozen AS e"
+    " WHERE e.event_id IN (SELECT event_id FROM temp.pinned)"
+)
+
+
 def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
     """Into temp.pinned: the event ids among `rows` (a FROM expression of `events` rows) that
     the refresh SQL of partition_state would pick, for each partition they carry."""
@@ -87,21 +99,51 @@ def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
         )
 
 
-def keep_latest_pins(connection: sqlite3.Connection, candidates: str) -> None:
+def pin_latest_of(connection: sqlite3.Connection, rows: pa.Table) -> None:
+    """`pin_latest` of `rows` (segment_files.py SEGMENT_SCHEMA) already in memory, in Arrow: for
+    each pick, the rows of the latest timestamp per partition, then of those the greatest
+    event_id (ORDER BY timestamp DESC, event_id DESC; both orders bytewise). Six window queries
+    over a segment's rows in SQLite were a tenth of a first build's segments."""
+    carrying = pc.is_valid(rows.column("partition_ref"))
+    partition_event = pc.and_(carrying, pc.equal(rows.column("event_type"), "partition_event"))
+    picks = (
+        carrying,
+        partition_event,
+        pc.and_(partition_event, pc.is_valid(rows.column("job_run_id"))),
+        pc.and_(partition_event, pc.equal(rows.column("status_code"), int(PartitionStatus.PARTITION_AVAILABLE))),
+        pc.and_(carrying, pc.equal(rows.column("event_type"), "delegation_event")),
+        pc.and_(carrying, pc.equal(rows.column("event_type"), "partition_invalidation_event")),
+    )
+    keys = rows.select(["partition_ref", "timestamp", "event_id"])
+    chosen: set[str] = set()
+    for pick in picks:
+        candidates = keys.filter(pc.fill_null(pick, False))
+        if not candidates.num_rows:
+            continue
+        latest = candidates.group_by("partition_ref").aggregate([("timestamp", "max")])
+        at_latest = candidates.join(latest, "partition_ref").filter(
+            pc.equal(pc.field("timestamp"), pc.field("timestamp_max"))
+        )
+        chosen.update(at_latest.group_by("partition_ref").aggregate([("event_id", "max")]).column(1).to_pylist())
+    connection.executemany("INSERT OR IGNORE INTO temp.pinned VALUES (?)", ((i,) for i in sorted(chosen)))
+
+
+def keep_latest_pins(connection: sqlite3.Connection, candidates: str | None) -> None:
     """Of `candidates` (a SELECT of the event ids of rows in `events`: the pins of cold build
     requests, with the rows an eviction is pinning), only the latest of each kind per partition
     stay pinned (temp.pinned): the cold tier pins a partition's cold maximum once, over every
     segment, not once per segment. The others are listed in temp.superseded, and those of build
     requests already cold join their segment's partition counts; the caller takes them out of
     `events`. The maximum of each kind over all cold rows is the maximum of the segments' own, so
-    it is among the candidates."""
+    it is among the candidates. `candidates` None: temp.pin_candidates holds their rows already
+    (a first build gathers them segment by segment: PIN_CANDIDATES_OF_FROZEN)."""
     # The candidates' rows read once: the picks below scan them six times.
-    connection.execute("DELETE FROM temp.pin_candidates")
-    connection.execute(
-        "INSERT OR IGNORE INTO temp.pin_candidates SELECT e.event_id, e.timestamp, e.build_request_id,"
-        f" e.event_type, e.partition_ref, e.job_run_id, e.status_code FROM ({candidates}) AS p"
-        " JOIN main.events AS e USING (event_id)"
-    )
+    if candidates is not None:
+        connection.execute("DELETE FROM temp.pin_candidates")
+        connection.execute(
+            f"INSERT OR IGNORE INTO temp.pin_candidates {_PIN_CANDIDATE_COLUMNS} FROM ({candidates}) AS p"
+            " JOIN main.events AS e USING (event_id)"
+        )
     connection.execute("DELETE FROM temp.pinned")
     pin_latest(connection, "temp.pin_candidates")
     connection.execute("DELETE FROM temp.superseded")
@@ -308,6 +350,7 @@ def cold_build_requests_matching(connection: sqlite3.Connection, index_folder: s
 
 
 __all__ = [
+    "PIN_CANDIDATES_OF_FROZEN",
     "JOB_RUN_EVENT_TYPES",
     "cold_build_requests_among",
     "cold_build_requests_holding",
@@ -315,6 +358,7 @@ __all__ = [
     "job_runs_of",
     "keep_latest_pins",
     "pin_latest",
+    "pin_latest_of",
     "thaw",
     "thaw_job_runs",
     "work_tables",
