@@ -323,7 +323,7 @@ def _merge(connection: sqlite3.Connection, folder: str, segments: list[int]) -> 
     thaw (a late event, a tombstone) made one of them stale meanwhile: the next round rewrites it."""
     rows = pa.concat_tables(parquet_file(segment_paths(folder, segment)[0]).read() for segment in segments)
     merged = _next_segment(connection, folder)
-    low, high, groups = write_segment(folder, merged, rows)
+    low, high, groups, _ = write_segment(folder, merged, rows)
     marks = ", ".join("?" * len(segments))
     live = 0
     requests = sorted(groups)  # a segment not stale holds its build requests all cold
@@ -469,7 +469,7 @@ def _evict_one(
     connection.execute(f"INSERT INTO temp.frozen SELECT {_COLUMNS} FROM {_FROZEN}")
     rows = rows_table(connection.execute(f"SELECT {_COLUMNS} FROM temp.frozen"))
     segment = _next_segment(connection, folder)
-    low, high, groups = write_segment(folder, segment, rows)
+    low, high, groups, refs = write_segment(folder, segment, rows)
     pin_latest_of(connection, rows)
     if building is None:  # the pins of the partitions these rows carry, over every segment
         keep_latest_pins(connection, _PINS_OF_PINNED_REFS)
@@ -484,12 +484,10 @@ def _evict_one(
         ((i, segment, json.dumps(c, separators=(",", ":")), groups.get(i, b"")) for i, c in by_request.items()),
     )
     # partition_state.event_count counts the events carrying the ref: those deleted here are kept
-    # as a count; a ref only listed gets a row of 0, its pointer to this segment.
-    connection.execute(
-        "INSERT OR IGNORE INTO main.cold_partition_events SELECT DISTINCT listed.value, ?, 0 FROM ("
-        + select_listed_partitions("e", source="temp.frozen AS e, ")
-        + ") AS listed",
-        (segment,),
+    # as a count; a ref only listed gets a row of 0, its pointer to this segment (of every ref the
+    # rows carry or list: the carried ones get their count next).
+    connection.executemany(
+        "INSERT OR IGNORE INTO main.cold_partition_events VALUES (?, ?, 0)", ((ref, segment) for ref in refs)
     )
     connection.execute(
         "INSERT INTO main.cold_partition_events (partition_ref, segment, count)"

@@ -7,7 +7,7 @@ a job's targets), sorted by ref. Rows arrive as Arrow (an eviction's rows from S
 struct array, a merge's from the segments' own files): a segment of 262,144 events is sorted,
 fanned out by ref and written by Arrow, with Python touching only the payloads that list refs.
 
-    low, high, groups = write_segment(folder, 7, rows_table(connection.execute("SELECT * FROM events")))
+    low, high, groups, refs = write_segment(folder, 7, rows_table(connection.execute("SELECT * FROM events")))
 """
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ def rows_table(rows: Iterable[tuple]) -> pa.Table:
     return pa.Table.from_struct_array(pa.array(list(rows), _ROW_TYPE))
 
 
-def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, dict[str, bytes]]:
+def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, dict[str, bytes], list[str]]:
     """Write segment `segment` of `rows` (SEGMENT_SCHEMA, not empty) and its by-partition
-    companion; returns their (min, max) timestamp and each build request's row groups
-    (`cold_build_requests.row_groups`)."""
+    companion; returns their (min, max) timestamp, each build request's row groups
+    (`cold_build_requests.row_groups`) and the refs the rows carry or list, sorted (the
+    companion's keys: their payloads are parsed once, here)."""
     make_folders(folder)
     table = rows.select(list(ROW_COLUMNS)).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
     companion = _by_partition(table)
@@ -77,7 +78,13 @@ def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, 
     _write_parquet(main, table)
     fsync_folder(folder)
     stamps = table.column("timestamp")
-    return pc.min(stamps).as_py(), pc.max(stamps).as_py(), _row_groups(table.column("build_request_id").to_pylist())
+    refs = pc.unique(companion.column("key")).to_pylist()  # the companion is sorted by key
+    return (
+        pc.min(stamps).as_py(),
+        pc.max(stamps).as_py(),
+        _row_groups(table.column("build_request_id").to_pylist()),
+        refs,
+    )
 
 
 def _by_partition(table: pa.Table) -> pa.Table:
