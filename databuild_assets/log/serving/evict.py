@@ -501,10 +501,9 @@ def _evict_one(
     connection.execute(
         "INSERT OR IGNORE INTO main.cold_job_runs SELECT job_run_id, build_request_id,"
         f" MAX(event_type IN ({_JOB_RUN_TYPES_SQL})) FROM temp.frozen AS f WHERE job_run_id IS NOT NULL"
-        " AND NOT EXISTS (SELECT 1 FROM main.job_runs AS r"
+        " GROUP BY job_run_id, build_request_id HAVING NOT EXISTS (SELECT 1 FROM main.job_runs AS r"
         " WHERE r.job_run_id = f.job_run_id AND r.build_request_id = f.build_request_id)"
-        " GROUP BY job_run_id, build_request_id"
-    )
+    )  # looked up once a pair, not once an event
     event_ids = rows.column("event_id").to_pylist()
     if building is not None:  # the rows stay until `_keep_only_staying`, and the ids are written once
         building.add(event_ids)
