@@ -66,15 +66,40 @@ CREATE TEMP TABLE IF NOT EXISTS thawing (
 
 
 # The events the refresh SQL of partition_state picks for a partition: the latest, the latest
-# partition event, with a job run, available, delegation and invalidation.
-_PICKS = (
-    "1",
-    "event_type = 'partition_event'",
-    "event_type = 'partition_event' AND job_run_id IS NOT NULL",
-    f"event_type = 'partition_event' AND status_code = {int(PartitionStatus.PARTITION_AVAILABLE)}",
-    "event_type = 'delegation_event'",
-    "event_type = 'partition_invalidation_event'",
+# partition event, with a job run, available, delegation and invalidation. Each is (its event type
+# or None for any, whether it needs a job run, the status it needs or None); `pin_latest` renders
+# them as SQL and `pin_latest_of` as Arrow masks, so the two cannot drift apart.
+_AVAILABLE = int(PartitionStatus.PARTITION_AVAILABLE)
+_PICKS: tuple[tuple[str | None, bool, int | None], ...] = (
+    (None, False, None),
+    ("partition_event", False, None),
+    ("partition_event", True, None),
+    ("partition_event", False, _AVAILABLE),
+    ("delegation_event", False, None),
+    ("partition_invalidation_event", False, None),
 )
+
+
+def _pick_sql(event_type: str | None, job_run: bool, status: int | None) -> str:
+    conditions = ["partition_ref IS NOT NULL"]
+    if event_type is not None:
+        conditions.append(f"event_type = '{event_type}'")
+    if job_run:
+        conditions.append("job_run_id IS NOT NULL")
+    if status is not None:
+        conditions.append(f"status_code = {int(status)}")
+    return " AND ".join(conditions)
+
+
+def _pick_mask(rows: pa.Table, event_type: str | None, job_run: bool, status: int | None) -> pa.ChunkedArray:
+    mask = pc.is_valid(rows.column("partition_ref"))
+    if event_type is not None:
+        mask = pc.and_(mask, pc.equal(rows.column("event_type"), event_type))
+    if job_run:
+        mask = pc.and_(mask, pc.is_valid(rows.column("job_run_id")))
+    if status is not None:
+        mask = pc.and_(mask, pc.equal(rows.column("status_code"), status))
+    return pc.fill_null(mask, False)
 
 
 # The columns of temp.pin_candidates, of rows `e`.
@@ -91,11 +116,11 @@ PIN_CANDIDATES_OF_FROZEN = (
 def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
     """Into temp.pinned: the event ids among `rows` (a FROM expression of `events` rows) that
     the refresh SQL of partition_state would pick, for each partition they carry."""
-    for condition in _PICKS:
+    for pick in _PICKS:
         connection.execute(
             "INSERT OR IGNORE INTO temp.pinned SELECT event_id FROM (SELECT event_id, ROW_NUMBER() OVER"
             " (PARTITION BY partition_ref ORDER BY timestamp DESC, event_id DESC) AS n FROM"
-            f" {rows} WHERE partition_ref IS NOT NULL AND {condition}) WHERE n = 1"
+            f" {rows} WHERE {_pick_sql(*pick)}) WHERE n = 1"
         )
 
 
@@ -104,20 +129,10 @@ def pin_latest_of(connection: sqlite3.Connection, rows: pa.Table) -> None:
     each pick, the rows of the latest timestamp per partition, then of those the greatest
     event_id (ORDER BY timestamp DESC, event_id DESC; both orders bytewise). Six window queries
     over a segment's rows in SQLite were a tenth of a first build's segments."""
-    carrying = pc.is_valid(rows.column("partition_ref"))
-    partition_event = pc.and_(carrying, pc.equal(rows.column("event_type"), "partition_event"))
-    picks = (
-        carrying,
-        partition_event,
-        pc.and_(partition_event, pc.is_valid(rows.column("job_run_id"))),
-        pc.and_(partition_event, pc.equal(rows.column("status_code"), int(PartitionStatus.PARTITION_AVAILABLE))),
-        pc.and_(carrying, pc.equal(rows.column("event_type"), "delegation_event")),
-        pc.and_(carrying, pc.equal(rows.column("event_type"), "partition_invalidation_event")),
-    )
     keys = rows.select(["partition_ref", "timestamp", "event_id"])
     chosen: set[str] = set()
-    for pick in picks:
-        candidates = keys.filter(pc.fill_null(pick, False))
+    for pick in _PICKS:
+        candidates = keys.filter(_pick_mask(rows, *pick))
         if not candidates.num_rows:
             continue
         latest = candidates.group_by("partition_ref").aggregate([("timestamp", "max")])
