@@ -72,27 +72,26 @@ def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, 
     companion's keys: their payloads are parsed once, here)."""
     make_folders(folder)
     table = rows.select(list(ROW_COLUMNS)).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
-    companion = _by_partition(table)
+    companion, refs = _by_partition(table)
     main, partitions = segment_paths(folder, segment)
     _write_parquet(partitions, companion)
     _write_parquet(main, table)
     fsync_folder(folder)
     stamps = table.column("timestamp")
-    refs = pc.unique(companion.column("key")).to_pylist()  # the companion is sorted by key
     return (
         pc.min(stamps).as_py(),
         pc.max(stamps).as_py(),
         _row_groups(table.column("build_request_id").to_pylist()),
-        refs,
+        refs.to_pylist(),
     )
 
 
-def _by_partition(table: pa.Table) -> pa.Table:
+def _by_partition(table: pa.Table) -> tuple[pa.Table, pa.Array]:
     """A row of `table` (sorted by timestamp, event_id) for each ref it carries or lists, with
     that ref as `key` (a ref both carried and listed by one event, once), sorted by (key,
     timestamp, event_id): by the key's rank among the refs, then by the row's position, two
     integers (a sort on the strings themselves was a tenth of a first build's segments), and
-    every column taken once."""
+    every column taken once. Returned with its keys, each once, sorted."""
     refs = table.column("partition_ref")
     carrying = pc.indices_nonzero(pc.is_valid(refs))
     listing = pc.indices_nonzero(pc.is_in(table.column("event_type"), value_set=pa.array(list(_LISTS))))
@@ -113,7 +112,7 @@ def _by_partition(table: pa.Table) -> pa.Table:
     refs_in_order = pc.unique(key).sort()
     sorting = pa.table({"rank": pc.index_in(key, value_set=refs_in_order), "position": order})
     ranks = pc.sort_indices(sorting, [("rank", "ascending"), ("position", "ascending")])
-    return table.take(order.take(ranks)).add_column(0, "key", key.take(ranks))
+    return table.take(order.take(ranks)).add_column(0, "key", key.take(ranks)), refs_in_order
 
 
 def _write_parquet(path: str, table: pa.Table) -> None:
