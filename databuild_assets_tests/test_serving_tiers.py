@@ -122,6 +122,7 @@ def test_the_default_window_keeps_the_last_hour_of_log_time_hot_and_inf_keeps_ev
 
 def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(lake: Lake, monkeypatch) -> None:
     monkeypatch.setattr(segment_files, "ROWS_PER_GROUP", 50)  # segments of many row groups
+    monkeypatch.setattr(segment_files, "BY_PARTITION_ROWS_PER_GROUP", 40)  # found by bisection
     monkeypatch.setattr(evict, "SEGMENT_EVENTS", 700)  # and several segments, their times overlapping
     events = list(generate_events(3000, seed=8))
     with DeltaRsEventLog(lake) as log:
@@ -151,6 +152,10 @@ def test_reads_that_skip_a_segments_row_groups_by_time_answer_as_the_reference(l
             assert _pages(log, filter) == _pages(reference, filter)
         assert log.get_build_request_events(request) == reference.get_build_request_events(request)
         assert log.get_job_run_events(runs[0]) == reference.get_job_run_events(runs[0])
+        companion = next(Path(log._store().segment_folder).glob("segment-*.by-partition.parquet"))
+        assert parquet_file(str(companion)).metadata.num_row_groups > 10
+        for ref in refs:
+            assert log.get_partition_events(ref) == reference.get_partition_events(ref), ref
         _assert_row_groups_exact(log)
 
 
