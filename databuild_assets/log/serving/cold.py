@@ -42,6 +42,9 @@ from databuild_assets.log.sqlite.backend import _event_from_row, transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
 
 SEGMENTS_FOLDER = "segments"
+# The columns of a segment row an event is made of (event_from_row): a read that returns only
+# events decodes only these.
+EVENT_ROW = ROW_COLUMNS[:5]
 
 # The cold tables of the index (INDEX_FORMAT 3; 4 cold_job_runs.job_events; 5 cold_job_runs only
 # for build requests other than the job run's own; 6 the cold ids in buckets; 7 partition counts
@@ -264,8 +267,8 @@ def _first_in_order(table: pa.Table, first: int) -> pa.Table:
     return table.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
 
 
-def _rows(table: pa.Table) -> list[tuple]:
-    columns = [table.column(name).to_pylist() for name in ROW_COLUMNS]
+def _rows(table: pa.Table, names: Sequence[str] = ROW_COLUMNS) -> list[tuple]:
+    columns = [table.column(name).to_pylist() for name in names]
     return list(zip(*columns, strict=True))
 
 
@@ -293,19 +296,29 @@ class ColdReads:
         return table.filter(pc.is_in(table.column("build_request_id"), value_set=strings(cold)))
 
     def _segment_rows(
-        self, segment: int, column: str, values=None, by_partition=False, keep=None, first=None, spans=None, groups=None
+        self,
+        segment: int,
+        column: str,
+        values=None,
+        by_partition=False,
+        keep=None,
+        first=None,
+        spans=None,
+        groups=None,
+        columns=ROW_COLUMNS,
     ) -> list[tuple]:
         """A segment's live rows whose `column` is in `values` (all when None) within `spans` of
-        time or in row `groups` (read_segment_rows), those `keep(table)` (an Arrow mask) selects, the `first` of them
-        in (timestamp, event_id) order when given: filtered in Arrow, so only returned rows become
-        Python tuples."""
-        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition, spans, groups)
+        time or in row `groups` (read_segment_rows), those `keep(table)` (an Arrow mask) selects,
+        the `first` of them in (timestamp, event_id) order when given: filtered in Arrow, so only
+        returned rows become Python tuples, of `columns` (ROW_COLUMNS or a prefix: EVENT_ROW)."""
+        read = None if columns == ROW_COLUMNS else columns
+        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition, spans, groups, read)
         table = self._live(segment, table)
         if keep is not None:
             table = table.filter(keep(table))
         if first is not None:
             table = _first_in_order(table, first)
-        return _rows(table)
+        return _rows(table, columns)
 
     def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, tuple[list[str], set[int]]]:
         return cold_by_segment(self._connection, build_request_ids)
@@ -339,7 +352,7 @@ class ColdReads:
             if not cold:  # hot (a thaw may have brought it back since the last try)
                 return hot(build_request_id, since_ns)
             ((segment, (_, groups)),) = cold.items()
-            rows = self._segment_rows(segment, "build_request_id", [build_request_id], groups=groups)
+            rows = self._segment_rows(segment, "build_request_id", [build_request_id], groups=groups, columns=EVENT_ROW)
             return [event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns]
 
         return self._with_cold(read)
@@ -369,7 +382,7 @@ class ColdReads:
             hot = hot_events(partition_ref, since_ns)
             cold = []
             for segment in self._partition_segments(partition_ref):
-                rows = self._segment_rows(segment, "key", [partition_ref], by_partition=True)
+                rows = self._segment_rows(segment, "key", [partition_ref], by_partition=True, columns=EVENT_ROW)
                 cold.extend(event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns)
             return _in_order(hot + cold)
 
@@ -407,7 +420,8 @@ class ColdReads:
                 return pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns))
 
             for segment in self._overlapping(start_ns, end_ns):
-                rows = self._segment_rows(segment, "timestamp", keep=within, spans=[(start_ns, end_ns - 1)])
+                spans = [(start_ns, end_ns - 1)]
+                rows = self._segment_rows(segment, "timestamp", keep=within, spans=spans, columns=EVENT_ROW)
                 cold.extend(event_from_row(row) for row in rows)
             return _in_order(hot + cold)
 
