@@ -5,11 +5,12 @@ A segment is two files under `<index folder>/segments/`: `segment-<n>.parquet`, 
 `events` rows of the build requests it holds, sorted by (timestamp, event_id), and
 `segment-<n>.by-partition.parquet`, one row per (partition_ref, event) for the events that carry
 or list a partition (the rows `event_listed_partitions` and `events.partition_ref` give), sorted
-by partition_ref (segment_files.py writes them). Both are zstd with row groups of
-`ROWS_PER_GROUP` rows: a partition's events are read from the row groups whose min/max holds it,
-a range's and a page's from those of their time, and a build request's from the row groups
-`cold_build_requests.row_groups` names (a bitmask written with the segment: its rows' groups,
-however long it ran); footers are read once per process.
+by partition_ref (segment_files.py writes them). Both are zstd, in row groups of
+`ROWS_PER_GROUP` and `BY_PARTITION_ROWS_PER_GROUP` rows: a partition's events are read from the
+row groups whose min/max holds it, a range's and a page's from those of their time, and a build
+request's from the row groups `cold_build_requests.row_groups` names (a bitmask written with the
+segment: its rows' groups, however long it ran); footers and their row groups' bounds are read
+once per process, and the groups of a file sorted by the column found by bisection.
 
 `ColdReads` is mixed into the serving index: with no cold build request it answers as the
 reference does; with some, the index's rows of cold build requests (the pinned copies kept for
