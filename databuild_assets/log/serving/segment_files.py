@@ -25,9 +25,8 @@ from databuild_assets.runtime.file_modes import file_mode, make_folders
 
 ROWS_PER_GROUP = 4096
 # The by-partition file's groups are smaller: a partition's read decodes a group in each segment
-# holding it for its few rows there (at 10M, 7 segments at the median and all 38 at the 95th
-# percentile), and only `key` (and `timestamp`) keep statistics: the others' strings made most
-# of its footer (decision 0051).
+# holding it, for its few rows there, and a partition spans many segments; only `key` (and
+# `timestamp`) keep statistics: the others' strings made most of its footer (decision 0051).
 BY_PARTITION_ROWS_PER_GROUP = 1024
 _BY_PARTITION_STATISTICS = ["key", "timestamp"]
 ROW_COLUMNS = (
