@@ -29,8 +29,8 @@ def _cold_refs(lake: Lake, calls: int) -> tuple[list[str], list[int]]:
     with DeltaRsEventLog(lake) as log:
         connection = log._store()._connection
         held = dict(connection.execute("SELECT partition_ref, COUNT(*) FROM cold_partition_events GROUP BY 1"))
-    rng = random.Random(3)
-    refs = [rng.choice(sorted(held)) for _ in range(calls)]
+    rng, cold = random.Random(3), sorted(held)
+    refs = [rng.choice(cold) for _ in range(calls)]
     return refs, [held[ref] for ref in refs]
 
 
