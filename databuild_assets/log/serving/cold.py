@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
 from databuild_assets.log.serving.arrow import all_true, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
+from databuild_assets.log.serving.pool import each
 from databuild_assets.log.serving.publish import fetch_segment, touch_read
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
@@ -201,16 +202,16 @@ def read_segment_rows(
         if not values:
             return empty()
     if values is None and spans is None and groups is None:
-        return file.read(columns=columns)
+        return file.read(columns=columns, use_threads=False)
     if groups is not None:
-        table = file.read_row_groups(sorted(groups), columns=columns) if groups else empty()
+        table = file.read_row_groups(sorted(groups), columns=columns, use_threads=False) if groups else empty()
         return table if values is None else table.filter(_in(table, column, values))
     chosen = set(range(file.metadata.num_row_groups))
     for name, intervals in ((column, None if values is None else [(v, v) for v in values]), ("timestamp", spans)):
         bounds = footer.bounds(file, name) if intervals is not None else None
         if bounds is not None:  # a column some group has no statistics of prunes nothing
             chosen &= bounds.meeting(intervals)
-    table = file.read_row_groups(sorted(chosen), columns=columns) if chosen else empty()
+    table = file.read_row_groups(sorted(chosen), columns=columns, use_threads=False) if chosen else empty()
     return table if values is None else table.filter(_in(table, column, values))
 
 
@@ -296,9 +297,12 @@ class ColdReads:
         cold = still_cold_in(self._connection, segment, pc.unique(table.column("build_request_id")).to_pylist())
         return table.filter(pc.is_in(table.column("build_request_id"), value_set=strings(cold)))
 
-    def _segment_rows(
+    def _segment_rows(self, segment: int, column: str, values=None, **options) -> list[tuple]:
+        return self._segments_rows([segment], column, values, **options)[0]
+
+    def _segments_rows(
         self,
-        segment: int,
+        segments: Sequence[int],
         column: str,
         values=None,
         by_partition=False,
@@ -307,19 +311,27 @@ class ColdReads:
         spans=None,
         groups=None,
         columns=ROW_COLUMNS,
-    ) -> list[tuple]:
-        """A segment's live rows whose `column` is in `values` (all when None) within `spans` of
-        time or in row `groups` (read_segment_rows), those `keep(table)` (an Arrow mask) selects,
-        the `first` of them in (timestamp, event_id) order when given: filtered in Arrow, so only
-        returned rows become Python tuples, of `columns` (ROW_COLUMNS or a prefix: EVENT_ROW)."""
+    ) -> list[list[tuple]]:
+        """The live rows of each of `segments` (their files read side by side, pool.py) whose
+        `column` is in `values` (all when None) within `spans` of time or in row `groups`
+        (read_segment_rows), those `keep(table)` (an Arrow mask) selects, the `first` of them in
+        (timestamp, event_id) order when given: filtered in Arrow, so only returned rows become
+        Python tuples, of `columns` (ROW_COLUMNS or a prefix: EVENT_ROW)."""
         read = None if columns == ROW_COLUMNS else columns
-        table = read_segment_rows(self.segment_folder, segment, column, values, by_partition, spans, groups, read)
-        table = self._live(segment, table)
-        if keep is not None:
-            table = table.filter(keep(table))
-        if first is not None:
-            table = _first_in_order(table, first)
-        return _rows(table, columns)
+        folder = self.segment_folder
+
+        def table_of(segment: int) -> pa.Table:  # the files only: the index's connection stays here
+            return read_segment_rows(folder, segment, column, values, by_partition, spans, groups, read)
+
+        found = []
+        for segment, table in zip(segments, each(table_of, segments), strict=True):
+            table = self._live(segment, table)
+            if keep is not None:
+                table = table.filter(keep(table))
+            if first is not None:
+                table = _first_in_order(table, first)
+            found.append(_rows(table, columns))
+        return found
 
     def _cold_of(self, build_request_ids: Iterable[str]) -> dict[int, tuple[list[str], set[int]]]:
         return cold_by_segment(self._connection, build_request_ids)
@@ -381,10 +393,9 @@ class ColdReads:
 
         def read() -> list[dict[str, Any]]:
             hot = hot_events(partition_ref, since_ns)
-            cold = []
-            for segment in self._partition_segments(partition_ref):
-                rows = self._segment_rows(segment, "key", [partition_ref], by_partition=True, columns=EVENT_ROW)
-                cold.extend(event_from_row(row) for row in rows if since_ns is None or row[1] > since_ns)
+            segments = self._partition_segments(partition_ref)
+            found = self._segments_rows(segments, "key", [partition_ref], by_partition=True, columns=EVENT_ROW)
+            cold = [event_from_row(row) for rows in found for row in rows if since_ns is None or row[1] > since_ns]
             return _in_order(hot + cold)
 
         return self._with_cold(read)
@@ -414,16 +425,14 @@ class ColdReads:
 
         def read() -> list[dict[str, Any]]:
             hot = hot_events(start_ns, end_ns)
-            cold = []
 
             def within(table: pa.Table) -> pa.Array:
                 stamps = table.column("timestamp")
                 return pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns))
 
-            for segment in self._overlapping(start_ns, end_ns):
-                spans = [(start_ns, end_ns - 1)]
-                rows = self._segment_rows(segment, "timestamp", keep=within, spans=spans, columns=EVENT_ROW)
-                cold.extend(event_from_row(row) for row in rows)
+            segments, spans = self._overlapping(start_ns, end_ns), [(start_ns, end_ns - 1)]
+            found = self._segments_rows(segments, "timestamp", keep=within, spans=spans, columns=EVENT_ROW)
+            cold = [event_from_row(row) for rows in found for row in rows]
             return _in_order(hot + cold)
 
         return self._with_cold(read)
