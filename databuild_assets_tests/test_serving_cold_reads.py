@@ -1,13 +1,15 @@
 """The cold tier's reads (docs/decisions/0051, cold.py): a partition's events over many segments,
 their files read side by side by the process's pool (pool.py), answer as the reference does, in
-the process that made the pool and in a child forked from it."""
+the process that made the pool and in a child forked from it; a sorted companion's row groups are
+found by bisecting a few groups' statistics (footers.py)."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from typing import Any
 
-from databuild_assets.log.serving import evict
+from databuild_assets.log.serving import evict, footers, segment_files
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.runtime.lake import Lake
@@ -48,3 +50,28 @@ def test_a_partition_over_many_segments_is_read_side_by_side_and_in_a_forked_chi
 def _answer_in_child(root: str, refs: list[str], answers: Any) -> None:
     with DeltaRsEventLog(Lake(root)) as log:
         answers.put({ref: log.get_partition_events(ref) for ref in refs})
+
+
+def test_a_partitions_row_groups_in_a_companion_are_found_by_bisecting_a_few_groups_statistics(
+    lake: Lake, monkeypatch
+) -> None:
+    # A companion is sorted by key across its row groups and says so in its schema metadata;
+    # a read bisects the groups' statistics rather than taking every group's first (a fresh
+    # process's first read of an old partition walked every group of every segment holding it).
+    monkeypatch.setattr(segment_files, "BY_PARTITION_ROWS_PER_GROUP", 16)
+    events = list(generate_events(2000, seed=5))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        index = log._store()
+        segment, ref = index._connection.execute("SELECT segment, partition_ref FROM cold_partition_events").fetchone()
+        file, footer = footers.opened(segment_files.segment_paths(index.segment_folder, segment)[1])
+        assert file.metadata.num_row_groups > 64
+        assert log.get_partition_events(ref) == reference.get_partition_events(ref)
+        bounds = footer.bounds(file, "key")  # every group's when not bisected
+        probed = len(getattr(bounds, "_seen", range(file.metadata.num_row_groups)))
+        assert 0 < probed <= 2 * math.ceil(math.log2(file.metadata.num_row_groups)) + 2, probed
+        refs = [row[0] for row in index._connection.execute("SELECT DISTINCT partition_ref FROM cold_partition_events")]
+        assert {r: log.get_partition_events(r) for r in refs} == {r: reference.get_partition_events(r) for r in refs}

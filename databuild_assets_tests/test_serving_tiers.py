@@ -24,7 +24,7 @@ from databuild_assets.log.interface import EventFilter, canonical_event
 from databuild_assets.log.serving import cold, cold_ids, evict, segment_files, thaw
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
-from databuild_assets.log.serving.cold import parquet_file
+from databuild_assets.log.serving.footers import parquet_file
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake

@@ -9,7 +9,7 @@ by partition_ref (segment_files.py writes them). Both are zstd, in row groups of
 `ROWS_PER_GROUP` and `BY_PARTITION_ROWS_PER_GROUP` rows: a partition's events are read from the
 row groups whose min/max holds it, a range's and a page's from those of their time, and a build
 request's from the row groups `cold_build_requests.row_groups` names (a bitmask written with the
-segment: its rows' groups, however long it ran); footers and their row groups' bounds are read
+segment: its rows' groups, however long it ran); footers and their row groups' bounds are read (footers.py)
 once per process, and the groups of a file sorted by the column found by bisection.
 
 `ColdReads` is mixed into the serving index: with no cold build request it answers as the
@@ -22,23 +22,19 @@ the projections' refresh, evict.py) are left out and the segments' rows merged i
 
 from __future__ import annotations
 
-import bisect
 import json
-import os
-import threading
 from collections.abc import Collection, Iterable, Sequence
 from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
 from databuild_assets.log.serving.arrow import all_true, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
+from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
-from databuild_assets.log.serving.publish import fetch_segment, touch_read
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
@@ -87,94 +83,6 @@ WHERE build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requ
 """
 
 
-def _never_decreasing(values: list[Any]) -> bool:
-    return all(a <= b for a, b in zip(values, values[1:], strict=False))
-
-
-class _Bounds:
-    """Each row group's min and max of a column, and whether both never decrease (the file is
-    sorted by it): then the groups that can hold a value are found by bisection."""
-
-    def __init__(self, lows: list[Any], highs: list[Any]) -> None:
-        self.lows, self.highs = lows, highs
-        self.ordered = _never_decreasing(lows) and _never_decreasing(highs)
-
-    def meeting(self, intervals: Iterable[tuple[Any, Any]]) -> set[int]:
-        """The row groups whose (min, max) meets one of `intervals` ((low, high), both included)."""
-        chosen: set[int] = set()
-        for low, high in intervals:
-            if self.ordered:
-                chosen.update(range(bisect.bisect_left(self.highs, low), bisect.bisect_right(self.lows, high)))
-            else:
-                pairs = enumerate(zip(self.lows, self.highs, strict=True))
-                chosen.update(group for group, (a, b) in pairs if low <= b and a <= high)
-        return chosen
-
-
-class _Footer:
-    """A file's footer, read once per process, and each column's row-group bounds taken from it
-    once: walking the metadata's Python objects for every row group of every segment on each
-    read was most of a partition's read (decision 0051)."""
-
-    def __init__(self, metadata: pq.FileMetaData) -> None:
-        self.metadata = metadata
-        self._bounds: dict[str, _Bounds | None] = {}
-        self._lock = threading.Lock()
-
-    def bounds(self, file: pq.ParquetFile, column: str) -> _Bounds | None:
-        """Each row group's min and max of `column`, None when a group has none."""
-        with self._lock:
-            if column not in self._bounds:
-                index = file.schema_arrow.get_field_index(column)
-                lows, highs = [], []
-                for group in range(self.metadata.num_row_groups):
-                    statistics = self.metadata.row_group(group).column(index).statistics
-                    if statistics is None or not statistics.has_min_max:
-                        self._bounds[column] = None
-                        break
-                    lows.append(statistics.min)
-                    highs.append(statistics.max)
-                else:
-                    self._bounds[column] = _Bounds(lows, highs)
-            return self._bounds[column]
-
-
-_footers: dict[tuple[str, int, int], _Footer] = {}
-_footers_lock = threading.Lock()
-
-
-def _opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
-    """The file with its footer read once per process (keyed by its inode and size: a name never
-    names two segments at once, but a rebuilt index may reuse it). A reader's segment of a
-    publication is fetched from the bucket the first time it is read (publish.py)."""
-    for attempt in range(2):  # a fetched segment the cache bound removed between stat and open
-        try:
-            status = os.stat(path)
-        except FileNotFoundError:
-            if not fetch_segment(path):
-                raise
-            status = os.stat(path)
-        key = (path, status.st_ino, status.st_size)
-        with _footers_lock:
-            footer = _footers.get(key)
-        try:
-            file = pq.ParquetFile(path, metadata=footer.metadata if footer is not None else None)
-            break
-        except FileNotFoundError:
-            if attempt:
-                raise
-    touch_read(path)
-    if footer is None:
-        with _footers_lock:
-            footer = _footers.setdefault(key, _Footer(file.metadata))
-    return file, footer
-
-
-def parquet_file(path: str) -> pq.ParquetFile:
-    """The file at `path`, its footer read once per process (`_opened`)."""
-    return _opened(path)[0]
-
-
 def read_segment_rows(
     folder: str,
     segment: int,
@@ -189,7 +97,7 @@ def read_segment_rows(
     in `values` (every row when None), read from the row groups `groups` when given, else from
     those whose min/max can hold one and, with `spans`, whose timestamps meet one of those (low,
     high) intervals (both ends included); only `columns` (with `column`) when given."""
-    file, footer = _opened(segment_paths(folder, segment)[1 if by_partition else 0])
+    file, footer = opened(segment_paths(folder, segment)[1 if by_partition else 0])
     if columns is not None:
         columns = list(dict.fromkeys([*columns, column]))
 
@@ -509,7 +417,7 @@ class ColdReads:
                 continue
             if cut() is not None and low > cut():
                 break
-            (file, footer), keep = _opened(segment_paths(self.segment_folder, segment)[0]), keep_in(segment)
+            (file, footer), keep = opened(segment_paths(self.segment_folder, segment)[0]), keep_in(segment)
             bounds = footer.bounds(file, "timestamp")
             for group in range(file.metadata.num_row_groups):
                 stamps = (bounds.lows[group], bounds.highs[group]) if bounds is not None else None

@@ -38,8 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
-from databuild_assets.log.serving.cold import SEGMENTS_FOLDER, parquet_file, still_cold_in
+from databuild_assets.log.serving.cold import SEGMENTS_FOLDER, still_cold_in
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
+from databuild_assets.log.serving.footers import parquet_file
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, rows_table, segment_paths, write_segment
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.serving.thaw import (

@@ -29,6 +29,9 @@ ROWS_PER_GROUP = 4096
 # `timestamp`) keep statistics: the others' strings made most of its footer (decision 0051).
 BY_PARTITION_ROWS_PER_GROUP = 1024
 _BY_PARTITION_STATISTICS = ["key", "timestamp"]
+# The file's schema metadata naming the column its rows are sorted by across row groups: a
+# reader bisects the groups' statistics for a key, reading a few of them, not every group's.
+SORTED_BY = "databuild.sorted_by"
 ROW_COLUMNS = (
     "event_id", "timestamp", "build_request_id", "event_type", "payload", "partition_ref", "job_run_id", "status_code",
 )  # fmt: skip
@@ -79,6 +82,7 @@ def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, 
     table = rows.select(list(ROW_COLUMNS)).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
     companion, refs = _by_partition(table)
     main, partitions = segment_paths(folder, segment)
+    companion = companion.replace_schema_metadata({SORTED_BY: "key"})
     _write_parquet(partitions, companion, BY_PARTITION_ROWS_PER_GROUP, _BY_PARTITION_STATISTICS)
     _write_parquet(main, table, ROWS_PER_GROUP, True)
     fsync_folder(folder)
@@ -147,6 +151,7 @@ def _row_groups(build_request_ids: list[str]) -> dict[str, bytes]:
 __all__ = [
     "BY_PARTITION_ROWS_PER_GROUP",
     "BY_PARTITION_SCHEMA",
+    "SORTED_BY",
     "ROWS_PER_GROUP",
     "ROW_COLUMNS",
     "SEGMENT_SCHEMA",

@@ -1,0 +1,153 @@
+"""Segment files opened with their footers read once per process, and the bounds of their row
+groups taken from those footers: a cold read finds the groups that can hold its keys or times
+without reading the others (docs/decisions/0051).
+
+    file, footer = opened(segment_paths(folder, 3)[1])
+    groups = footer.bounds(file, "key").meeting([("data/a", "data/a")])
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from databuild_assets.log.serving.publish import fetch_segment, touch_read
+from databuild_assets.log.serving.segment_files import SORTED_BY
+
+
+def _never_decreasing(values: list[Any]) -> bool:
+    return all(a <= b for a, b in zip(values, values[1:], strict=False))
+
+
+class _Bounds:
+    """Each row group's min and max of a column, and whether both never decrease (the file is
+    sorted by it): then the groups that can hold a value are found by bisection."""
+
+    def __init__(self, lows: list[Any], highs: list[Any]) -> None:
+        self.lows, self.highs = lows, highs
+        self.ordered = _never_decreasing(lows) and _never_decreasing(highs)
+
+    def meeting(self, intervals: Iterable[tuple[Any, Any]]) -> set[int]:
+        """The row groups whose (min, max) meets one of `intervals` ((low, high), both included)."""
+        chosen: set[int] = set()
+        for low, high in intervals:
+            if self.ordered:
+                chosen.update(range(bisect.bisect_left(self.highs, low), bisect.bisect_right(self.lows, high)))
+            else:
+                pairs = enumerate(zip(self.lows, self.highs, strict=True))
+                chosen.update(group for group, (a, b) in pairs if low <= b and a <= high)
+        return chosen
+
+
+class _SortedBounds:
+    """The row-group bounds of the column a file is sorted by across its groups (segment_files
+    SORTED_BY): found by bisection, reading the statistics of a few groups, each once. Taking
+    every group's bounds first made a fresh process's first read of a partition walk every row
+    group of every segment holding it."""
+
+    def __init__(self, metadata: pq.FileMetaData, index: int) -> None:
+        self.metadata, self.index, self._seen = metadata, index, {}
+
+    def meeting(self, intervals: Iterable[tuple[Any, Any]]) -> set[int]:
+        """The row groups whose (min, max) meets one of `intervals` ((low, high), both included);
+        every group when a probed one has no statistics."""
+        groups, chosen = range(self.metadata.num_row_groups), set()
+        try:
+            for low, high in intervals:
+                first = bisect.bisect_left(groups, low, key=lambda group: self._bound(group)[1])
+                chosen.update(range(first, bisect.bisect_right(groups, high, key=lambda group: self._bound(group)[0])))
+        except _Unbounded:
+            return set(groups)
+        return chosen
+
+    def _bound(self, group: int) -> tuple[Any, Any]:
+        if group not in self._seen:  # concurrent readers may both fill it: with the same value
+            statistics = self.metadata.row_group(group).column(self.index).statistics
+            has = statistics is not None and statistics.has_min_max
+            self._seen[group] = (statistics.min, statistics.max) if has else None
+        if self._seen[group] is None:
+            raise _Unbounded
+        return self._seen[group]
+
+
+class _Unbounded(Exception):
+    """A row group without min/max statistics met while bisecting."""
+
+
+class _Footer:
+    """A file's footer, read once per process, and each column's row-group bounds taken from it
+    once: walking the metadata's Python objects for every row group of every segment on each
+    read was most of a partition's read (decision 0051)."""
+
+    def __init__(self, metadata: pq.FileMetaData) -> None:
+        self.metadata = metadata
+        self._bounds: dict[str, _Bounds | _SortedBounds | None] = {}
+        self._lock = threading.Lock()
+
+    def bounds(self, file: pq.ParquetFile, column: str) -> _Bounds | _SortedBounds | None:
+        """Each row group's min and max of `column`, None when a group has none."""
+        with self._lock:
+            if column not in self._bounds and _sorted_by(file) == column:
+                self._bounds[column] = _SortedBounds(self.metadata, file.schema_arrow.get_field_index(column))
+            if column not in self._bounds:
+                index = file.schema_arrow.get_field_index(column)
+                lows, highs = [], []
+                for group in range(self.metadata.num_row_groups):
+                    statistics = self.metadata.row_group(group).column(index).statistics
+                    if statistics is None or not statistics.has_min_max:
+                        self._bounds[column] = None
+                        break
+                    lows.append(statistics.min)
+                    highs.append(statistics.max)
+                else:
+                    self._bounds[column] = _Bounds(lows, highs)
+            return self._bounds[column]
+
+
+def _sorted_by(file: pq.ParquetFile) -> str | None:
+    sorted_by = (file.schema_arrow.metadata or {}).get(SORTED_BY.encode())
+    return sorted_by.decode() if sorted_by is not None else None
+
+
+_footers: dict[tuple[str, int, int], _Footer] = {}
+_footers_lock = threading.Lock()
+
+
+def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
+    """The file with its footer read once per process (keyed by its inode and size: a name never
+    names two segments at once, but a rebuilt index may reuse it). A reader's segment of a
+    publication is fetched from the bucket the first time it is read (publish.py)."""
+    for attempt in range(2):  # a fetched segment the cache bound removed between stat and open
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            if not fetch_segment(path):
+                raise
+            status = os.stat(path)
+        key = (path, status.st_ino, status.st_size)
+        with _footers_lock:
+            footer = _footers.get(key)
+        try:
+            file = pq.ParquetFile(path, metadata=footer.metadata if footer is not None else None)
+            break
+        except FileNotFoundError:
+            if attempt:
+                raise
+    touch_read(path)
+    if footer is None:
+        with _footers_lock:
+            footer = _footers.setdefault(key, _Footer(file.metadata))
+    return file, footer
+
+
+def parquet_file(path: str) -> pq.ParquetFile:
+    """The file at `path`, its footer read once per process (`opened`)."""
+    return opened(path)[0]
+
+
+__all__ = ["opened", "parquet_file"]
