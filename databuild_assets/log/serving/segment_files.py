@@ -24,6 +24,10 @@ from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders
 
 ROWS_PER_GROUP = 4096
+# The columns a main file's reads prune its groups by (a range's and a page's time, a thaw's
+# build requests when their groups are not named): min/max of the others, the payloads' above
+# all, were most of its footer, parsed by each process that reads the segment.
+_MAIN_STATISTICS = ["timestamp", "build_request_id"]
 # The by-partition file's groups are smaller: a partition's read decodes a group in each segment
 # holding it, for its few rows there, and a partition spans many segments; only `key` (and
 # `timestamp`) keep statistics: the others' strings made most of its footer (decision 0051).
@@ -84,7 +88,7 @@ def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, 
     main, partitions = segment_paths(folder, segment)
     companion = companion.replace_schema_metadata({SORTED_BY: "key"})
     _write_parquet(partitions, companion, BY_PARTITION_ROWS_PER_GROUP, _BY_PARTITION_STATISTICS)
-    _write_parquet(main, table, ROWS_PER_GROUP, True)
+    _write_parquet(main, table, ROWS_PER_GROUP, _MAIN_STATISTICS)
     fsync_folder(folder)
     stamps = table.column("timestamp")
     return (
