@@ -2,25 +2,21 @@
 
 `PAYLOADS` lists each payload struct's fields with their kind and, for status codes, their
 enum. The Spark schema (`EVENT_SCHEMA`) and the validator (`validation.py`) are both
-derived from it, so the two cannot drift apart.
+derived from it, so the two cannot drift apart. `EVENT_SCHEMA` is built on first use: the query
+path (log/) reads the field lists only, and importing pyspark was a fifth of a query call.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import IntEnum
-
-from pyspark.sql.types import (
-    ArrayType,
-    DataType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from typing import TYPE_CHECKING, Any
 
 from databuild_assets.events.enums import BuildRequestStatus, JobStatus, PartitionStatus
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType, StructType
 
 # Bumped whenever the stored event schema changes; written to every table's properties.
 SCHEMA_VERSION = 1
@@ -33,15 +29,6 @@ class Field:
     name: str
     kind: str
     status_enum: type[IntEnum] | None = None
-
-
-_SPARK_TYPES: dict[str, DataType] = {
-    "string": StringType(),
-    "int": IntegerType(),
-    "bigint": LongType(),
-    # Elements are nullable in storage (as from_json produces them); validation refuses null elements.
-    "array<string>": ArrayType(StringType(), containsNull=True),
-}
 
 
 def _status_fields(enum: type[IntEnum]) -> list[Field]:
@@ -92,19 +79,44 @@ CORE_FIELDS: tuple[Field, ...] = (
 EVENT_COLUMNS: tuple[str, ...] = tuple(f.name for f in CORE_FIELDS) + EVENT_TYPES
 
 
+@functools.cache
+def _spark_types() -> dict[str, DataType]:
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType
+
+    return {
+        "string": StringType(),
+        "int": IntegerType(),
+        "bigint": LongType(),
+        # Elements are nullable in storage (as from_json produces them); validation refuses null elements.
+        "array<string>": ArrayType(StringType(), containsNull=True),
+    }
+
+
 def spark_type(field: Field) -> DataType:
-    return _SPARK_TYPES[field.kind]
+    return _spark_types()[field.kind]
 
 
 def payload_struct(event_type: str) -> StructType:
+    from pyspark.sql.types import StructField, StructType
+
     return StructType([StructField(f.name, spark_type(f), nullable=True) for f in PAYLOADS[event_type]])
 
 
-# One event, exactly as writers hand it over (and as JSON Lines parse into).
-EVENT_SCHEMA = StructType(
-    [StructField(f.name, spark_type(f), nullable=False) for f in CORE_FIELDS]
-    + [StructField(name, payload_struct(name), nullable=True) for name in EVENT_TYPES]
-)
+@functools.cache
+def event_schema() -> StructType:
+    """One event, exactly as writers hand it over (and as JSON Lines parse into): `EVENT_SCHEMA`."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType(
+        [StructField(f.name, spark_type(f), nullable=False) for f in CORE_FIELDS]
+        + [StructField(name, payload_struct(name), nullable=True) for name in EVENT_TYPES]
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EVENT_SCHEMA":
+        return event_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def normalize_event(event: dict) -> dict:

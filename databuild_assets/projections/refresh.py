@@ -174,7 +174,7 @@ def projection_spec(projection: Projection) -> TableSpec:
     MERGE rewrites the files holding the rows it replaces, and delta-rs can read the table
     (docs/decisions/0015-every-table-readable-by-delta-rs.md)."""
     return TableSpec(
-        projection.name, projection.schema, (), f"Projection {projection.name}, one row per {projection.key}."
+        projection.name, lambda: projection.schema, (), f"Projection {projection.name}, one row per {projection.key}."
     )
 
 
@@ -194,7 +194,8 @@ def table_spec(spark: SparkSession, projection: Projection) -> TableSpec:
                "into. Not part of the read model; its layout may change between releases."),
         column(STATE_LOG_VERSION, LongType(), True, "Internal: the log version this row was last computed at."),
     ]  # fmt: skip
-    return replace(projection_spec(projection), schema=StructType([*projection.schema.fields, *internal]))
+    schema = StructType([*projection.schema.fields, *internal])
+    return replace(projection_spec(projection), schema_of=lambda: schema)
 
 
 def nullable(data_type: DataType) -> DataType:

@@ -20,12 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from py4j.protocol import Py4JJavaError
-from pyspark.errors.exceptions.captured import CapturedException
 
 from databuild_assets.runtime.delta_log import (
     LogDamage,
@@ -38,6 +36,20 @@ from databuild_assets.runtime.delta_log import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _captured() -> tuple[type, ...]:
+    """Spark's captured JVM error class, when pyspark is loaded: a process that never imported it
+    (the query path, which this module serves too) has no Spark error to classify."""
+    module = sys.modules.get("pyspark.errors.exceptions.captured")
+    return (module.CapturedException,) if module is not None else ()
+
+
+def _spark_errors() -> tuple[type, ...]:
+    """Py4J's and Spark's JVM error classes, of those loaded (`_captured`)."""
+    module = sys.modules.get("py4j.protocol")
+    return ((module.Py4JJavaError,) if module is not None else ()) + _captured()
+
 
 _WHAT_CHARS = 240  # an error's own text is cut to this in the line
 
@@ -173,7 +185,7 @@ def _java_text(error: BaseException) -> str:
     texts = []
     for link in _chain(error):
         texts.append(str(link))
-        if isinstance(link, CapturedException):
+        if isinstance(link, _captured()):
             texts.append(getattr(link, "_stackTrace", None) or "")
     return "\n".join(texts)
 
@@ -197,7 +209,7 @@ def spark_damage(error: BaseException, root: str) -> DamagedTableError | None:
     """A Spark or Delta failure of a job on the local lake at `root`, as damage: the file the
     Java message names (a data file only while the log still references it), else the first
     table whose log is damaged. None when it is no read failure of a file, or none is found."""
-    if not isinstance(error, (Py4JJavaError, CapturedException)) or not os.path.isabs(root):
+    if not isinstance(error, _spark_errors()) or not os.path.isabs(root):
         return None
     text = _java_text(error)
     if not _SPARK_DAMAGE.search(text):
@@ -249,7 +261,7 @@ def damage_of(error: BaseException, root: str) -> DamagedTableError | None:
         if isinstance(link, DamagedTableError):
             return link
     for link in _chain(error):
-        if isinstance(link, (Py4JJavaError, CapturedException)):
+        if isinstance(link, _spark_errors()):
             return spark_damage(link, root)
     return None
 
@@ -259,9 +271,7 @@ def is_listing_race(error: BaseException) -> bool:
     a directory read while commits are written may return a newer commit file and miss the one
     before it (ext4 lists a large folder in hash order). Raised by `damage_reported` only when the
     log shows no gap once read again: then it is that race, and reading again succeeds."""
-    return isinstance(error, (Py4JJavaError, CapturedException)) and "DELTA_VERSIONS_NOT_CONTIGUOUS" in _java_text(
-        error
-    )
+    return isinstance(error, _spark_errors()) and "DELTA_VERSIONS_NOT_CONTIGUOUS" in _java_text(error)
 
 
 @contextmanager

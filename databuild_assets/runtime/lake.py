@@ -6,22 +6,18 @@ The root is a local folder by default and any Hadoop filesystem URI otherwise
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyspark.sql.types import (
-    BinaryType,
-    DateType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
-
-from databuild_assets.events.schema import EVENT_SCHEMA, SCHEMA_VERSION
+from databuild_assets.events.schema import SCHEMA_VERSION, event_schema
 from databuild_assets.runtime.file_modes import folder_mode, restrict_umask
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LAKE_ROOT = str(REPO_ROOT / ".lake")
@@ -54,8 +50,11 @@ COMMON_TABLE_PROPERTIES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class TableSpec:
+    """A table of the lake. Its Spark schema is given as a function, called (cached) on first
+    use of `schema`: the query path names tables without importing pyspark."""
+
     name: str
-    schema: StructType
+    schema_of: Callable[[], StructType]
     partition_by: tuple[str, ...] = ()
     description: str = ""
     # Columns Delta keeps min/max statistics on (data skipping); only ones no tombstone can name.
@@ -63,57 +62,70 @@ class TableSpec:
     # Delta refuses deletes and updates (delta.appendOnly): for audit records.
     append_only: bool = False
 
+    @property
+    def schema(self) -> StructType:
+        return self.schema_of()
 
-def _fields(*fields: tuple[str, object, bool]) -> list[StructField]:
-    return [StructField(name, data_type, nullable) for name, data_type, nullable in fields]
+
+def _fields(*fields: tuple[str, str, bool]) -> StructType:
+    """A schema of (name, Spark type name, nullable) fields."""
+    from pyspark.sql import types
+
+    kinds = {"string": types.StringType, "long": types.LongType, "date": types.DateType}
+    kinds |= {"timestamp": types.TimestampType, "binary": types.BinaryType}
+    return types.StructType([types.StructField(name, kinds[kind](), nullable) for name, kind, nullable in fields])
+
+
+def _lazy(*fields: tuple[str, str, bool]) -> Callable[[], StructType]:
+    """The schema of `fields` (`_fields`), made on first call."""
+    return functools.cache(lambda: _fields(*fields))
+
+
+@functools.cache
+def _raw_event_log_schema() -> StructType:
+    source = _fields(
+        ("event_date", "date", False),  # UTC date of `timestamp`: the partition
+        ("source_file", "string", True),  # landing file, or "writer:<name>" for the writer API
+        ("source_line", "long", True),
+        ("ingested_at", "timestamp", False),
+    )
+    return type(source)(list(event_schema().fields) + list(source.fields))
 
 
 RAW_EVENT_LOG = TableSpec(
     "raw_event_log",
-    StructType(
-        list(EVENT_SCHEMA.fields)
-        + _fields(
-            ("event_date", DateType(), False),  # UTC date of `timestamp`: the partition
-            ("source_file", StringType(), True),  # landing file, or "writer:<name>" for the writer API
-            ("source_line", LongType(), True),
-            ("ingested_at", TimestampType(), False),
-        )
-    ),
+    _raw_event_log_schema,
     ("event_date",),
     "Every accepted event, exactly once, partitioned by its UTC date.",
     ("timestamp", "event_type", "ingested_at"),
 )
 EVENT_QUARANTINE = TableSpec(
     "event_quarantine",
-    StructType(
-        _fields(
-            ("source_file", StringType(), False),
-            ("line_number", LongType(), False),
-            ("reason", StringType(), False),
-            ("line", StringType(), True),  # the line as text (invalid UTF-8 replaced), for people
-            ("raw_line", BinaryType(), False),  # the line's exact bytes: nothing is lost
-            ("ingest_batch", LongType(), False),
-            ("quarantined_at", TimestampType(), False),
-        )
+    _lazy(
+        ("source_file", "string", False),
+        ("line_number", "long", False),
+        ("reason", "string", False),
+        ("line", "string", True),  # the line as text (invalid UTF-8 replaced), for people
+        ("raw_line", "binary", False),  # the line's exact bytes: nothing is lost
+        ("ingest_batch", "long", False),
+        ("quarantined_at", "timestamp", False),
     ),
     (),
     "Every bad landing line, kept whole, with its file, line number and reason.",
 )
 INGEST_LEDGER = TableSpec(
     "ingest_ledger",
-    StructType(
-        _fields(
-            ("batch_id", LongType(), False),
-            ("stage", StringType(), False),  # "planned": one row per file; "committed": one row per batch
-            ("file_path", StringType(), True),
-            ("file_size", LongType(), True),
-            ("lines_read", LongType(), True),
-            ("accepted", LongType(), True),
-            ("duplicates", LongType(), True),
-            ("quarantined", LongType(), True),
-            ("log_version", LongType(), True),
-            ("recorded_at", TimestampType(), False),
-        )
+    _lazy(
+        ("batch_id", "long", False),
+        ("stage", "string", False),  # "planned": one row per file; "committed": one row per batch
+        ("file_path", "string", True),
+        ("file_size", "long", True),
+        ("lines_read", "long", True),
+        ("accepted", "long", True),
+        ("duplicates", "long", True),
+        ("quarantined", "long", True),
+        ("log_version", "long", True),
+        ("recorded_at", "timestamp", False),
     ),
     (),
     "Which landing files each ingestion batch read (planned), and what it wrote (committed).",
@@ -230,25 +242,23 @@ class Lake:
 
 FILTERED_EVENT_LOG = TableSpec(
     "filtered_event_log",
-    RAW_EVENT_LOG.schema,
+    _raw_event_log_schema,
     ("event_date",),
     "The raw event log minus every event a tombstone matches: what projections and readers see.",
     RAW_EVENT_LOG.stats_columns,
 )
 TOMBSTONES = TableSpec(
     "tombstones",
-    StructType(
-        _fields(
-            ("tombstone_id", StringType(), False),
-            ("record", StringType(), False),  # "requested" when asked, "applied" when compaction purged it
-            ("key", StringType(), False),  # event_id, build_request_id, job_run_id or partition_ref
-            ("value", StringType(), False),
-            ("actor", StringType(), False),
-            ("reason", StringType(), False),
-            ("requested_at", TimestampType(), False),
-            ("applied_at", TimestampType(), True),
-            ("applied_log_version", LongType(), True),  # raw_event_log version of the purge
-        )
+    _lazy(
+        ("tombstone_id", "string", False),
+        ("record", "string", False),  # "requested" when asked, "applied" when compaction purged it
+        ("key", "string", False),  # event_id, build_request_id, job_run_id or partition_ref
+        ("value", "string", False),
+        ("actor", "string", False),
+        ("reason", "string", False),
+        ("requested_at", "timestamp", False),
+        ("applied_at", "timestamp", True),
+        ("applied_log_version", "long", True),  # raw_event_log version of the purge
     ),
     (),
     append_only=True,
