@@ -27,9 +27,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name; group 1: its version
 # a classic checkpoint file's name (single-file, or part 2 of 3); group 1: its version
@@ -250,6 +252,8 @@ def _named(action: dict, line: int) -> str:
 
 def _read_checkpoint(parts: list[Path]) -> tuple[dict[str, LiveFile], dict[str, int]]:
     """The live files and transactions a (possibly multi-part) checkpoint holds."""
+    import pyarrow.parquet as pq  # here: a process that reads no checkpoint (a SQLite query) needs no Arrow
+
     files: dict[str, LiveFile] = {}
     transactions: dict[str, int] = {}
     for part in parts:
@@ -472,6 +476,8 @@ class _LogFiles:
             return stream.read()
 
     def parquet(self, name: str) -> pq.ParquetFile:
+        import pyarrow.parquet as pq  # as in _read_checkpoint
+
         if self.filesystem is None:
             return pq.ParquetFile(os.path.join(self.folder, name))
         return pq.ParquetFile(self.filesystem.open_input_file(f"{self.folder}/{name}"))
