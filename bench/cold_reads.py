@@ -42,7 +42,7 @@ from databuild_assets.log import load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.rows import event_rows
-from databuild_assets.log.serving.segment_files import SEGMENT_SCHEMA
+from databuild_assets.log.serving.segment_files import segment_schema
 from databuild_assets.workload import generate_events
 
 ROW_GROUPS = (4_096, 16_384, 65_536)
@@ -86,7 +86,7 @@ def _flat_rows(rows: pa.Table) -> pa.Table:
     """The serving index's `events` rows (the payload as JSON text): what a reader answers from."""
     flat = event_rows(rows)
     return pa.Table.from_pylist(
-        [dict(zip(SEGMENT_SCHEMA.names, row, strict=True)) for row in flat], schema=SEGMENT_SCHEMA
+        [dict(zip(segment_schema().names, row, strict=True)) for row in flat], schema=segment_schema()
     )
 
 

@@ -14,14 +14,9 @@ import os
 from collections.abc import Iterator, Mapping
 from urllib.parse import unquote
 
-import deltalake
-import deltalake.exceptions
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 from databuild_assets.events.schema import SCHEMA_VERSION
 from databuild_assets.runtime.damage import data_file_damage, outside_table_damage
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
     OutsideTableError,
@@ -31,6 +26,11 @@ from databuild_assets.runtime.delta_log import (
 )
 from databuild_assets.runtime.lake import COMMON_TABLE_PROPERTIES, SCHEMA_VERSION_PROPERTY, TableSpec, is_local
 from databuild_assets.runtime.object_store import arrow_filesystem, is_s3
+
+deltalake = deferred("deltalake")
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
+pq = deferred("pyarrow.parquet")
 
 log = logging.getLogger(__name__)
 

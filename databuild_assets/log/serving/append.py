@@ -34,18 +34,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
-import deltalake
-import deltalake.exceptions
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from deltalake import CommitProperties, PostCommitHookProperties, write_deltalake
-
 from databuild_assets.log.serving.follower import DeltaFollower
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_local import table_properties
 from databuild_assets.runtime.file_modes import make_folders, write_new_file
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
+
+deltalake = deferred("deltalake")
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
+pq = deferred("pyarrow.parquet")
 
 # Spark and delta-rs truncate string statistics to this many characters.
 _STRING_STATS_PREFIX = 32
@@ -104,14 +103,16 @@ def commit_exactly(
     if table.version() != latest:
         raise CommitConflictError(f"{table_path} moved past v{latest} before this append")
     try:
-        write_deltalake(
+        deltalake.write_deltalake(
             table,
             rows,
             mode="append",
-            commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}, max_commit_retries=0),
+            commit_properties=deltalake.CommitProperties(
+                custom_metadata={"userMetadata": user_metadata}, max_commit_retries=0
+            ),
             # Not a listing of the whole log after every append: the Spark jobs' checkpoints
             # clean expired commits up, as they do after the local appends.
-            post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
+            post_commithook_properties=deltalake.PostCommitHookProperties(cleanup_expired_logs=False),
         )
     except deltalake.exceptions.CommitFailedError as error:
         table.update_incremental()
@@ -378,11 +379,11 @@ def commit_append(
         return table, latest + 1  # by `append_files`
     if table.version() != latest:
         table.update_incremental()  # to the latest commit: the one this append follows
-    write_deltalake(
+    deltalake.write_deltalake(
         table,
         rows,
         mode="append",
-        commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
+        commit_properties=deltalake.CommitProperties(custom_metadata={"userMetadata": user_metadata}),
     )
     return table, None
 

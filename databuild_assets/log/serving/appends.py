@@ -24,9 +24,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import deltalake
-import pyarrow as pa
-
 from databuild_assets.events.validation import require_valid
 from databuild_assets.log.interface import AppendResult, canonical_event
 from databuild_assets.log.serving.append import (
@@ -39,7 +36,11 @@ from databuild_assets.log.serving.append import (
 from databuild_assets.log.serving.build import table_mark
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark
 from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.object_store import is_s3
+
+deltalake = deferred("deltalake")
+pa = deferred("pyarrow")
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
-import pyarrow as pa
+from databuild_assets.runtime.deferred import deferred
+
+pa = deferred("pyarrow")
 
 
 def strings(values: Iterable[str]) -> pa.Array:

@@ -31,11 +31,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-import deltalake
-import deltalake.exceptions
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log.interface import (
     BuildEventLog,
@@ -51,8 +46,13 @@ from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex,
 from databuild_assets.log.serving.publish import adopt, mark_generation, publication_folder, publication_of
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets.runtime.object_store import is_s3
+
+deltalake = deferred("deltalake")
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import pyarrow as pa
-
 from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log.serving.evict import evict_building
 from databuild_assets.log.serving.follower import DeltaFollower, follower_for
@@ -25,8 +23,11 @@ from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark, c
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import remove_index_files
 from databuild_assets.log.sqlite.schema import EVENTS_TABLE
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_local import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
+
+pa = deferred("pyarrow")
 
 log = logging.getLogger(__name__)
 

@@ -43,11 +43,12 @@ import os
 import threading
 import time
 
-import deltalake
-
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_log import checkpoint_path, last_checkpoint, log_folder
 from databuild_assets.runtime.lock_files import lock_if_free
+
+deltalake = deferred("deltalake")
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,6 @@ from collections.abc import Collection, Iterable, Sequence
 from functools import partial
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
 from databuild_assets.log.serving.arrow import all_true, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
@@ -38,6 +35,10 @@ from databuild_assets.log.serving.pool import each
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
 from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
+from databuild_assets.runtime.deferred import deferred
+
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
 
 SEGMENTS_FOLDER = "segments"
 # The columns of a segment row an event is made of (event_from_row): a read that returns only

@@ -34,9 +34,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.log.serving.cold import SEGMENTS_FOLDER, still_cold_in
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
@@ -58,6 +55,10 @@ from databuild_assets.log.sqlite.schema import (
     PARTITION_COUNTS_OF_BUILD_REQUESTS,
     select_listed_partitions,
 )
+from databuild_assets.runtime.deferred import deferred
+
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
 
 # A segment holds about this many events at most: the rows of one eviction's transaction are in
 # memory while it is written.

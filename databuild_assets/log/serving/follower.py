@@ -20,13 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import deltalake
-import deltalake.exceptions
-import pyarrow as pa
-import pyarrow.parquet as pq
-from pyarrow import fs
-
 from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage, outside_table_damage
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_local import latest_version_on_disk, read_local_table, schema_version_of
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
@@ -36,6 +31,11 @@ from databuild_assets.runtime.delta_log import (
     table_relative,
 )
 from databuild_assets.runtime.object_store import arrow_filesystem, delta_rs_options, delta_rs_uri, is_s3
+
+deltalake = deferred("deltalake")
+pa = deferred("pyarrow")
+pq = deferred("pyarrow.parquet")
+fs = deferred("pyarrow.fs")
 
 # Reader features whose files a plain Parquet read would misread: rows only marked deleted,
 # physical column names that differ from the schema's.

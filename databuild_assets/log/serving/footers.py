@@ -14,10 +14,11 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from databuild_assets.log.serving.publish import fetch_segment, touch_read
 from databuild_assets.log.serving.segment_files import SORTED_BY
+from databuild_assets.runtime.deferred import deferred
+
+pq = deferred("pyarrow.parquet")
 
 
 def _never_decreasing(values: list[Any]) -> bool:

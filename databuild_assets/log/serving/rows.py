@@ -7,10 +7,11 @@ computed by DuckDB over Arrow for a large table.
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from databuild_assets.events.schema import EVENT_COLUMNS, PAYLOADS
 from databuild_assets.log.sqlite.backend import event_row
+from databuild_assets.runtime.deferred import deferred
+
+pa = deferred("pyarrow")
 
 _PAYLOAD_JSON = " ".join(f"WHEN '{name}' THEN to_json({name})" for name in PAYLOADS)
 _EVENT_ROWS_SQL = f"""

@@ -12,16 +12,19 @@ fanned out by ref and written by Arrow, with Python touching only the payloads t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders
+
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
+pq = deferred("pyarrow.parquet")
 
 ROWS_PER_GROUP = 4096
 # The columns a main file's reads prune its groups by (a range's and a page's time, a thaw's
@@ -39,21 +42,31 @@ SORTED_BY = "databuild.sorted_by"
 ROW_COLUMNS = (
     "event_id", "timestamp", "build_request_id", "event_type", "payload", "partition_ref", "job_run_id", "status_code",
 )  # fmt: skip
-SEGMENT_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("timestamp", pa.int64()),
-        ("build_request_id", pa.string()),
-        ("event_type", pa.string()),
-        ("payload", pa.string()),
-        ("partition_ref", pa.string()),
-        ("job_run_id", pa.string()),
-        ("status_code", pa.int64()),
-    ]
-)
-BY_PARTITION_SCHEMA = pa.schema([("key", pa.string()), *SEGMENT_SCHEMA])
+_SEGMENT_FIELDS = (
+    ("event_id", "string"), ("timestamp", "int64"), ("build_request_id", "string"), ("event_type", "string"),
+    ("payload", "string"), ("partition_ref", "string"), ("job_run_id", "string"), ("status_code", "int64"),
+)  # fmt: skip
 _LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
-_ROW_TYPE = pa.struct(list(SEGMENT_SCHEMA))
+
+
+@functools.cache
+def segment_schema() -> pa.Schema:
+    """A segment's main file's schema (SEGMENT_SCHEMA): made on first use, with pyarrow."""
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind in _SEGMENT_FIELDS])
+
+
+@functools.cache
+def by_partition_schema() -> pa.Schema:
+    """A by-partition companion's schema (BY_PARTITION_SCHEMA): `key`, then a segment's."""
+    return pa.schema([("key", pa.string()), *segment_schema()])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SEGMENT_SCHEMA":
+        return segment_schema()
+    if name == "BY_PARTITION_SCHEMA":
+        return by_partition_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def segment_paths(folder: str, segment: int) -> tuple[str, str]:
@@ -74,7 +87,7 @@ def listed_partitions(event_type: str, payload: str) -> set[str]:
 def rows_table(rows: Iterable[tuple]) -> pa.Table:
     """Index `events` rows (tuples in ROW_COLUMNS order, as SQLite returns them) as a table of
     SEGMENT_SCHEMA: one struct array, not a Python list per column."""
-    return pa.Table.from_struct_array(pa.array(list(rows), _ROW_TYPE))
+    return pa.Table.from_struct_array(pa.array(list(rows), pa.struct(list(segment_schema()))))
 
 
 def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, dict[str, bytes], list[str]]:
@@ -154,11 +167,11 @@ def _row_groups(build_request_ids: list[str]) -> dict[str, bytes]:
 
 __all__ = [
     "BY_PARTITION_ROWS_PER_GROUP",
-    "BY_PARTITION_SCHEMA",
     "SORTED_BY",
     "ROWS_PER_GROUP",
     "ROW_COLUMNS",
-    "SEGMENT_SCHEMA",
+    "by_partition_schema",
+    "segment_schema",
     "listed_partitions",
     "rows_table",
     "segment_paths",

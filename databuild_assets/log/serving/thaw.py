@@ -20,9 +20,6 @@ import os
 import sqlite3
 from collections.abc import Collection, Iterable
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from databuild_assets.events.enums import PartitionStatus
 from databuild_assets.log.serving.arrow import strings
 from databuild_assets.log.serving.cold import (
@@ -35,6 +32,10 @@ from databuild_assets.log.serving.cold import (
 from databuild_assets.log.serving.cold_ids import drop_cold_ids, known_cold_ids
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS
 from databuild_assets.log.sqlite.schema import select_listed_partitions
+from databuild_assets.runtime.deferred import deferred
+
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
 
 JOB_RUN_EVENT_TYPES = ("job_event", "task_cancel_event")
 _COLUMNS = ", ".join(ROW_COLUMNS)
