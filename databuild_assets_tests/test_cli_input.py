@@ -173,8 +173,7 @@ def _query_imports(uri: str) -> tuple[dict, list[str]]:
 def test_a_query_answers_without_importing_dagster_pyspark_or_arrow(sqlite_uri, lake):
     # A query serves a live service's reader: it pays neither a JVM nor the orchestrator's
     # import, nor pyspark's (Spark schemas it never reads), and an answer the serving index
-    # holds, on a lake, needs no Arrow (imported on first use, runtime/deferred.py): those
-    # imports were about half of such a call.
+    # holds, on a lake, needs no Arrow (imported on first use, runtime/deferred.py).
     answer, imported = _query_imports(sqlite_uri)
     assert answer["total_events"] == len(one_build_events()) and imported == []
     with DeltaRsEventLog(lake) as log:

@@ -229,7 +229,7 @@ def test_a_projection_whose_fold_state_has_another_layout_is_reset_and_rebuilt(s
     other = StructType(
         [StructField(f.name, other_state, True, f.metadata) if f.name == STATE else f for f in spec.schema]
     )
-    ensure_table(spark, path, replace(spec, schema=other))
+    ensure_table(spark, path, replace(spec, schema_of=lambda: other))
     record_processed_version(spark, path, PARTITION_STATE, 1, "full")
     append_events(spark, lake, [partition_event_at("p2", 1, ref="data/b")])
 

@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -272,12 +273,13 @@ def test_a_read_whose_segment_a_merge_replaced_meanwhile_reads_the_merged_one(
         connection = reader._store()._connection
         group = evict._small_segments_to_merge(connection)[0]
         key = connection.execute(key_of_segment, (group[0],)).fetchone()[0]
-        read_rows, merges = cold.read_segment_rows, []
+        read_rows, merges, once = cold.read_segment_rows, [], threading.Lock()
 
-        def merged_first(*args, **kwargs):
-            if not merges:
-                _evict_as_the_pipeline(lake, 2**62)  # merges only
-                merges.append(group)
+        def merged_first(*args, **kwargs):  # segments are read side by side (pool.py): once, by one
+            with once:
+                if not merges:
+                    _evict_as_the_pipeline(lake, 2**62)  # merges only
+                    merges.append(group)
             return read_rows(*args, **kwargs)
 
         monkeypatch.setattr(cold, "read_segment_rows", merged_first)
@@ -299,14 +301,15 @@ def test_a_page_read_while_a_late_event_brought_its_build_request_back_hot_keeps
     with DeltaRsEventLog(lake) as reader, SqliteEventLog(":memory:") as reference:
         reference.append_events(events + [late])
         connection = reader._store()._connection
-        read_rows, thawed = cold.read_segment_rows, []
+        read_rows, thawed, once = cold.read_segment_rows, [], threading.Lock()
 
-        def thawed_first(*args, **kwargs):
-            if not thawed:
-                with DeltaRsEventLog(lake) as pipeline:
-                    pipeline.append_events([late])
-                _evict_as_the_pipeline(lake, None)  # window inf: its old segment rewritten without it
-                thawed.append(late)
+        def thawed_first(*args, **kwargs):  # once, by one of the pool's threads
+            with once:
+                if not thawed:
+                    with DeltaRsEventLog(lake) as pipeline:
+                        pipeline.append_events([late])
+                    _evict_as_the_pipeline(lake, None)  # window inf: its old segment rewritten without it
+                    thawed.append(late)
             return read_rows(*args, **kwargs)
 
         monkeypatch.setattr(cold, "read_segment_rows", thawed_first)

@@ -3,7 +3,7 @@
 `PAYLOADS` lists each payload struct's fields with their kind and, for status codes, their
 enum. The Spark schema (`EVENT_SCHEMA`) and the validator (`validation.py`) are both
 derived from it, so the two cannot drift apart. `EVENT_SCHEMA` is built on first use: the query
-path (log/) reads the field lists only, and importing pyspark was a fifth of a query call.
+path (log/) reads the field lists only and imports no pyspark (docs/decisions/0057).
 """
 
 from __future__ import annotations

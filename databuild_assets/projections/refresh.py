@@ -39,6 +39,7 @@ import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import NamedTuple
 
 from delta.tables import DeltaTable
@@ -174,7 +175,10 @@ def projection_spec(projection: Projection) -> TableSpec:
     MERGE rewrites the files holding the rows it replaces, and delta-rs can read the table
     (docs/decisions/0015-every-table-readable-by-delta-rs.md)."""
     return TableSpec(
-        projection.name, lambda: projection.schema, (), f"Projection {projection.name}, one row per {projection.key}."
+        projection.name,
+        partial(getattr, projection, "schema"),
+        (),
+        f"Projection {projection.name}, one row per {projection.key}.",
     )
 
 
@@ -195,7 +199,11 @@ def table_spec(spark: SparkSession, projection: Projection) -> TableSpec:
         column(STATE_LOG_VERSION, LongType(), True, "Internal: the log version this row was last computed at."),
     ]  # fmt: skip
     schema = StructType([*projection.schema.fields, *internal])
-    return replace(projection_spec(projection), schema_of=lambda: schema)
+    return replace(projection_spec(projection), schema_of=partial(_given, schema))
+
+
+def _given(schema: StructType) -> StructType:
+    return schema
 
 
 def nullable(data_type: DataType) -> DataType:

@@ -1,9 +1,9 @@
 """Modules imported on their first use rather than with the module that names them.
 
 A `databuild-assets query` on a key the serving index holds reads SQLite only, yet the modules
-of the Delta backend name pyarrow and deltalake at their top (with numpy behind them): imported
-there, they were about a third of such a call. A module names them through `deferred`, and the
-first attribute read imports them.
+of the Delta backend name pyarrow and deltalake at their top (with numpy behind them), and their
+import was a large share of such a call (docs/decisions/0057). A module names them through
+`deferred`, and the first attribute read imports them.
 
     pa = deferred("pyarrow")
     pa.table({"a": [1]})  # pyarrow is imported here
@@ -26,8 +26,13 @@ class _Deferred(ModuleType):
             raise AttributeError(attribute)
         module = importlib.import_module(self.__name__)
         if not hasattr(module, attribute):
-            importlib.import_module(f"{self.__name__}.{attribute}")
-        self.__dict__.update({key: value for key, value in vars(module).items() if not key.startswith("__")})
+            try:
+                importlib.import_module(f"{self.__name__}.{attribute}")
+            except ModuleNotFoundError:
+                raise AttributeError(f"module {self.__name__!r} has no attribute {attribute!r}") from None
+        # A copy first: another thread's first import of a submodule adds to the module meanwhile.
+        names = dict(vars(module))
+        self.__dict__.update({key: value for key, value in names.items() if not key.startswith("__")})
         return getattr(module, attribute)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,7 +54,7 @@ class TableSpec:
     use of `schema`: the query path names tables without importing pyspark."""
 
     name: str
-    schema_of: Callable[[], StructType]
+    schema_of: Callable[[], StructType] = field(compare=False, repr=False)
     partition_by: tuple[str, ...] = ()
     description: str = ""
     # Columns Delta keeps min/max statistics on (data skipping); only ones no tombstone can name.
@@ -67,6 +67,7 @@ class TableSpec:
         return self.schema_of()
 
 
+@functools.cache
 def _fields(*fields: tuple[str, str, bool]) -> StructType:
     """A schema of (name, Spark type name, nullable) fields."""
     from pyspark.sql import types
@@ -77,8 +78,8 @@ def _fields(*fields: tuple[str, str, bool]) -> StructType:
 
 
 def _lazy(*fields: tuple[str, str, bool]) -> Callable[[], StructType]:
-    """The schema of `fields` (`_fields`), made on first call."""
-    return functools.cache(lambda: _fields(*fields))
+    """The schema of `fields` (`_fields`), made on first call (a partial: a spec stays picklable)."""
+    return functools.partial(_fields, *fields)
 
 
 @functools.cache

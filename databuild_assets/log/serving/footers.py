@@ -119,6 +119,18 @@ _footers: dict[tuple[str, int, int], _Footer] = {}
 _footers_lock = threading.Lock()
 
 
+def _after_fork() -> None:
+    """The locks anew in a forked child: one a reading thread of the parent held at the fork
+    would stay held there, with no thread to release it."""
+    global _footers_lock
+    _footers_lock = threading.Lock()
+    for footer in _footers.values():
+        footer._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
     """The file with its footer read once per process (keyed by its inode and size: a name never
     names two segments at once, but a rebuilt index may reuse it). A reader's segment of a

@@ -20,6 +20,14 @@ _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
+def _after_fork() -> None:  # a lock another thread held at the fork would stay held in the child
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _pool() -> ThreadPoolExecutor:
     """The process's pool: one per process id, because a forked child inherits the parent's
     executor object but none of its threads (a task given to it would wait forever)."""
