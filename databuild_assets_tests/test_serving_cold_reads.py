@@ -16,15 +16,21 @@ from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
 
 
+def _all_cold(lake: Lake, n_events: int, seed: int) -> list[dict[str, Any]]:
+    """`n_events` generated events appended, then every finished build request made cold."""
+    events = list(generate_events(n_events, seed=seed))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    refresh_serving_index(lake, hot_window_s=0)
+    return events
+
+
 def test_a_partition_over_many_segments_is_read_side_by_side_and_in_a_forked_child_too(lake: Lake, monkeypatch) -> None:
     # The segments' files are read by a thread pool of the process (pool.py); a child forked
     # after the parent used it inherits the pool object but none of its threads, and a read
     # there waited forever when the pool was not the child's own.
     monkeypatch.setattr(evict, "SEGMENT_EVENTS", 500)
-    events = list(generate_events(3000, seed=8))
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events = _all_cold(lake, 3000, seed=8)
     with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
         reference.append_events(events)
         held = log._store()._connection.execute(
@@ -59,10 +65,7 @@ def test_a_partitions_row_groups_in_a_companion_are_found_by_bisecting_a_few_gro
     # a read bisects the groups' statistics rather than taking every group's first (a fresh
     # process's first read of an old partition walked every group of every segment holding it).
     monkeypatch.setattr(segment_files, "BY_PARTITION_ROWS_PER_GROUP", 16)
-    events = list(generate_events(2000, seed=5))
-    with DeltaRsEventLog(lake) as log:
-        log.append_events(events)
-    refresh_serving_index(lake, hot_window_s=0)
+    events = _all_cold(lake, 2000, seed=5)
     with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
         reference.append_events(events)
         index = log._store()
