@@ -16,7 +16,6 @@ import functools
 import json
 import os
 from collections.abc import Iterable
-from typing import Any
 
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
@@ -39,34 +38,23 @@ _BY_PARTITION_STATISTICS = ["key", "timestamp"]
 # The file's schema metadata naming the column its rows are sorted by across row groups: a
 # reader bisects the groups' statistics for a key, reading a few of them, not every group's.
 SORTED_BY = "databuild.sorted_by"
-ROW_COLUMNS = (
-    "event_id", "timestamp", "build_request_id", "event_type", "payload", "partition_ref", "job_run_id", "status_code",
-)  # fmt: skip
 _SEGMENT_FIELDS = (
     ("event_id", "string"), ("timestamp", "int64"), ("build_request_id", "string"), ("event_type", "string"),
     ("payload", "string"), ("partition_ref", "string"), ("job_run_id", "string"), ("status_code", "int64"),
 )  # fmt: skip
+ROW_COLUMNS = tuple(name for name, _ in _SEGMENT_FIELDS)
 _LISTS = {"build_request_event": "requested_partitions", "job_event": "target_partitions"}
 
 
 @functools.cache
 def segment_schema() -> pa.Schema:
-    """A segment's main file's schema (SEGMENT_SCHEMA): made on first use, with pyarrow."""
+    """A segment's main file's schema: made on first use, with pyarrow."""
     return pa.schema([(name, getattr(pa, kind)()) for name, kind in _SEGMENT_FIELDS])
 
 
 @functools.cache
-def by_partition_schema() -> pa.Schema:
-    """A by-partition companion's schema (BY_PARTITION_SCHEMA): `key`, then a segment's."""
-    return pa.schema([("key", pa.string()), *segment_schema()])
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SEGMENT_SCHEMA":
-        return segment_schema()
-    if name == "BY_PARTITION_SCHEMA":
-        return by_partition_schema()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _row_type() -> pa.StructType:
+    return pa.struct(list(segment_schema()))
 
 
 def segment_paths(folder: str, segment: int) -> tuple[str, str]:
@@ -86,12 +74,12 @@ def listed_partitions(event_type: str, payload: str) -> set[str]:
 
 def rows_table(rows: Iterable[tuple]) -> pa.Table:
     """Index `events` rows (tuples in ROW_COLUMNS order, as SQLite returns them) as a table of
-    SEGMENT_SCHEMA: one struct array, not a Python list per column."""
-    return pa.Table.from_struct_array(pa.array(list(rows), pa.struct(list(segment_schema()))))
+    `segment_schema()`: one struct array, not a Python list per column."""
+    return pa.Table.from_struct_array(pa.array(list(rows), _row_type()))
 
 
 def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, dict[str, bytes], list[str]]:
-    """Write segment `segment` of `rows` (SEGMENT_SCHEMA, not empty) and its by-partition
+    """Write segment `segment` of `rows` (`segment_schema()`, not empty) and its by-partition
     companion; returns their (min, max) timestamp, each build request's row groups
     (`cold_build_requests.row_groups`) and the refs the rows carry or list, sorted (the
     companion's keys: their payloads are parsed once, here)."""
@@ -170,7 +158,6 @@ __all__ = [
     "SORTED_BY",
     "ROWS_PER_GROUP",
     "ROW_COLUMNS",
-    "by_partition_schema",
     "segment_schema",
     "listed_partitions",
     "rows_table",

@@ -126,7 +126,7 @@ def pin_latest(connection: sqlite3.Connection, rows: str) -> None:
 
 
 def pin_latest_of(connection: sqlite3.Connection, rows: pa.Table) -> None:
-    """`pin_latest` of `rows` (segment_files.py SEGMENT_SCHEMA) already in memory, in Arrow: for
+    """`pin_latest` of `rows` (segment_files.py `segment_schema()`) already in memory, in Arrow: for
     each pick, the rows of the latest timestamp per partition, then of those the greatest
     event_id (ORDER BY timestamp DESC, event_id DESC; both orders bytewise). Six window queries
     over a segment's rows in SQLite were a tenth of a first build's segments."""
