@@ -24,6 +24,7 @@ from databuild_assets.events.validation import MAX_LINE_BYTES, OVER_LIMIT_KEPT_B
 from databuild_assets.ingest.landing import _Ledger, ensure_ingest_tables, ingest_landing_files
 from databuild_assets.ingest.landing_folder import list_landing_files
 from databuild_assets.ingest.lines import _LINES_ARROW, _number_and_validate, _validated, read_landing_lines
+from databuild_assets.log.sqlite.backend import payload_of
 from databuild_assets.runtime.lake import EVENT_QUARANTINE, RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests.support import ONE_EVENT_OF_EACH_TYPE, partition_event_at, write_landing
@@ -214,6 +215,28 @@ def test_an_escaped_lone_surrogate_is_refused_and_a_surrogate_pair_is_kept():
     )
     event, reason = parse_line(pair)
     assert (reason, event["partition_event"]["partition_ref"]) == (None, "data/\U0001f600")
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUES, ascii_only=st.booleans())
+def test_a_stored_payload_reads_as_json_loads_reads_it(value, ascii_only):
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert payload_of(text) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"ref": "data/\\ud800"}', '{"n": 123456789012345678901234567890}', '{"x": NaN}', "[1e400]", '{"a": 1, "a": 2}'],
+)
+def test_a_payload_msgspec_refuses_or_another_parser_reads_its_own_way_reads_as_json_loads_reads_it(text):
+    assert repr(payload_of(text)) == repr(json.loads(text))
 
 
 def test_a_json_syntax_reason_reads_as_one_phrase():
