@@ -24,9 +24,12 @@ export DAGSTER_HOME
 
 # A virtual environment with the pinned packages, Delta's jars from Maven Central, our log stores
 # (delta-jars/logstore, built by Maven), and the class archive the Spark driver's JVM starts from
-# (runtime/jvm_startup.py: a small demo, about a minute).
+# (runtime/jvm_startup.py: a small demo, about a minute). Then the project's own bytecode, which the
+# editable install does not write: without it a process under PYTHONDONTWRITEBYTECODE (or a read-only
+# tree) compiles every module it imports, most of a `databuild-assets query` call (docs/decisions/0057).
 LOGSTORE_JAR = delta-jars/lib/databuild-logstore-1.jar
 setup: $(VENV)/.installed delta-jars/lib/.fetched $(LOGSTORE_JAR) delta-jars/lib/spark-classes.jsa $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m compileall -q databuild_assets
 
 # The tests of Dagster's instance storage in PostgreSQL start a private server of their own
 # (databuild_assets_tests/postgres_server.py) from Debian's postgresql package: installed here
