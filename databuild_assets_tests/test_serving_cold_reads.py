@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from databuild_assets.log.serving import evict, footers, segment_files
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
@@ -78,3 +82,41 @@ def test_a_partitions_row_groups_in_a_companion_are_found_by_bisecting_a_few_gro
         assert 0 < probed <= 2 * math.ceil(math.log2(file.metadata.num_row_groups)) + 2, probed
         refs = [row[0] for row in index._connection.execute("SELECT DISTINCT partition_ref FROM cold_partition_events")]
         assert {r: log.get_partition_events(r) for r in refs} == {r: reference.get_partition_events(r) for r in refs}
+
+
+def test_the_footers_kept_stay_within_their_bound_and_a_rewritten_file_replaces_its_own(tmp_path, monkeypatch) -> None:
+    # A process kept every footer it read: about ten times its serialized size each, every
+    # segment's over a long-running reader's life, and the footers of segments merged away too.
+    table = pa.table({"key": [f"data/p{i:05d}" for i in range(4096)], "timestamp": list(range(4096))})
+    paths = [str(tmp_path / f"segment-{n}.parquet") for n in range(8)]
+    for path in paths:
+        pq.write_table(table, path, row_group_size=64)
+    one = footers.footer_bytes(pq.ParquetFile(paths[0]).metadata)
+    monkeypatch.setattr(footers, "FOOTER_CACHE_BYTES", 3 * one)
+    first_read = [footers.opened(path)[1] for path in paths]
+    assert footers.kept_footers() == (3, 3 * one)
+    recent = footers.opened(paths[-1])[1]
+    assert recent is first_read[-1]  # still kept: its footer is not read again
+    assert footers.opened(paths[0])[1] is not first_read[0]  # the least recently read was dropped
+
+    pq.write_table(table.slice(0, 1000), paths[-1] + ".new", row_group_size=64)
+    os.replace(paths[-1] + ".new", paths[-1])  # rewritten in place: another inode, another footer
+    file, footer = footers.opened(paths[-1])
+    assert footer is not recent and footer.metadata.num_rows == 1000 == file.metadata.num_rows
+    assert footers.kept_footers()[1] <= 3 * one
+
+
+def test_partitions_read_side_by_side_answer_as_the_reference_while_their_footers_leave_the_cache(
+    lake: Lake, monkeypatch
+) -> None:
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 500)
+    events = _all_cold(lake, 3000, seed=9)
+    monkeypatch.setattr(footers, "FOOTER_CACHE_BYTES", 1)  # every footer dropped as the next is read
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        refs = [
+            row[0]
+            for row in log._store()._connection.execute("SELECT DISTINCT partition_ref FROM cold_partition_events")
+        ]
+        assert {r: log.get_partition_events(r) for r in refs} == {r: reference.get_partition_events(r) for r in refs}
+        assert footers.kept_footers()[0] == 1

@@ -9,8 +9,9 @@ by partition_ref (segment_files.py writes them). Both are zstd, in row groups of
 `ROWS_PER_GROUP` and `BY_PARTITION_ROWS_PER_GROUP` rows: a partition's events are read from the
 row groups whose min/max holds it, a range's and a page's from those of their time, and a build
 request's from the row groups `cold_build_requests.row_groups` names (a bitmask written with the
-segment: its rows' groups, however long it ran); footers and their row groups' bounds are read (footers.py)
-once per process, and the groups of a file sorted by the column found by bisection.
+segment: its rows' groups, however long it ran); footers and their row groups' bounds are read once
+while the process keeps them (footers.py), and the groups of a file sorted by the column found by
+bisection.
 
 `ColdReads` is mixed into the serving index: with no cold build request it answers as the
 reference does; with some, the index's rows of cold build requests (the pinned copies kept for

@@ -1,6 +1,6 @@
-"""Segment files opened with their footers read once per process, and the bounds of their row
-groups taken from those footers: a cold read finds the groups that can hold its keys or times
-without reading the others (docs/decisions/0051).
+"""Segment files opened with their footers kept in memory (the recently read, within a bound),
+and the bounds of their row groups taken from those footers: a cold read finds the groups that
+can hold its keys or times without reading the others (docs/decisions/0051, 0059).
 
     file, footer = opened(segment_paths(folder, 3)[1])
     groups = footer.bounds(file, "key").meeting([("data/a", "data/a")])
@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -81,8 +82,8 @@ class _Unbounded(Exception):
 
 
 class _Footer:
-    """A file's footer, read once per process, and each column's row-group bounds taken from it
-    once: walking the metadata's Python objects for every row group of every segment on each
+    """A file's footer, read once while the process keeps it, and each column's row-group bounds
+    taken from it once: walking the metadata's Python objects for every row group of every segment on each
     read was most of a partition's read (decision 0051)."""
 
     def __init__(self, metadata: pq.FileMetaData) -> None:
@@ -115,8 +116,14 @@ def _sorted_by(file: pq.ParquetFile) -> str | None:
     return sorted_by.decode() if sorted_by is not None else None
 
 
-_footers: dict[tuple[str, int, int], _Footer] = {}
+# The footers kept, by path, least recently used first, within a bound: the footers of every
+# segment grow with the history, and a segment merged away or rewritten would leave its footer
+# behind under a name no segment has again (docs/decisions/0059).
+FOOTER_CACHE_BYTES = 192 * 2**20
+_FOOTER_MEMORY_PER_BYTE = 10
+_footers: OrderedDict[str, tuple[tuple[int, int], _Footer]] = OrderedDict()
 _footers_lock = threading.Lock()
+_held = 0  # the estimated bytes of the footers in `_footers`
 
 
 def _after_fork() -> None:
@@ -124,17 +131,60 @@ def _after_fork() -> None:
     would stay held there, with no thread to release it."""
     global _footers_lock
     _footers_lock = threading.Lock()
-    for footer in _footers.values():
+    for _, footer in _footers.values():
         footer._lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _cached(path: str, identity: tuple[int, int]) -> _Footer | None:
+    with _footers_lock:
+        entry = _footers.get(path)
+        if entry is None or entry[0] != identity:
+            return None
+        _footers.move_to_end(path)
+        return entry[1]
+
+
+def _keep(path: str, identity: tuple[int, int], metadata: pq.FileMetaData) -> _Footer:
+    """The footer of `path` as `identity` (inode, size) kept, in place of any other footer of
+    that path, and the least recently used dropped while they hold more than the bound."""
+    global _held
+    with _footers_lock:
+        entry = _footers.get(path)
+        if entry is not None and entry[0] == identity:  # another thread kept it meanwhile
+            _footers.move_to_end(path)
+            return entry[1]
+        if entry is not None:
+            _held -= footer_bytes(entry[1].metadata)
+        footer = _Footer(metadata)
+        _footers[path] = (identity, footer)
+        _footers.move_to_end(path)
+        _held += footer_bytes(metadata)
+        while _held > FOOTER_CACHE_BYTES and len(_footers) > 1:
+            _, (_, dropped) = _footers.popitem(last=False)
+            _held -= footer_bytes(dropped.metadata)
+        return footer
+
+
+def footer_bytes(metadata: pq.FileMetaData) -> int:
+    """The memory a parsed footer is estimated to take: ten times its serialized size (decision 0059)."""
+    return _FOOTER_MEMORY_PER_BYTE * metadata.serialized_size
+
+
+def kept_footers() -> tuple[int, int]:
+    """How many footers this process keeps, and their estimated bytes (at most FOOTER_CACHE_BYTES
+    but for the last one read)."""
+    with _footers_lock:
+        return len(_footers), _held
+
+
 def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
-    """The file with its footer read once per process (keyed by its inode and size: a name never
-    names two segments at once, but a rebuilt index may reuse it). A reader's segment of a
-    publication is fetched from the bucket the first time it is read (publish.py)."""
+    """The file, its footer read again only when it has left the recently read (FOOTER_CACHE_BYTES;
+    keyed by its path, inode and size: a name never names two segments at once, but a rebuilt
+    index may reuse it). A reader's segment of a publication is fetched from the bucket the
+    first time it is read (publish.py)."""
     for attempt in range(2):  # a fetched segment the cache bound removed between stat and open
         try:
             status = os.stat(path)
@@ -142,9 +192,8 @@ def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
             if not fetch_segment(path):
                 raise
             status = os.stat(path)
-        key = (path, status.st_ino, status.st_size)
-        with _footers_lock:
-            footer = _footers.get(key)
+        identity = (status.st_ino, status.st_size)
+        footer = _cached(path, identity)
         try:
             file = pq.ParquetFile(path, metadata=footer.metadata if footer is not None else None)
             break
@@ -153,14 +202,13 @@ def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
                 raise
     touch_read(path)
     if footer is None:
-        with _footers_lock:
-            footer = _footers.setdefault(key, _Footer(file.metadata))
+        footer = _keep(path, identity, file.metadata)
     return file, footer
 
 
 def parquet_file(path: str) -> pq.ParquetFile:
-    """The file at `path`, its footer read once per process (`opened`)."""
+    """The file at `path`, its footer kept while recently read (`opened`)."""
     return opened(path)[0]
 
 
-__all__ = ["opened", "parquet_file"]
+__all__ = ["FOOTER_CACHE_BYTES", "footer_bytes", "kept_footers", "opened", "parquet_file"]
