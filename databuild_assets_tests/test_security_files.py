@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from databuild_assets.ingest.landing import ingest_landing_files
+from databuild_assets.log import SqliteEventLog
 from databuild_assets.log.serving.checkpoints import checkpoint_if_due
 from databuild_assets.log.serving.store import IndexFolder, index_folder_of
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path, commit_lock, lock_path
@@ -215,6 +216,23 @@ def test_a_landing_file_rewrite_is_made_for_its_owner_alone_whatever_the_umask(t
         os.umask(previous)
     for path in (tmp_path / "landing_archive", tmp_path / "landing_archive" / "events-00000.jsonl"):
         assert stat.S_IMODE(os.lstat(path).st_mode) & 0o077 == 0, path
+
+
+def test_a_sqlite_event_log_and_its_wal_are_made_for_their_owner_alone_whatever_the_umask(tmp_path):
+    previous = os.umask(0o022)  # a service that embeds the SQLite backend, started as most are
+    try:
+        with SqliteEventLog(str(tmp_path / "bel.db")) as log:
+            log.append_events(ONE_EVENT_OF_EACH_TYPE)
+            made = sorted(path.name for path in tmp_path.iterdir())
+            assert made == ["bel.db", "bel.db-shm", "bel.db-wal"]
+            assert _modes_open_to_others(tmp_path, skip={tmp_path}) == {}
+    finally:
+        os.umask(previous)
+    existing = tmp_path / "shared.db"  # a log its owner opened to a group keeps that mode
+    existing.touch(mode=0o640)
+    existing.chmod(0o640)
+    SqliteEventLog(str(existing)).close()
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o640
 
 
 def test_a_link_planted_as_the_checkpoint_lock_is_not_followed(lake):

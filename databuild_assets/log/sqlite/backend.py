@@ -56,6 +56,7 @@ from databuild_assets.log.sqlite.schema import (
 )
 from databuild_assets.log.uris import EventLogNotFoundError
 from databuild_assets.runtime.deferred import deferred
+from databuild_assets.runtime.file_modes import create_new_file
 
 msgspec_json = deferred("msgspec.json")  # a read of events only: an append or a status read never imports it
 
@@ -154,6 +155,8 @@ def _connect(path: str) -> sqlite3.Connection:
             f"cannot open SQLite event log {path}: its folder {folder} does not exist; create it "
             f"(mkdir -p {folder}) or fix the path"
         )
+    if path != ":memory:":
+        _made_for_its_owner(path)
     try:
         # isolation_level=None: transactions are opened explicitly (BEGIN ...), never implicitly.
         connection = sqlite3.connect(path, isolation_level=None)
@@ -182,6 +185,20 @@ def _connect(path: str) -> sqlite3.Connection:
         connection.close()
         raise
     return connection
+
+
+def _made_for_its_owner(path: str) -> None:
+    """A new log's file made, empty, with the project's file mode before SQLite opens it; SQLite
+    gives its -wal and -shm files the database file's mode. Left to SQLite, the three followed
+    the umask: 0644 under the usual 022, every local user could read the events, values not yet
+    erased included (docs/security.md). An existing file, or one another process made first,
+    keeps its mode."""
+    try:
+        os.close(create_new_file(path))
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise ValueError(f"cannot open SQLite event log {path}: {error}") from error
 
 
 def _schema_version(connection: sqlite3.Connection) -> int:
