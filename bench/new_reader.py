@@ -8,7 +8,9 @@ window into segments and publishes both (decision 0054). A new machine (an empty
 then opens the lake and answers, each step timed and followed by the size of its cache folder:
 the open to its first answer (the activity summary), the first service loop (append a build's 5
 events, read its partition's status and its events), and the events of the oldest build request
-and of a partition with cold events (their segments fetched from the bucket on first read).
+and of a partition with cold events (their segments read from the bucket on first read). Then
+`--calls` cold partitions and cold build requests drawn at random (seed 3), each answered once
+by that machine: p50 / p95 ms, with the segments each spans (issue 41: 250 ms on the bucket).
 The figures to compare are bench.serving_index's SQLite opens (about a millisecond at any size).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import random
 import shutil
 import sqlite3
 import tempfile
@@ -25,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.object_store import folder_mb, upload_tables
-from bench.query_path import service_build
+from bench.query_path import percentile, service_build
 from databuild_assets.log import open_event_log
 from databuild_assets.log.serving.backend import refresh_serving_index
 from databuild_assets.log.serving.store import INDEX_DIR_ENV
@@ -52,6 +55,25 @@ def _cold_keys(machine: Path) -> tuple[str, str]:
     return request[0], ref[0]
 
 
+def _cold_samples(machine: Path, calls: int) -> dict[str, list[tuple[str, int]]]:
+    """`calls` cold partitions and cold build requests of the pipeline's index (drawn with
+    repeats, seed 3), each with the segments holding its events."""
+    path = max(glob.glob(str(machine / "**" / "index-*.sqlite"), recursive=True), key=os.path.getmtime)
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        partitions = connection.execute(
+            "SELECT partition_ref, COUNT(*) FROM cold_partition_events GROUP BY 1"
+        ).fetchall()
+        requests = connection.execute("SELECT build_request_id, 1 FROM cold_build_requests").fetchall()
+    finally:
+        connection.close()
+    rng = random.Random(3)
+    return {
+        "a cold partition's events": [rng.choice(sorted(partitions)) for _ in range(calls)],
+        "a cold build request's events": [rng.choice(sorted(requests)) for _ in range(calls)],
+    }
+
+
 def _timed(rows: list[str], machine: Path, step: str, action) -> object:
     started = time.perf_counter()
     answer = action()
@@ -64,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lake", required=True, help="a lake whose raw log (and tombstones) to copy")
     parser.add_argument("--hot-window-s", type=float, default=None, help="the pipeline's (default: an hour)")
+    parser.add_argument("--calls", type=int, default=50, help="cold keys of each kind answered by the new machine")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-new-reader-", dir="/var/tmp"))
     pipeline_machine, new_machine = workdir / "pipeline-machine", workdir / "new-machine"
@@ -98,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             request, ref = _cold_keys(pipeline_machine)
+            samples = _cold_samples(pipeline_machine, args.calls)
 
             os.environ[INDEX_DIR_ENV] = str(new_machine)
             rows = ["| a new machine, in turn | seconds | its cache, MB |", "|---|---:|---:|"]
@@ -116,9 +140,28 @@ def main(argv: list[str] | None = None) -> int:
             step("the oldest build request's events", lambda: log.get_build_request_events(request))
             step("a cold partition's events", lambda: log.get_partition_events(ref))
             step("that partition's events again", lambda: log.get_partition_events(ref))
+            sampled = ["| on that machine, each key once | p50 / p95 ms | segments p50 / p95 |", "|---|---:|---:|"]
+            read = {
+                "a cold partition's events": log.get_partition_events,
+                "a cold build request's events": log.get_build_request_events,
+            }
+            for kind, keys in samples.items():
+                spent = []
+                for key, _ in keys:
+                    started = time.perf_counter()
+                    read[kind](key)
+                    spent.append(time.perf_counter() - started)
+                held = [float(n) for _, n in keys]
+                (p50, p95), (s50, s95) = ((percentile(v, 0.5), percentile(v, 0.95)) for v in (spent, held))
+                sampled.append(
+                    f"| {kind} ({len(keys)}) | {p50 * 1000:,.1f} / {p95 * 1000:,.1f} | {s50:.0f} / {s95:.0f} |"
+                )
             log.close()
             print()
             print("\n".join(rows))
+            print(f"its cache after the sampled keys: {folder_mb(new_machine):,.1f} MB")
+            print()
+            print("\n".join(sampled))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from databuild_assets.log.serving.publish import fetch_segment, touch_read
+from databuild_assets.log.serving.publish import Publication, published_object, touch_read
 from databuild_assets.log.serving.segment_files import SORTED_BY
 from databuild_assets.runtime.deferred import deferred
 
@@ -183,15 +183,16 @@ def kept_footers() -> tuple[int, int]:
 def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
     """The file, its footer read again only when it has left the recently read (FOOTER_CACHE_BYTES;
     keyed by its path, inode and size: a name never names two segments at once, but a rebuilt
-    index may reuse it). A reader's segment of a publication is fetched from the bucket the
-    first time it is read (publish.py)."""
+    index may reuse it). A reader's segment of a publication, which is not on its disk, is read
+    by ranges from the bucket (`published_object`): its footer, then the row groups a read needs."""
     for attempt in range(2):  # a fetched segment the cache bound removed between stat and open
         try:
             status = os.stat(path)
         except FileNotFoundError:
-            if not fetch_segment(path):
+            remote = published_object(path)
+            if remote is None:
                 raise
-            status = os.stat(path)
+            return _opened_remote(path, *remote)
         identity = (status.st_ino, status.st_size)
         footer = _cached(path, identity)
         try:
@@ -204,6 +205,17 @@ def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
     if footer is None:
         footer = _keep(path, identity, file.metadata)
     return file, footer
+
+
+def _opened_remote(path: str, publication: Publication, name: str, size: int) -> tuple[pq.ParquetFile, _Footer]:
+    """A published segment's object opened for reads by ranges (a HEAD, then its footer while it
+    is not kept, then the column chunks of each row group read in one request): a cold read on a
+    bucket moves the groups it needs, not the segment, and leaves nothing on the reader's disk."""
+    identity = (0, size)  # a publication's object is immutable: its name holds its bytes' digest
+    footer = _cached(path, identity)
+    source = publication.open_object(name)
+    file = pq.ParquetFile(source, metadata=footer.metadata if footer is not None else None, pre_buffer=True)
+    return file, footer if footer is not None else _keep(path, identity, file.metadata)
 
 
 def parquet_file(path: str) -> pq.ParquetFile:

@@ -19,10 +19,11 @@ each: a reader fetches and unpacks them in parallel, each read costing its own s
 (ranges of one object each cost the whole object on the tests' S3 server; a one-object snapshot,
 `index-<id>.sqlite.zst`, is still read). A reader with no usable index downloads it (sizes checked
 against the manifest's) and catches up commit by commit, as from an index of its own. The snapshot
-names its publication (`serving_publication`); its segments are read from `<index folder>/
-published/<id>/segments/`, fetched the first time a read needs one (`fetch_segment`) and dropped
-when a later manifest no longer names them (`drop_unpublished`). A segment gone from the bucket
-(republished after an erasure) makes the reader start again from the current snapshot.
+names its publication (`serving_publication`); a reader reads its segments by ranges from the
+bucket (footers.py: nothing of them on its disk), as if at `<index folder>/published/<id>/
+segments/`, where the pipeline adopting a publication fetches them (`fetch_segment`). A segment
+gone from the bucket (republished after an erasure) makes the reader start again from the current
+snapshot.
 
     publication = Publication.of("s3a://bucket/lake")
     publication.publish(index, generation_of(index.path), segments)   # the pipeline, under the build lock
@@ -256,6 +257,10 @@ class Publication:
     def _path(self, name: str) -> str:
         return f"{self.base}/{name}"
 
+    def open_object(self, name: str) -> Any:
+        """Object `name` for reads by ranges: one HEAD request; FileNotFoundError when it is gone."""
+        return self.fs.open_input_file(self._path(name))
+
     def manifest(self) -> Manifest | None:
         """The current manifest, None when nothing is published."""
         try:
@@ -427,38 +432,42 @@ def keep_manifest(index_folder: str, manifest: Manifest, publication: Publicatio
     return folder
 
 
-def fetch_segment(path: str) -> bool:
-    """Fetch the missing segment file `path` from the bucket, when it lies in a reader's folder of
-    a publication (`<index folder>/published/<id>/segments/`): both of the segment's files. False
-    when `path` is not such a file; FileNotFoundError when the bucket no longer has it."""
-    segments_folder = os.path.dirname(path)
+def published_object(path: str) -> tuple[Publication, str, int] | None:
+    """Where the segment file `path` of a reader's folder of a publication (`<index folder>/
+    published/<id>/segments/`) is in the bucket: (publication, object name, size). None when
+    `path` is not such a file, or its publication is no longer kept; FileNotFoundError when the
+    publication names no such segment."""
     match = _LOCAL_SEGMENT.match(os.path.basename(path))
-    folder = os.path.dirname(segments_folder)
+    folder = os.path.dirname(os.path.dirname(path))
     if not match or os.path.basename(os.path.dirname(folder)) != PUBLISHED_FOLDER:
-        return False
+        return None
     try:
         with open(os.path.join(folder, MANIFEST), encoding="utf-8") as file:
             kept = json.load(file)
     except FileNotFoundError:
-        return False
+        return None
     manifest = Manifest.from_json(json.dumps(kept["manifest"]), os.path.join(folder, MANIFEST))
     segment = int(match.group(1))
     if segment not in manifest.segments:
         raise FileNotFoundError(f"{path}: publication {manifest.id} names no segment {segment}")
     from databuild_assets.runtime.object_store import arrow_filesystem
 
-    fs, _ = arrow_filesystem("s3://" + str(kept["base"]))
-    publication = Publication(fs, str(kept["base"]))
     key, main_bytes, by_partition_bytes = manifest.segments[segment]
-    fetched = []
-    for local, remote, size in zip(
-        _local_names(segment), segment_object_names(segment, key), (main_bytes, by_partition_bytes), strict=True
-    ):
-        target = os.path.join(segments_folder, local)
-        if not os.path.exists(target):
-            publication.download(remote, target, size)
-        fetched.append(target)
-    _bound_cache(os.path.dirname(folder), cache_bytes(), keep=fetched)
+    which = 1 if match.group(2) else 0
+    publication = Publication(arrow_filesystem("s3://" + str(kept["base"]))[0], str(kept["base"]))
+    return publication, segment_object_names(segment, key)[which], (main_bytes, by_partition_bytes)[which]
+
+
+def fetch_segment(path: str) -> bool:
+    """Download the missing segment file `path` of a reader's folder of a publication (the
+    pipeline adopting a publication; a reader reads segments by ranges, footers.py). False when
+    `path` is not such a file; FileNotFoundError when the bucket no longer has it."""
+    remote = published_object(path)
+    if remote is None:
+        return False
+    publication, name, size = remote
+    publication.download(name, path, size)
+    _bound_cache(os.path.dirname(os.path.dirname(os.path.dirname(path))), cache_bytes(), keep=[path])
     return True
 
 
@@ -591,6 +600,7 @@ __all__ = [
     "drop_unpublished",
     "fetch_segment",
     "generation_of",
+    "published_object",
     "keep_manifest",
     "mark_generation",
     "publication_folder",
