@@ -291,6 +291,16 @@ def test_a_new_reader_starts_from_the_published_index_reads_segments_by_ranges_a
         # An erasure of a cold build request. The reader hides it at once, and its disk holds
         # no segment that has it, while the bucket's publication does.
         erased = cold[0]
+        beside = (
+            reader._store()
+            ._connection.execute(
+                "SELECT build_request_id FROM cold_build_requests WHERE build_request_id != ? AND segment ="
+                " (SELECT segment FROM cold_build_requests WHERE build_request_id = ?) LIMIT 1",
+                (erased, erased),
+            )
+            .fetchone()[0]
+        )
+        assert reader.get_build_request_events(beside) == reference.get_build_request_events(beside)
         request_erasure(spark, local, "build_request_id", erased, actor="alice", reason="publication test")
         _upload_new(s3, tmp_path / "lake", "published")
         assert reader.get_build_request_events(erased) == []
@@ -302,6 +312,9 @@ def test_a_new_reader_starts_from_the_published_index_reads_segments_by_ranges_a
         refresh_serving_index(lake, hot_window_s=0)
         assert _objects_holding(s3, "published/serving_index/", erased) == {}
         assert _report_lines(spark, s3, "published/serving_index/", erased) == 0
+        # Before the reader's next check of the bucket: a request of the rewritten segment, whose
+        # object (its handle kept with its footer) left the bucket, is read from the new one.
+        assert reader.get_build_request_events(beside) == reference.get_build_request_events(beside)
         # The lake is quiet now; the reader's next read after its check interval drops the
         # fetched segments the bucket no longer names.
         monkeypatch.setattr(bucket, "PUBLICATION_CHECK_S", 0.0)

@@ -9,6 +9,7 @@ can hold its keys or times without reading the others (docs/decisions/0051, 0059
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -83,11 +84,13 @@ class _Unbounded(Exception):
 
 class _Footer:
     """A file's footer, read once while the process keeps it, and each column's row-group bounds
-    taken from it once: walking the metadata's Python objects for every row group of every segment on each
-    read was most of a partition's read (decision 0051)."""
+    taken from it once: walking the metadata's Python objects for every row group of every
+    segment on each read was most of a partition's read (decision 0051). A published segment's
+    keeps its object's handle too (`source`)."""
 
     def __init__(self, metadata: pq.FileMetaData) -> None:
         self.metadata = metadata
+        self.source: Any = None
         self._bounds: dict[str, _Bounds | _SortedBounds | None] = {}
         self._lock = threading.Lock()
 
@@ -208,14 +211,55 @@ def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
 
 
 def _opened_remote(path: str, publication: Publication, name: str, size: int) -> tuple[pq.ParquetFile, _Footer]:
-    """A published segment's object opened for reads by ranges (a HEAD, then its footer while it
-    is not kept, then the column chunks of each row group read in one request): a cold read on a
-    bucket moves the groups it needs, not the segment, and leaves nothing on the reader's disk."""
+    """A published segment's object opened for reads by ranges (a HEAD and its footer while they
+    are not kept, then the column chunks of each row group read in one request): a cold read on
+    a bucket moves the groups it needs, not the segment, and leaves nothing on the reader's disk."""
     identity = (0, size)  # a publication's object is immutable: its name holds its bytes' digest
     footer = _cached(path, identity)
-    source = publication.open_object(name)
-    file = pq.ParquetFile(source, metadata=footer.metadata if footer is not None else None, pre_buffer=True)
-    return file, footer if footer is not None else _keep(path, identity, file.metadata)
+    source = footer.source if footer is not None and footer.source is not None else publication.open_object(name)
+    file = _remote_segment_class()(
+        source, publication, name, metadata=footer.metadata if footer is not None else None, pre_buffer=True
+    )
+    if footer is None:
+        footer = _keep(path, identity, file.metadata)
+    footer.source = source  # (two threads may each set one: either is the object's)
+    return file, footer
+
+
+@functools.cache
+def _remote_segment_class() -> type:
+    """pq.ParquetFile whose reads, on a handle kept while its object has since left the bucket (a
+    republication after an erasure), raise FileNotFoundError as a local segment gone does: the
+    reader then starts again from the current publication. Made on first use (pyarrow's import)."""
+
+    class RemoteSegment(pq.ParquetFile):
+        def __init__(self, source: Any, publication: Publication, name: str, **options: Any) -> None:
+            super().__init__(source, **options)
+            self._publication, self._name = publication, name
+
+        def _gone_or(self, error: OSError) -> None:
+            self._publication.open_object(self._name)  # FileNotFoundError when the object is gone
+            raise error
+
+        def read(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().read(*args, **kwargs)
+            except OSError as error:
+                self._gone_or(error)
+
+        def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().read_row_group(*args, **kwargs)
+            except OSError as error:
+                self._gone_or(error)
+
+        def read_row_groups(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().read_row_groups(*args, **kwargs)
+            except OSError as error:
+                self._gone_or(error)
+
+    return RemoteSegment
 
 
 def parquet_file(path: str) -> pq.ParquetFile:
