@@ -67,13 +67,14 @@ _FILESYSTEMS: dict[tuple[str, ...], object] = {}
 
 def arrow_filesystem(uri: str):
     """pyarrow's S3 filesystem for `uri` (s3a:// or s3://), configured from the environment as the
-    AWS SDK is, and the path it names there ("bucket/prefix/..."). One per bucket and environment:
-    making one may ask AWS for the bucket's region."""
+    AWS SDK is, and the path it names there ("bucket/prefix/..."). One per bucket, environment and
+    process (a forked child does not share its parent's client): making one may ask AWS for the
+    bucket's region."""
     from pyarrow import fs
 
     rest = uri.partition("://")[2].rstrip("/")
     bucket = rest.partition("/")[0]
-    key = (bucket, endpoint() or "", region() or "", os.environ.get("AWS_ACCESS_KEY_ID", ""))
+    key = (bucket, endpoint() or "", region() or "", os.environ.get("AWS_ACCESS_KEY_ID", ""), str(os.getpid()))
     if key not in _FILESYSTEMS:
         _FILESYSTEMS[key], _ = fs.FileSystem.from_uri(f"s3://{bucket}")
     return _FILESYSTEMS[key], rest

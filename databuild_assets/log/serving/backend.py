@@ -303,7 +303,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         checked_at = time.monotonic()
         index = self._follow()
         self._checked_at = checked_at
-        if is_s3(self.lake.root):  # the fetched segments the bucket no longer names leave, even on a quiet lake
+        if is_s3(self.lake.root):  # what the bucket no longer publishes leaves, even on a quiet lake
             self._check_publication(deleted=False)
         return index
 

@@ -1,7 +1,7 @@
 """How `DeltaRsEventLog` (backend.py) uses what the pipeline publishes of a lake on S3 (publish.py):
 a new reader starts from the published index instead of building one from the whole raw log, a
-reader drops the fetched segments the bucket no longer names, and the pipeline's refresh
-publishes when one is due (docs/decisions/0054).
+reader drops the publications (and any fetched segments) the bucket no longer names, and the
+pipeline's refresh publishes when one is due (docs/decisions/0054, 0060).
 
     class DeltaRsEventLog(..., BucketPublication, BuildEventLog): ...
     self._start_from_publication()     # in _rebuild, under the build lock, on S3
@@ -83,7 +83,7 @@ class BucketPublication:
         return mine is not None and (manifest is None or manifest.id != mine)
 
     def _check_publication(self, deleted: bool) -> None:
-        """On S3: drop the fetched segments the bucket's publication no longer names (an erasure's
+        """On S3: drop what of the bucket's publications it no longer names (an erasure's
         rewrite), after a catch-up that `deleted` events, else at a read at most every
         PUBLICATION_CHECK_S, whether the lake moved or not."""
         if not deleted and time.monotonic() - self._publication_checked_at < PUBLICATION_CHECK_S:

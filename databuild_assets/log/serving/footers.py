@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from databuild_assets.log.serving.publish import Publication, published_object, touch_read
+from databuild_assets.log.serving.publish import Publication, PublicationError, published_object, touch_read
 from databuild_assets.log.serving.segment_files import SORTED_BY
 from databuild_assets.runtime.deferred import deferred
 
@@ -131,11 +131,13 @@ _held = 0  # the estimated bytes of the footers in `_footers`
 
 def _after_fork() -> None:
     """The locks anew in a forked child: one a reading thread of the parent held at the fork
-    would stay held there, with no thread to release it."""
+    would stay held there, with no thread to release it. A published segment's handle is the
+    parent's (its S3 client and connections): the child opens its own."""
     global _footers_lock
     _footers_lock = threading.Lock()
     for _, footer in _footers.values():
         footer._lock = threading.Lock()
+        footer.source = None
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -185,10 +187,11 @@ def kept_footers() -> tuple[int, int]:
 
 def opened(path: str) -> tuple[pq.ParquetFile, _Footer]:
     """The file, its footer read again only when it has left the recently read (FOOTER_CACHE_BYTES;
-    keyed by its path, inode and size: a name never names two segments at once, but a rebuilt
-    index may reuse it). A reader's segment of a publication, which is not on its disk, is read
-    by ranges from the bucket (`published_object`): its footer, then the row groups a read needs."""
-    for attempt in range(2):  # a fetched segment the cache bound removed between stat and open
+    keyed by its path and its inode and size, or a published object's size: a name never names
+    two segments at once, but a rebuilt index may reuse it). A reader's segment of a publication,
+    which is not on its disk, is read by ranges from the bucket (`published_object`): its footer,
+    then the row groups a read needs."""
+    for attempt in range(2):  # a file removed between stat and open (a merge, an adoption's bound)
         try:
             status = os.stat(path)
         except FileNotFoundError:
@@ -217,6 +220,8 @@ def _opened_remote(path: str, publication: Publication, name: str, size: int) ->
     identity = (0, size)  # a publication's object is immutable: its name holds its bytes' digest
     footer = _cached(path, identity)
     source = footer.source if footer is not None and footer.source is not None else publication.open_object(name)
+    if source.size() != size:  # a publication's object is what its manifest says, or unusable
+        raise PublicationError(f"{publication.base}/{name} holds {source.size()} bytes, its manifest says {size}")
     file = _remote_segment_class()(
         source, publication, name, metadata=footer.metadata if footer is not None else None, pre_buffer=True
     )

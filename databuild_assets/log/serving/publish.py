@@ -64,8 +64,9 @@ _FORMAT = 2  # 2: a snapshot's frames an object each; 1 (one object of frames) i
 # published one is older than this: a new reader then catches up at most this much log.
 PUBLISH_INTERVAL_ENV = "DATABUILD_SERVING_PUBLISH_INTERVAL_S"
 DEFAULT_PUBLISH_INTERVAL_S = 3600.0
-# A reader's fetched segments take at most this many bytes of its disk: past it, the least recently
-# read are removed after a fetch (a later read fetches them again).
+# The segment files fetched into `published/` (by a pipeline adopting a publication, and by older
+# releases' readers; readers read segments by ranges now) take at most this many bytes of its
+# disk: past it, the least recently read are removed after a fetch.
 CACHE_BYTES_ENV = "DATABUILD_SERVING_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 _LOCAL_SEGMENT = re.compile(r"^segment-(\d+)\.(by-partition\.)?parquet$")
@@ -417,7 +418,7 @@ def _local_names(segment: int) -> tuple[str, str]:
 
 def keep_manifest(index_folder: str, manifest: Manifest, publication: Publication) -> str:
     """Record `manifest` (and where it was published) in the reader's folder of that publication,
-    where `fetch_segment` finds what to fetch; returns the folder."""
+    where `published_object` finds where a segment is; returns the folder."""
     folder = publication_folder(index_folder, manifest.id)
     make_folders(os.path.join(folder, "segments"))
     path = os.path.join(folder, MANIFEST)
@@ -459,7 +460,7 @@ def published_object(path: str) -> tuple[Publication, str, int] | None:
 
 
 def fetch_segment(path: str) -> bool:
-    """Download the missing segment file `path` of a reader's folder of a publication (the
+    """Download the segment file `path` of a reader's folder of a publication (the
     pipeline adopting a publication; a reader reads segments by ranges, footers.py). False when
     `path` is not such a file; FileNotFoundError when the bucket no longer has it."""
     remote = published_object(path)
@@ -472,7 +473,7 @@ def fetch_segment(path: str) -> bool:
 
 
 def _bound_cache(root: str, limit: float, keep: Iterable[str]) -> None:
-    """Remove the least recently read fetched segments under `root` (a reader's `published/`)
+    """Remove the least recently read fetched segments under `root` (`<index folder>/published/`)
     until they take at most `limit` bytes, never those in `keep`. A read touches its file
     (`touch_read`), so modification time orders them."""
     files = []
@@ -509,7 +510,7 @@ def touch_read(path: str) -> None:
 
 
 def drop_unpublished(index_folder: str, manifest: Manifest, keep_id: str | None) -> list[str]:
-    """A reader's fetched segments that `manifest` (the bucket's current one) no longer names, and
+    """The fetched segments that `manifest` (the bucket's current one) no longer names, and
     the folders of publications other than `keep_id` (the one its index reads) and the
     manifest's: removed, so that a value erased since leaves this machine's cache too."""
     root = os.path.join(index_folder, PUBLISHED_FOLDER)

@@ -155,7 +155,7 @@ def _connect(path: str) -> sqlite3.Connection:
             f"cannot open SQLite event log {path}: its folder {folder} does not exist; create it "
             f"(mkdir -p {folder}) or fix the path"
         )
-    if path != ":memory:":
+    if path not in ("", ":memory:"):  # "": SQLite's private temporary database
         _made_for_its_owner(path)
     try:
         # isolation_level=None: transactions are opened explicitly (BEGIN ...), never implicitly.
