@@ -36,8 +36,10 @@ from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets_tests.s3_server import LoopbackS3
 
 
-def _cold_keys(machine: Path) -> tuple[str, str]:
-    """The oldest cold build request and a partition with cold events, from the pipeline's index."""
+def _cold_keys(machine: Path, calls: int) -> tuple[str, str, list[tuple[str, str, list[tuple[str, int]]]]]:
+    """From the pipeline's index: the oldest cold build request, a partition with cold events, and
+    `calls` cold partitions and cold build requests drawn with repeats (seed 3), as (label, the
+    reader's method, [(key, the segments holding its events)])."""
     path = max(glob.glob(str(machine / "**" / "index-*.sqlite"), recursive=True), key=os.path.getmtime)
     connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -48,30 +50,20 @@ def _cold_keys(machine: Path) -> tuple[str, str]:
         ref = connection.execute(
             "SELECT partition_ref FROM cold_partition_events WHERE count > 0 ORDER BY segment LIMIT 1"
         ).fetchone()
+        partitions = connection.execute(
+            "SELECT partition_ref, COUNT(*) FROM cold_partition_events GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+        requests = connection.execute("SELECT build_request_id, 1 FROM cold_build_requests ORDER BY 1").fetchall()
     finally:
         connection.close()
     if request is None or ref is None:
         raise SystemExit(f"{path}: nothing is cold (a hot window longer than the log?): no cold read to time")
-    return request[0], ref[0]
-
-
-def _cold_samples(machine: Path, calls: int) -> dict[str, list[tuple[str, int]]]:
-    """`calls` cold partitions and cold build requests of the pipeline's index (drawn with
-    repeats, seed 3), each with the segments holding its events."""
-    path = max(glob.glob(str(machine / "**" / "index-*.sqlite"), recursive=True), key=os.path.getmtime)
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        partitions = connection.execute(
-            "SELECT partition_ref, COUNT(*) FROM cold_partition_events GROUP BY 1"
-        ).fetchall()
-        requests = connection.execute("SELECT build_request_id, 1 FROM cold_build_requests").fetchall()
-    finally:
-        connection.close()
     rng = random.Random(3)
-    return {
-        "a cold partition's events": [rng.choice(sorted(partitions)) for _ in range(calls)],
-        "a cold build request's events": [rng.choice(sorted(requests)) for _ in range(calls)],
-    }
+    samples = [
+        ("a cold partition's events", "get_partition_events", [rng.choice(partitions) for _ in range(calls)]),
+        ("a cold build request's events", "get_build_request_events", [rng.choice(requests) for _ in range(calls)]),
+    ]
+    return request[0], ref[0], samples
 
 
 def _timed(rows: list[str], machine: Path, step: str, action) -> object:
@@ -120,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" requests cold in {status.segments} segments; published {published / 1e6:,.1f} MB",
                 flush=True,
             )
-            request, ref = _cold_keys(pipeline_machine)
-            samples = _cold_samples(pipeline_machine, args.calls)
+            request, ref, samples = _cold_keys(pipeline_machine, args.calls)
 
             os.environ[INDEX_DIR_ENV] = str(new_machine)
             rows = ["| a new machine, in turn | seconds | its cache, MB |", "|---|---:|---:|"]
@@ -141,15 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             step("a cold partition's events", lambda: log.get_partition_events(ref))
             step("that partition's events again", lambda: log.get_partition_events(ref))
             sampled = ["| on that machine, each key once | p50 / p95 ms | segments p50 / p95 |", "|---|---:|---:|"]
-            read = {
-                "a cold partition's events": log.get_partition_events,
-                "a cold build request's events": log.get_build_request_events,
-            }
-            for kind, keys in samples.items():
+            for kind, method, keys in samples:
                 spent = []
                 for key, _ in keys:
                     started = time.perf_counter()
-                    read[kind](key)
+                    getattr(log, method)(key)
                     spent.append(time.perf_counter() - started)
                 held = [float(n) for _, n in keys]
                 (p50, p95), (s50, s95) = ((percentile(v, 0.5), percentile(v, 0.95)) for v in (spent, held))

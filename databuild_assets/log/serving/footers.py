@@ -153,8 +153,9 @@ def _cached(path: str, identity: tuple[int, int]) -> _Footer | None:
 
 
 def _keep(path: str, identity: tuple[int, int], metadata: pq.FileMetaData) -> _Footer:
-    """The footer of `path` as `identity` (inode, size) kept, in place of any other footer of
-    that path, and the least recently used dropped while they hold more than the bound."""
+    """The footer of `path` as `identity` ((inode, size), or (0, size) of an object) kept, in
+    place of any other footer of that path, and the least recently used dropped while they hold
+    more than the bound."""
     global _held
     with _footers_lock:
         entry = _footers.get(path)
@@ -219,9 +220,11 @@ def _opened_remote(path: str, publication: Publication, name: str, size: int) ->
     a bucket moves the groups it needs, not the segment, and leaves nothing on the reader's disk."""
     identity = (0, size)  # a publication's object is immutable: its name holds its bytes' digest
     footer = _cached(path, identity)
-    source = footer.source if footer is not None and footer.source is not None else publication.open_object(name)
-    if source.size() != size:  # a publication's object is what its manifest says, or unusable
-        raise PublicationError(f"{publication.base}/{name} holds {source.size()} bytes, its manifest says {size}")
+    source = footer.source if footer is not None else None
+    if source is None:
+        source = publication.open_object(name)
+        if source.size() != size:  # a publication's object is what its manifest says, or unusable
+            raise PublicationError(f"{publication.base}/{name} holds {source.size()} bytes, its manifest says {size}")
     file = _remote_segment_class()(
         source, publication, name, metadata=footer.metadata if footer is not None else None, pre_buffer=True
     )
@@ -237,32 +240,25 @@ def _remote_segment_class() -> type:
     republication after an erasure), raise FileNotFoundError as a local segment gone does: the
     reader then starts again from the current publication. Made on first use (pyarrow's import)."""
 
+    def gone_or_raised(read: Any) -> Any:
+        @functools.wraps(read)
+        def reading(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return read(self, *args, **kwargs)
+            except OSError:
+                self._publication.open_object(self._name)  # FileNotFoundError when the object is gone
+                raise
+
+        return reading
+
     class RemoteSegment(pq.ParquetFile):
         def __init__(self, source: Any, publication: Publication, name: str, **options: Any) -> None:
             super().__init__(source, **options)
             self._publication, self._name = publication, name
 
-        def _gone_or(self, error: OSError) -> None:
-            self._publication.open_object(self._name)  # FileNotFoundError when the object is gone
-            raise error
-
-        def read(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().read(*args, **kwargs)
-            except OSError as error:
-                self._gone_or(error)
-
-        def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().read_row_group(*args, **kwargs)
-            except OSError as error:
-                self._gone_or(error)
-
-        def read_row_groups(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().read_row_groups(*args, **kwargs)
-            except OSError as error:
-                self._gone_or(error)
+        read = gone_or_raised(pq.ParquetFile.read)
+        read_row_group = gone_or_raised(pq.ParquetFile.read_row_group)
+        read_row_groups = gone_or_raised(pq.ParquetFile.read_row_groups)
 
     return RemoteSegment
 

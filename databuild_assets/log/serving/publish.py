@@ -601,11 +601,11 @@ __all__ = [
     "drop_unpublished",
     "fetch_segment",
     "generation_of",
-    "published_object",
     "keep_manifest",
     "mark_generation",
     "publication_folder",
     "publication_of",
     "publish_interval_s",
+    "published_object",
     "touch_read",
 ]
