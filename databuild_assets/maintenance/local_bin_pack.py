@@ -45,6 +45,7 @@ from databuild_assets.log.serving.append import (
 )
 from databuild_assets.log.serving.checkpoints import checkpoint_if_due, open_listed
 from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.delta_local import with_columns
 from databuild_assets.runtime.delta_log import commit_path
 from databuild_assets.runtime.file_modes import create_new_file
 
@@ -137,7 +138,8 @@ def _pack(table_path: str, files: list[_File], schema: pa.Schema, stats_columns:
     def read(file: _File) -> pa.Table:
         # Without pyarrow's own thread pool, whose set-up per file costs more than a small file's
         # read; the files are read on threads of ours instead (pyarrow releases the GIL).
-        part = pq.ParquetFile(os.path.join(table_path, file.path)).read(use_threads=False).select(schema.names)
+        part = pq.ParquetFile(os.path.join(table_path, file.path)).read(use_threads=False)
+        part = with_columns(part, schema.names, schema)  # a small append's file holds only the columns it sets
         # Spark's files differ from the table's schema as pyarrow reads it: nullability, and
         # timestamps stored as INT96 (read as naive nanoseconds; UTC instants, as Spark wrote them).
         return part if part.schema.equals(schema) else part.cast(schema)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from urllib.parse import unquote
 
 from databuild_assets.events.schema import SCHEMA_VERSION
@@ -119,7 +119,8 @@ def head_rows(
     elif top in files.column_names and files[smallest].null_count == 0 and files["num_records"].null_count == 0:
         bound = pc.min(files[smallest].slice(0, enough))
         files = files.filter(pc.greater_equal(files[top], bound))
-    rows = _read_files(table.table_uri, files, list(dict.fromkeys([*names, *([newest_by] if newest_by else [])])))
+    wanted = list(dict.fromkeys([*names, *([newest_by] if newest_by else [])]))
+    rows = _read_files(table.table_uri, files, wanted, arrow_schema(table))
     if newest_by is not None:
         rows = rows.take(pc.select_k_unstable(rows, k=min(limit, rows.num_rows), sort_keys=[(newest_by, "descending")]))
         rows = rows.sort_by([(newest_by, "descending")])
@@ -133,7 +134,7 @@ def read_local_table(table: deltalake.DeltaTable, columns: list[str] | None = No
     files = add_actions(table)
     if files.num_rows == 0:
         return pa.table({name: pa.nulls(0) for name in names})
-    return _read_files(table.table_uri, files, names)
+    return _read_files(table.table_uri, files, names, arrow_schema(table))
 
 
 def iter_local_table(
@@ -149,6 +150,7 @@ def iter_local_table(
     if order_by is not None and smallest in files.column_names:
         files = files.take(pc.sort_indices(files, sort_keys=[(smallest, "ascending", "at_start")]))
     total = sum(count or 0 for count in files.column("num_records").to_pylist()) if files.num_rows else 0
+    schema = arrow_schema(table)
     parts: list[pa.Table] = []
     held = 0
     for file in files.to_pylist():
@@ -156,11 +158,11 @@ def iter_local_table(
             parts.append(part)
             held += part.num_rows
             if held >= rows_per_batch:
-                batch = _joined(parts, columns)
+                batch = _joined(parts, columns, schema)
                 yield (batch.sort_by(order_by) if order_by is not None else batch), total
                 parts, held = [], 0
     if parts:
-        batch = _joined(parts, columns)
+        batch = _joined(parts, columns, schema)
         yield (batch.sort_by(order_by) if order_by is not None else batch), total
 
 
@@ -206,14 +208,10 @@ def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: i
         raise
 
 
-def _joined(parts: list[pa.Table], columns: list[str]) -> pa.Table:
-    """Parts of files as one table of `columns`: a column a file lacks is null there, as Delta
-    reads it; timestamps are Delta's, UTC: they come back UTC-aware."""
-    rows = pa.concat_tables(parts, promote_options="permissive")
-    for name in columns:
-        if name not in rows.column_names:
-            rows = rows.append_column(name, pa.nulls(rows.num_rows))
-    rows = rows.select(columns)
+def _joined(parts: list[pa.Table], columns: list[str], schema: pa.Schema) -> pa.Table:
+    """Parts of files as one table of `columns` (`with_columns`: a column a file lacks is null
+    there, as Delta reads it); timestamps are Delta's, UTC: they come back UTC-aware."""
+    rows = with_columns(pa.concat_tables(parts, promote_options="permissive"), columns, schema)
     utc = [
         pa.field(f.name, pa.timestamp(f.type.unit, tz="UTC")) if pa.types.is_timestamp(f.type) and not f.type.tz else f
         for f in rows.schema
@@ -221,9 +219,30 @@ def _joined(parts: list[pa.Table], columns: list[str]) -> pa.Table:
     return rows.cast(pa.schema(utc))
 
 
-def _read_files(table_uri: str, files: pa.Table, columns: list[str]) -> pa.Table:
+def arrow_schema(table: deltalake.DeltaTable) -> pa.Schema:
+    """The schema of `table` (delta-rs) in Arrow: the types of the columns its files may lack."""
+    return pa.schema(table.schema().to_arrow())
+
+
+def with_columns(rows: pa.Table, columns: Sequence[str], schema: pa.Schema | None = None) -> pa.Table:
+    """`columns` of `rows`, in that order, a column `rows` lacks added as nulls of the type
+    `schema` gives it (else Arrow's null type). Delta lets a data file leave out a column of
+    the table's schema, which then reads as null: a file written before the column was added,
+    or a small append's file, which holds only the columns its rows set (log/serving/append.py).
+
+        with_columns(pq.ParquetFile(path).read(), ["event_id", "job_event"], arrow_schema(table))
+    """
+    for name in columns:
+        if name not in rows.column_names:
+            kind = schema.field(name).type if schema is not None and name in schema.names else pa.null()
+            rows = rows.append_column(pa.field(name, kind), pa.nulls(rows.num_rows, kind))
+    return rows.select(list(columns))
+
+
+def _read_files(table_uri: str, files: pa.Table, columns: list[str], schema: pa.Schema) -> pa.Table:
     """`columns` of the data files in `files` (delta-rs's add actions), partition values included."""
-    return _joined([part for file in files.to_pylist() for part in _file_parts(table_uri, file, columns)], columns)
+    parts = [part for file in files.to_pylist() for part in _file_parts(table_uri, file, columns)]
+    return _joined(parts, columns, schema)
 
 
 def latest_version_on_disk(path: str) -> int | None:
@@ -242,6 +261,7 @@ def latest_version_on_disk(path: str) -> int | None:
 __all__ = [
     "SchemaVersionError",
     "add_actions",
+    "arrow_schema",
     "head_rows",
     "iter_local_table",
     "latest_version_on_disk",
@@ -249,4 +269,5 @@ __all__ = [
     "read_local_table",
     "schema_version_of",
     "table_properties",
+    "with_columns",
 ]

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from databuild_assets.runtime.damage import commit_damage, data_file_damage, log_damage, outside_table_damage
 from databuild_assets.runtime.deferred import deferred
-from databuild_assets.runtime.delta_local import latest_version_on_disk, read_local_table, schema_version_of
+from databuild_assets.runtime.delta_local import (
+    arrow_schema,
+    latest_version_on_disk,
+    read_local_table,
+    schema_version_of,
+    with_columns,
+)
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
     OutsideTableError,
@@ -64,6 +70,7 @@ class DeltaFollower:
         self._log_dir = Path(self.path) / "_delta_log"
         self._log_prefix = f"{self._log_dir}/"
         self.version: int | None = None  # the version read up to (`load`, `changes`), or None
+        self._schema: pa.Schema | None = None  # the table's, as `open_table` last found it
 
     def _commit_file(self, version: int) -> Path:
         return self._log_dir / f"{version:020d}.json"
@@ -109,6 +116,7 @@ class DeltaFollower:
                 raise damage from None
             raise
         self.check(table.protocol().reader_features, table.metadata().configuration)
+        self._schema = arrow_schema(table)
         return table
 
     def load(self, columns: Iterable[str]) -> pa.Table:
@@ -190,9 +198,19 @@ class DeltaFollower:
                 if isinstance(error, PermissionError):
                     raise
                 return None
+        return self._joined(tables, files, columns)
+
+    def _joined(self, tables: list[pa.Table], files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
+        """The files' tables as one of `columns`, a column no file holds null (`with_columns`),
+        typed by the table's schema."""
         if not tables:
             return None if files else pa.table({})
-        return pa.concat_tables(tables, promote_options="permissive")
+        rows, columns = pa.concat_tables(tables, promote_options="permissive"), list(columns)
+        if set(columns) <= set(rows.column_names):
+            return rows.select(columns)
+        if self._schema is None:
+            self.open_table()
+        return with_columns(rows, columns, self._schema)
 
 
 class ObjectStoreFollower(DeltaFollower):
@@ -206,6 +224,7 @@ class ObjectStoreFollower(DeltaFollower):
         self._filesystem, self._root = arrow_filesystem(self.path)
         self._log_prefix = f"{self._root}/_delta_log/"
         self.version = None
+        self._schema = None
 
     def _object(self, version: int) -> str:
         return f"{self._log_prefix}{version:020d}.json"
@@ -249,6 +268,7 @@ class ObjectStoreFollower(DeltaFollower):
     def open_table(self) -> deltalake.DeltaTable:
         table = deltalake.DeltaTable(delta_rs_uri(self.path), storage_options=delta_rs_options())
         self.check(table.protocol().reader_features, table.metadata().configuration)
+        self._schema = arrow_schema(table)
         return table
 
     def _commit_text(self, version: int) -> str:
@@ -256,17 +276,20 @@ class ObjectStoreFollower(DeltaFollower):
             return stream.read().decode("utf-8")
 
     def read(self, files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
-        tables = []
+        tables, files, columns = [], list(files), list(columns)
         for relative in files:
+            path = f"{self._root}/{relative}"
             try:
-                tables.append(
-                    pq.read_table(f"{self._root}/{relative}", columns=list(columns), filesystem=self._filesystem)
-                )
+                try:
+                    tables.append(pq.read_table(path, columns=columns, filesystem=self._filesystem))
+                except pa.ArrowInvalid:  # a file without some of `columns` (DeltaFollower._joined)
+                    present = set(pq.read_schema(path, filesystem=self._filesystem).names)
+                    tables.append(
+                        pq.read_table(path, columns=[c for c in columns if c in present], filesystem=self._filesystem)
+                    )
             except FileNotFoundError:
                 return None  # vacuumed after a long pause: the caller loads the snapshot again
-        if not tables:
-            return None if files else pa.table({})
-        return pa.concat_tables(tables, promote_options="permissive")
+        return self._joined(tables, files, columns)
 
 
 def follower_for(path: str) -> DeltaFollower:
