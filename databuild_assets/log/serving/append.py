@@ -30,6 +30,7 @@ import json
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
@@ -203,7 +204,7 @@ def write_data_files(
     for values, indexes in groups.items():
         part = (rows if len(groups) == 1 else rows.take(indexes)).drop_columns(list(partition_by))
         relative, full = new_data_file(table_path, tuple(zip(partition_by, values, strict=True)))
-        data = parquet_bytes(part)
+        data = parquet_bytes(_set_columns(part) if part.num_rows < _FEW else part)
         write_new_file(full, data)
         actions.append(
             {
@@ -218,6 +219,15 @@ def write_data_files(
             }
         )
     return actions
+
+
+def _set_columns(rows: pa.Table) -> pa.Table:
+    """`rows` without the columns that are null in every row: a file of a few events leaves
+    out the payloads of the event types it does not hold (Delta reads a column a file lacks as
+    null, as for a file written before the column was added), a third of the Parquet writer's
+    work. Readers of ours fill them back (`runtime.delta_local.with_columns`)."""
+    unset = [name for name in rows.column_names if rows.column(name).null_count == rows.num_rows]
+    return rows.drop_columns(unset) if unset else rows
 
 
 def parquet_bytes(rows: pa.Table) -> pa.Buffer:
@@ -284,7 +294,26 @@ def append_files(
 
 def fast_layout(table: deltalake.DeltaTable) -> tuple[list[str], list[str]] | None:
     """The partition and statistics columns `write_data_files` writes the table's files with,
-    when its protocol allows a blind append and it names its statistics columns; else None."""
+    when its protocol allows a blind append and it names its statistics columns; else None.
+    Kept per table object and version (a service's appender asks at every append, and the
+    answer crosses into delta-rs four times)."""
+    kept = _layouts.get(id(table))
+    version = table.version()
+    if kept is not None and kept[0]() is table and kept[1] == version:
+        layout = kept[2]
+    else:
+        layout = _fast_layout(table)
+        for key in [key for key, (ref, _, _) in _layouts.items() if ref() is None]:
+            del _layouts[key]  # tables no longer in use
+        _layouts[id(table)] = (weakref.ref(table), version, layout)
+    return None if layout is None else (list(layout[0]), list(layout[1]))
+
+
+# id of a table -> (the table, its version, its fast_layout); DeltaTable is not hashable.
+_layouts: dict[int, tuple[weakref.ref, int, tuple[list[str], list[str]] | None]] = {}
+
+
+def _fast_layout(table: deltalake.DeltaTable) -> tuple[list[str], list[str]] | None:
     configuration = table.metadata().configuration
     stats_columns = configuration.get("delta.dataSkippingStatsColumns")
     if not (stats_columns and writable_by_fast_append(table.protocol(), table.schema().to_json())):
