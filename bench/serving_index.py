@@ -4,8 +4,9 @@
     python -m bench.serving_index --lake /var/tmp/lake-10m     # a lake `databuild-assets demo` made
 
 Builds (or reuses, in --workdir) a lake whose raw log holds `generate_events(N, seed=7)`, or
-takes the lake given (the bench appends to it), and a SQLite BEL of the same events, brings the
-serving index up to date as the pipeline does (`refresh_serving_index`), then prints, each
+takes the lake given (the bench appends to it), and a SQLite BEL of the same events, packs the
+small files earlier runs appended (`bin_pack_locally`, as the file-count compaction does), brings
+the serving index up to date as the pipeline does (`refresh_serving_index`), then prints, each
 figure from fresh processes (median of 3):
 - open to the first answer, and the peak resident memory of a process that opened and answered;
 - a `databuild-assets query URI get_latest_partition_status REF` call, whole process;
@@ -37,6 +38,7 @@ from databuild_assets.log import SqliteEventLog, load_events
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.maintenance.local_bin_pack import bin_pack_locally
 from databuild_assets.runtime.delta_local import iter_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
@@ -147,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lake, sqlite_path = build(workdir, args.events)
     print(f"lake and SQLite BEL ready in {time.perf_counter() - started:.0f} s ({workdir})")
+    # The small files earlier runs appended, packed as the file-count compaction packs them: each
+    # run starts from a lake the pipeline keeps, not one grown by every run before it.
+    packed = bin_pack_locally(lake.table_path(RAW_EVENT_LOG), closed_before=None, packed_bytes=64 * 2**20)
+    print(f"small files of earlier runs packed: {packed or 0:,}")
     delta_uri, sqlite_uri = f"delta://{lake.root}", f"sqlite://{sqlite_path}"
 
     started = time.perf_counter()
