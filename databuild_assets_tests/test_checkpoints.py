@@ -33,6 +33,7 @@ from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.log_checkpoints import thin_checkpoints
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
+from databuild_assets.runtime.delta_local import latest_version_on_disk
 from databuild_assets.runtime.delta_log import checkpoint_path, last_checkpoint, read_log
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.runtime.lock_files import lock_if_free
@@ -319,3 +320,31 @@ def test_an_appends_checkpoint_leaves_no_stale_hadoop_checksum_of_last_checkpoin
     assert DeltaFollower(path).last_checkpoint() == deltalake.DeltaTable(path).version()  # the append's
     assert not checksum.exists()
     assert spark.read.format("delta").load(path).count() == len(events)
+
+
+def _listed_newest(table: str) -> int:
+    return max(int(name.split(".")[0]) for name in os.listdir(f"{table}/_delta_log") if name.endswith(".json"))
+
+
+def test_the_newest_version_is_found_from_the_checkpoint_without_listing_and_agrees_with_a_listing(tmp_path) -> None:
+    # The log keeps every commit of its retention; a sensor's tick must not read every name.
+    table = str(tmp_path / "t")
+    deltalake.write_deltalake(table, pa.table({"n": [0]}))
+    for newest in range(1, 3):
+        deltalake.write_deltalake(table, pa.table({"n": [newest]}), mode="append")
+    assert latest_version_on_disk(table) == 2  # no checkpoint yet: listed
+    deltalake.DeltaTable(table).create_checkpoint()
+    for newest in range(3, 45):
+        assert latest_version_on_disk(table) == newest - 1 == _listed_newest(table)
+        deltalake.write_deltalake(table, pa.table({"n": [newest]}), mode="append")
+    # A name in the folder that no reader follows is not looked for: a commit past a gap.
+    (tmp_path / "t" / "_delta_log" / f"{1_000:020d}.json").write_text("{}\n")
+    assert latest_version_on_disk(table) == 44
+    # The commits before the checkpoint cleaned up: found from the checkpoint all the same.
+    for version in range(2):
+        os.unlink(tmp_path / "t" / "_delta_log" / f"{version:020d}.json")
+    assert latest_version_on_disk(table) == 44
+    # A `_last_checkpoint` naming a checkpoint that is not there (several parts, or gone): listed.
+    checkpoint_path(table, 2).unlink()
+    assert latest_version_on_disk(table) == 1_000
+    assert latest_version_on_disk(str(tmp_path / "none")) is None

@@ -20,6 +20,9 @@ from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_log import (
     COMMIT_FILE,
     OutsideTableError,
+    checkpoint_path,
+    commit_path,
+    last_checkpoint,
     log_folder,
     resolve_in_table,
     table_relative,
@@ -246,11 +249,32 @@ def _read_files(table_uri: str, files: pa.Table, columns: list[str], schema: pa.
 
 
 def latest_version_on_disk(path: str) -> int | None:
-    """The newest commit of a Delta table on a local disk, by listing `_delta_log` (no JVM).
+    """The newest commit of a Delta table on a local disk, without a JVM: from the checkpoint
+    `_last_checkpoint` names, the commit files after it found by `stat` (Delta versions after a
+    checkpoint are contiguous), else by listing `_delta_log`.
 
     For sensors, which run in Dagster's daemon and should not start Spark to see whether a
-    table moved. None when there is no table. Remote roots need Spark (`current_version`).
+    table moved, and the appends' own checks. Not a listing: the log keeps every commit of its
+    retention (7 days; a service appending a few times a second leaves millions of files), and a
+    listing reads every name. None when there is no table. Remote roots need Spark
+    (`current_version`).
     """
+    named = last_checkpoint(path)
+    if named is None or not checkpoint_path(path, named[0]).is_file():
+        return _latest_listed(path)  # none yet, or one of several parts
+    low, step = named[0], 1  # a version the log holds (its checkpoint's)
+    while commit_path(path, low + step).is_file():
+        low, step = low + step, step * 2
+    high = low + step  # not there: the newest is in [low, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if commit_path(path, middle).is_file() else (low, middle)
+    return low
+
+
+def _latest_listed(path: str) -> int | None:
+    """The newest commit file in a local table's `_delta_log`, by listing it; None when there is
+    no table."""
     log_dir = log_folder(path)
     if not log_dir.is_dir():
         return None
