@@ -33,6 +33,7 @@ from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.maintenance.compaction import bin_pack, compact, purge_events
 from databuild_assets.maintenance.tombstones import read_tombstones, request_erasure
 from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.delta_local import read_local_table
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets.workload.event_stream import DEFAULT_START_NS
@@ -280,6 +281,9 @@ def test_an_appends_file_holds_only_the_columns_its_events_set_and_every_reader_
     assert [canonical_event(row) for row in by_follower.to_pylist()] == wanted[1:]
     event_schema = pa.schema([raw_log_schema().field(name) for name in EVENT_COLUMNS])
     assert event_rows(by_follower) == event_rows(pa.Table.from_pylist(wanted[1:], event_schema))
+    # A read of none of the columns a file holds keeps its rows.
+    assert follower.read([added], ["job_event"]).to_pylist() == [{"job_event": None}]
+    assert read_local_table(deltalake.DeltaTable(path), ["job_event"]).num_rows == 2
     by_spark = spark.read.format("delta").load(path).select(*EVENT_COLUMNS).orderBy("event_id").collect()
     assert [canonical_event(row.asDict(recursive=True)) for row in by_spark] == wanted
     by_delta_rs = deltalake.DeltaTable(path).to_pyarrow_table(columns=list(EVENT_COLUMNS)).sort_by("event_id")

@@ -214,7 +214,8 @@ def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: i
 def _joined(parts: list[pa.Table], columns: list[str], schema: pa.Schema) -> pa.Table:
     """Parts of files as one table of `columns` (`with_columns`: a column a file lacks is null
     there, as Delta reads it); timestamps are Delta's, UTC: they come back UTC-aware."""
-    rows = with_columns(pa.concat_tables(parts, promote_options="permissive"), columns, schema)
+    read = sum(part.num_rows for part in parts)
+    rows = with_columns(pa.concat_tables(parts, promote_options="permissive"), columns, schema, read)
     utc = [
         pa.field(f.name, pa.timestamp(f.type.unit, tz="UTC")) if pa.types.is_timestamp(f.type) and not f.type.tz else f
         for f in rows.schema
@@ -227,14 +228,20 @@ def arrow_schema(table: deltalake.DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def with_columns(rows: pa.Table, columns: Sequence[str], schema: pa.Schema | None = None) -> pa.Table:
+def with_columns(
+    rows: pa.Table, columns: Sequence[str], schema: pa.Schema | None = None, num_rows: int | None = None
+) -> pa.Table:
     """`columns` of `rows`, in that order, a column `rows` lacks added as nulls of the type
     `schema` gives it (else Arrow's null type). Delta lets a data file leave out a column of
     the table's schema, which then reads as null: a file written before the column was added,
     or a small append's file, which holds only the columns its rows set (log/serving/append.py).
+    `num_rows`: the rows read, for a read that held none of `columns` (a table of no columns
+    keeps no row count through pa.concat_tables).
 
         with_columns(pq.ParquetFile(path).read(), ["event_id", "job_event"], arrow_schema(table))
     """
+    if num_rows is not None and rows.num_columns == 0:
+        rows = pa.table({"": pa.nulls(num_rows)})  # a placeholder for the count, not selected below
     for name in columns:
         if name not in rows.column_names:
             kind = schema.field(name).type if schema is not None and name in schema.names else pa.null()
@@ -269,6 +276,8 @@ def latest_version_on_disk(path: str) -> int | None:
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if commit_path(path, middle).is_file() else (low, middle)
+    if not checkpoint_path(path, named[0]).is_file():
+        return _latest_listed(path)  # cleaned up meanwhile (an old one `_last_checkpoint` still named)
     return low
 
 

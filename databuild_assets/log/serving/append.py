@@ -303,8 +303,8 @@ def fast_layout(table: deltalake.DeltaTable) -> tuple[list[str], list[str]] | No
         layout = kept[2]
     else:
         layout = _fast_layout(table)
-        for key in [key for key, (ref, _, _) in _layouts.items() if ref() is None]:
-            del _layouts[key]  # tables no longer in use
+        for key in [key for key, (ref, _, _) in list(_layouts.items()) if ref() is None]:
+            _layouts.pop(key, None)  # tables no longer in use (threads may stage at once)
         _layouts[id(table)] = (weakref.ref(table), version, layout)
     return None if layout is None else (list(layout[0]), list(layout[1]))
 

@@ -98,7 +98,7 @@ class DeltaFollower:
         return f"{status.st_size}:{status.st_mtime_ns}"
 
     def newest_version(self) -> int | None:
-        """The newest commit in the table's log, by listing it; None when there is none."""
+        """The newest commit in the table's log (`latest_version_on_disk`); None when there is none."""
         return latest_version_on_disk(self.path)
 
     def last_checkpoint(self) -> int | None:
@@ -210,7 +210,7 @@ class DeltaFollower:
             return rows.select(columns)
         if self._schema is None:
             self.open_table()
-        return with_columns(rows, columns, self._schema)
+        return with_columns(rows, columns, self._schema, sum(table.num_rows for table in tables))
 
 
 class ObjectStoreFollower(DeltaFollower):
@@ -278,15 +278,11 @@ class ObjectStoreFollower(DeltaFollower):
     def read(self, files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
         tables, files, columns = [], list(files), list(columns)
         for relative in files:
-            path = f"{self._root}/{relative}"
             try:
-                try:
-                    tables.append(pq.read_table(path, columns=columns, filesystem=self._filesystem))
-                except pa.ArrowInvalid:  # a file without some of `columns` (DeltaFollower._joined)
-                    present = set(pq.read_schema(path, filesystem=self._filesystem).names)
-                    tables.append(
-                        pq.read_table(path, columns=[c for c in columns if c in present], filesystem=self._filesystem)
-                    )
+                # One file's reader: it leaves out a column the file lacks (filled in `_joined`),
+                # with one read of the footer.
+                with self._filesystem.open_input_file(f"{self._root}/{relative}") as source:
+                    tables.append(pq.ParquetFile(source).read(columns=columns))
             except FileNotFoundError:
                 return None  # vacuumed after a long pause: the caller loads the snapshot again
         return self._joined(tables, files, columns)
