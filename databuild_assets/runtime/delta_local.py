@@ -214,8 +214,7 @@ def _file_parts(table_uri: str, file: dict, columns: list[str], rows_per_part: i
 def _joined(parts: list[pa.Table], columns: list[str], schema: pa.Schema) -> pa.Table:
     """Parts of files as one table of `columns` (`with_columns`: a column a file lacks is null
     there, as Delta reads it); timestamps are Delta's, UTC: they come back UTC-aware."""
-    read = sum(part.num_rows for part in parts)
-    rows = with_columns(pa.concat_tables(parts, promote_options="permissive"), columns, schema, read)
+    rows = with_columns(concatenated(parts), columns, schema)
     utc = [
         pa.field(f.name, pa.timestamp(f.type.unit, tz="UTC")) if pa.types.is_timestamp(f.type) and not f.type.tz else f
         for f in rows.schema
@@ -228,20 +227,24 @@ def arrow_schema(table: deltalake.DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def with_columns(
-    rows: pa.Table, columns: Sequence[str], schema: pa.Schema | None = None, num_rows: int | None = None
-) -> pa.Table:
+def concatenated(parts: Sequence[pa.Table]) -> pa.Table:
+    """`parts` as one table, a column some of them lack null there. Parts that hold no column (a
+    read of only columns their files lack) keep their rows, which pa.concat_tables drops when no
+    part has a column."""
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    if rows.num_columns == 0 and rows.num_rows == 0:
+        rows = pa.table({"": pa.nulls(sum(part.num_rows for part in parts))}).drop_columns([""])
+    return rows
+
+
+def with_columns(rows: pa.Table, columns: Sequence[str], schema: pa.Schema | None = None) -> pa.Table:
     """`columns` of `rows`, in that order, a column `rows` lacks added as nulls of the type
     `schema` gives it (else Arrow's null type). Delta lets a data file leave out a column of
     the table's schema, which then reads as null: a file written before the column was added,
     or a small append's file, which holds only the columns its rows set (log/serving/append.py).
-    `num_rows`: the rows read, for a read that held none of `columns` (a table of no columns
-    keeps no row count through pa.concat_tables).
 
         with_columns(pq.ParquetFile(path).read(), ["event_id", "job_event"], arrow_schema(table))
     """
-    if num_rows is not None and rows.num_columns == 0:
-        rows = pa.table({"": pa.nulls(num_rows)})  # a placeholder for the count, not selected below
     for name in columns:
         if name not in rows.column_names:
             kind = schema.field(name).type if schema is not None and name in schema.names else pa.null()
@@ -295,6 +298,7 @@ __all__ = [
     "SchemaVersionError",
     "add_actions",
     "arrow_schema",
+    "concatenated",
     "head_rows",
     "iter_local_table",
     "latest_version_on_disk",

@@ -24,6 +24,7 @@ from databuild_assets.runtime.damage import commit_damage, data_file_damage, log
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_local import (
     arrow_schema,
+    concatenated,
     latest_version_on_disk,
     read_local_table,
     schema_version_of,
@@ -115,9 +116,7 @@ class DeltaFollower:
             if (damage := log_damage(self.path)) is not None:
                 raise damage from None
             raise
-        self.check(table.protocol().reader_features, table.metadata().configuration)
-        self._schema = arrow_schema(table)
-        return table
+        return self._followable(table)
 
     def load(self, columns: Iterable[str]) -> pa.Table:
         """`columns` of every live row at the table's latest version: its live files as delta-rs
@@ -167,14 +166,17 @@ class DeltaFollower:
         """The commit file of `version`; FileNotFoundError when there is none (yet)."""
         return self._commit_file(version).read_text(encoding="utf-8")
 
-    def check(self, reader_features: Iterable[str] | None, configuration: dict[str, str]) -> None:
-        blocked = sorted(set(reader_features or ()) & _UNFOLLOWABLE_READER_FEATURES)
+    def _followable(self, table: deltalake.DeltaTable) -> deltalake.DeltaTable:
+        """`table`, once checked to be followable, its schema kept (`_joined` types by it)."""
+        blocked = sorted(set(table.protocol().reader_features or ()) & _UNFOLLOWABLE_READER_FEATURES)
         if blocked:
             raise UnfollowableTableError(
                 f"{self.path} uses the Delta reader feature(s) {', '.join(blocked)}, which this JVM-free reader "
                 "does not follow; open the log with a SparkSession (open_event_log(uri, spark=spark))"
             )
-        schema_version_of(self.path, configuration)
+        schema_version_of(self.path, table.metadata().configuration)
+        self._schema = arrow_schema(table)
+        return table
 
     def read(self, files: Iterable[str], columns: Iterable[str]) -> pa.Table | None:
         """`columns` of the data files `files` (relative paths) as one table; None when a file
@@ -205,12 +207,12 @@ class DeltaFollower:
         typed by the table's schema."""
         if not tables:
             return None if files else pa.table({})
-        rows, columns = pa.concat_tables(tables, promote_options="permissive"), list(columns)
+        rows, columns = concatenated(tables), list(columns)
         if set(columns) <= set(rows.column_names):
             return rows.select(columns)
         if self._schema is None:
             self.open_table()
-        return with_columns(rows, columns, self._schema, sum(table.num_rows for table in tables))
+        return with_columns(rows, columns, self._schema)
 
 
 class ObjectStoreFollower(DeltaFollower):
@@ -267,9 +269,7 @@ class ObjectStoreFollower(DeltaFollower):
 
     def open_table(self) -> deltalake.DeltaTable:
         table = deltalake.DeltaTable(delta_rs_uri(self.path), storage_options=delta_rs_options())
-        self.check(table.protocol().reader_features, table.metadata().configuration)
-        self._schema = arrow_schema(table)
-        return table
+        return self._followable(table)
 
     def _commit_text(self, version: int) -> str:
         with self._filesystem.open_input_stream(self._object(version)) as stream:
