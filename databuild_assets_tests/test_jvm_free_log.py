@@ -258,8 +258,8 @@ def _appending_in_a_thread(lake: Lake, events: list[dict[str, Any]]) -> tuple[th
 def test_an_appends_file_holds_only_the_columns_its_events_set_and_every_reader_reads_them_whole(
     spark, lake: Lake
 ) -> None:
-    # Writing the payload columns of event types an append does not hold is a third of the
-    # Parquet writer's work; Delta reads a column a file lacks as null, and so must our readers.
+    # The payload columns of event types an append does not hold are left out of its file (the
+    # Parquet writer's work is per column); Delta reads a column a file lacks as null, and so must our readers.
     events = [
         build_request_event("e1", 100, "br-1", BR.BUILD_REQUEST_RECEIVED, ["data/a"]),
         partition_event("e2", 200, "br-1", "data/a", P.PARTITION_BUILDING),

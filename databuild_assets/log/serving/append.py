@@ -224,8 +224,9 @@ def write_data_files(
 def _set_columns(rows: pa.Table) -> pa.Table:
     """`rows` without the columns that are null in every row: a file of a few events leaves
     out the payloads of the event types it does not hold (Delta reads a column a file lacks as
-    null, as for a file written before the column was added), a third of the Parquet writer's
-    work. Readers of ours fill them back (`runtime.delta_local.with_columns`)."""
+    null, as for a file written before the column was added): pyarrow sets up a column writer and
+    a footer entry for every leaf it writes (docs/decisions/0010). Readers of ours fill them back
+    (`runtime.delta_local.with_columns`)."""
     unset = [name for name in rows.column_names if rows.column(name).null_count == rows.num_rows]
     return rows.drop_columns(unset) if unset else rows
 
