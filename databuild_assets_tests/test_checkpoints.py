@@ -90,6 +90,9 @@ def test_jvm_free_appends_keep_a_checkpoint_within_the_interval_that_spark_delta
     assert newest - compacted > 3 * interval  # the appends alone crossed the interval, more than once
     assert last is not None and compacted < last <= newest < last + interval
     assert _commit_info(path, last)["engineInfo"] == "databuild-assets"  # an append's, not Spark's
+    # Written from the checkpoint before and the commits since (runtime/delta_checkpoint.py), not
+    # by delta-rs, whose load lists `_delta_log`.
+    assert pq.ParquetFile(checkpoint_path(path, last)).metadata.created_by.startswith("parquet-cpp-arrow")
 
     # Our own log reader builds the state from that checkpoint, and it is delta-rs's.
     state = read_log(path)

@@ -74,6 +74,7 @@ class IndexedAppends:
         s3 = is_s3(self.lake.root)
         attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
         committed: int | None = None
+        committed_actions = None  # the actions of that commit, when staged here
         # The data files are written before the lock (`_stage`): every appender waits for the
         # holder, so the lock is held only to dedupe, name the files in a commit, and index them.
         staged = None if s3 else self._stage(events)
@@ -108,6 +109,8 @@ class IndexedAppends:
                         if s3:
                             time.sleep(random.uniform(*_S3_RETRY_PAUSE_S))
                         continue  # another writer committed first: dedupe again
+                    if staged is not None and committed is not None:
+                        committed_actions = staged.actions
                     staged = None  # committed: the log names its files
                     self._index_own_append(index, stamp, new, before, hidden_by, committed)
                     break
@@ -116,7 +119,7 @@ class IndexedAppends:
                 staged.discard()
         if committed is not None and self._checkpoints is not None and self._table is not None:
             # Outside the lock: the other appenders commit while the checkpoint is written.
-            self._checkpoints.after_commit(committed, self._table.metadata().configuration)
+            self._checkpoints.after_commit(committed, self._table.metadata().configuration, committed_actions)
         return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
 
     def _stage(self, events: list[Mapping[str, Any]]) -> _Staged | None:

@@ -25,13 +25,15 @@ checkpoint bytes written per commit within a few tens of KB (a checkpoint is ~10
 action; compaction thins old checkpoints, maintenance/log_checkpoints.py). A table
 that sets `delta.checkpointInterval` gets that interval instead.
 
-The checkpoint is delta-rs's classic single-file one, which Spark, delta-rs and
-runtime/delta_log.py read. It copies each add's `stats` string as committed and writes no
-`stats_parsed`, so it holds statistics of `delta.dataSkippingStatsColumns` only: no erasable
-value (runtime/lake.py, COMMON_TABLE_PROPERTIES).
+The checkpoint is a classic single-file one, which Spark, delta-rs and runtime/delta_log.py
+read, written from the newest checkpoint and the commits since (runtime/delta_checkpoint.py; the
+actions of this process's own commits from memory), or by delta-rs when that replay does not
+apply (the table's first checkpoint, for one). Either copies each add's `stats` string as
+committed and writes no `stats_parsed`, so it holds statistics of
+`delta.dataSkippingStatsColumns` only: no erasable value (runtime/lake.py, COMMON_TABLE_PROPERTIES).
 
     checkpoints = Checkpointer(table_path)
-    checkpoints.after_commit(version, table.metadata().configuration)
+    checkpoints.after_commit(version, table.metadata().configuration, actions)
     checkpoints.wait()  # before the process ends
 """
 
@@ -42,9 +44,11 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
 from databuild_assets.runtime.deferred import deferred
+from databuild_assets.runtime.delta_checkpoint import NotReplayable, replay
 from databuild_assets.runtime.delta_log import checkpoint_path, last_checkpoint, log_folder
 from databuild_assets.runtime.lock_files import lock_if_free
 
@@ -81,11 +85,12 @@ def checkpoint_due(version: int, last: int | None, actions: int, configuration: 
     return version - (-1 if last is None else last) >= checkpoint_interval(configuration, actions)
 
 
-def checkpoint_if_due(table_path: str, version: int) -> int | None:
+def checkpoint_if_due(table_path: str, version: int, known: Mapping[int, Sequence[dict]] | None = None) -> int | None:
     """Write a checkpoint of version `version` of the local table at `table_path` (a commit of
     the JVM-free appends: Spark checkpoints only versions it committed, so the two never write
     the same file) if it is still the interval past the newest checkpoint and no other process
-    is writing one. Returns `version` once written, or None. Raises what failed (a lock file
+    is writing one; `known`: the actions of commits this process wrote, by version (not read
+    back). Returns `version` once written, or None. Raises what failed (a lock file
     another user planted, a Delta error); the commits before it stand either way.
 
         checkpoint_if_due(lake.table_path(RAW_EVENT_LOG), 1_234)
@@ -96,10 +101,19 @@ def checkpoint_if_due(table_path: str, version: int) -> int | None:
         last, actions = last_checkpoint(table_path) or (None, 0)
         if last is not None and last >= version or checkpoint_path(table_path, version).exists():
             return None
-        table = open_listed(table_path, version)
-        if not checkpoint_due(version, last, actions, table.metadata().configuration):
-            return None  # written by another process since the append looked
-        table.create_checkpoint()
+        try:
+            state = replay(table_path, version, known)  # from the last checkpoint and the commits since, by name
+        except NotReplayable as why:
+            log.debug("%s: the checkpoint of v%d is delta-rs's: %s", table_path, version, why)
+            state = None
+        if state is not None:
+            if not checkpoint_due(version, last, actions, state.configuration) or not state.write():
+                return None  # written by another process since the append looked
+        else:
+            table = open_listed(table_path, version)
+            if not checkpoint_due(version, last, actions, table.metadata().configuration):
+                return None
+            table.create_checkpoint()
         _drop_stale_checksum(table_path)
         return version
 
@@ -129,6 +143,7 @@ class Checkpointer:
 
     RETRY_AFTER_S = 60.0
     WAIT_S = 120.0
+    KNOWN_COMMITS = 10_000
 
     def __init__(self, table_path: str) -> None:
         self.table_path = table_path
@@ -143,12 +158,20 @@ class Checkpointer:
         self._writing = False
         # The newest checkpoint `_last_checkpoint` named when last read (-1: none; inf: not read).
         self._read_last: float = math.inf
+        # The actions of this process's commits since, by version: the checkpoint replays them
+        # from memory, not from their files.
+        self._known: dict[int, list[dict]] = {}
 
-    def after_commit(self, version: int, configuration: dict[str, str]) -> bool:
-        """Start writing a checkpoint of `version` (just committed by this process) when it is
-        the interval past the newest one and none is being written here (the one being written
-        is followed by the newest due version); whether one was started."""
+    def after_commit(self, version: int, configuration: dict[str, str], actions: Sequence[dict] | None = None) -> bool:
+        """Start writing a checkpoint of `version` (just committed by this process, with
+        `actions` when the caller has them) when it is the interval past the newest one and none
+        is being written here (the one being written is followed by the newest due version);
+        whether one was started."""
         with self._guard:
+            if actions is not None:
+                self._known[version] = list(actions)
+                while len(self._known) > self.KNOWN_COMMITS:  # no checkpoint for a long while
+                    del self._known[next(iter(self._known))]
             self._newest = max(self._newest, version)
             if self._writing or time.monotonic() < self._retry_at or not self._due(version, configuration):
                 return False
@@ -181,8 +204,13 @@ class Checkpointer:
 
     def _write_one(self, version: int, configuration: dict[str, str]) -> bool:
         """Write the checkpoint of `version` if still due; whether it was written."""
+        with self._guard:
+            known = {at: actions for at, actions in self._known.items() if at <= version}
         try:
-            if checkpoint_if_due(self.table_path, version) is not None:
+            if checkpoint_if_due(self.table_path, version, known) is not None:
+                with self._guard:
+                    for at in [at for at in self._known if at <= version]:
+                        del self._known[at]
                 return True
         except Exception as error:  # noqa: BLE001 - in a thread beside the appends, which must go on
             self._retry_at = time.monotonic() + self.RETRY_AFTER_S

@@ -1,0 +1,313 @@
+"""A checkpoint of a local Delta table written from the checkpoint before it and the commits
+since, each found by name: no listing of `_delta_log`.
+
+delta-rs writes a checkpoint by loading the table, which lists `_delta_log` (the log keeps every
+commit of its retention, 7 days: a service appending a few times a second leaves millions of
+names to read at every checkpoint), replays it, and writes every action again; an appender that
+checkpoints every few dozen commits spent more of its process on that than on the appends
+(docs/decisions/0010). Here the state is the previous classic checkpoint, its rows kept as Arrow
+rows (the one this process wrote last is kept in memory, not read back), and the commits after
+it: those this process wrote are given as the actions it wrote (`known`), the others read. The
+Python work follows the commits since, not the table's files: the checkpoint is written in a
+thread beside a service's appends, which share the interpreter with it. The result is a classic
+single-file checkpoint of the previous one's schema, which Spark, delta-rs and
+runtime/delta_log.py read, with each add's `stats` string as committed and no `stats_parsed`.
+
+What this replay does not know raises NotReplayable and the caller leaves the checkpoint to
+delta-rs: no single-file checkpoint to start from (none yet, several parts, V2), parsed
+statistics or partition values, a deletion vector, a reader or writer feature beyond the few
+that constrain writers only, an action or a field the previous checkpoint has no column for, a
+commit missing or not JSON. Removes are kept as tombstones for `delta.deletedFileRetentionDuration`
+(a week unless the table sets it), as Spark and delta-rs keep them.
+
+    state = replay(table_path, 1_234)        # NotReplayable: leave it to delta-rs
+    if checkpoint_due(1_234, last, actions, state.configuration):
+        state.write()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from databuild_assets.runtime.deferred import deferred
+from databuild_assets.runtime.delta_log import (
+    LAST_CHECKPOINT,
+    checkpoint_path,
+    commit_path,
+    last_checkpoint,
+    log_folder,
+)
+from databuild_assets.runtime.file_modes import write_new_file
+
+pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
+pq = deferred("pyarrow.parquet")
+
+# The row kinds of a classic checkpoint, and the checkpoint-only ones this writer leaves to delta-rs.
+_KINDS = ("protocol", "metaData", "txn", "domainMetadata", "add", "remove")
+_V2_KINDS = ("sidecar", "checkpointMetadata")
+_SKIPPED = ("commitInfo", "cdc")  # in commits, never in a checkpoint
+# Writer features a replay of adds and removes keeps: they constrain writers, not the log's state.
+_KEPT_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "generatedColumns"})
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+_DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+_UNIT_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+_UNIT_MS["week"] = 7 * _UNIT_MS["day"]
+_PLAIN_PATH = re.compile(r"^[A-Za-z0-9._/=-]*$")
+_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+([a-z]+?)s?\s*$", re.IGNORECASE)
+
+
+class NotReplayable(Exception):
+    """Why this writer leaves a checkpoint to delta-rs."""
+
+
+@dataclass
+class CheckpointState:
+    """The state of a table at `version`: the previous checkpoint's rows, and what the commits
+    after it changed (the Python work follows those commits, not the table: the checkpoint is
+    written in a thread beside a service's appends, which wait for the interpreter while it runs
+    Python). `write` writes it as that version's checkpoint."""
+
+    table_path: str
+    version: int
+    previous: Any  # pa.Table: the previous checkpoint, read whole
+    files: dict[str, tuple[str, dict]] = field(default_factory=dict)  # path: ("add" or "remove", action)
+    single: dict[str, dict] = field(default_factory=dict)  # protocol, metaData: the newest action, if any
+    txns: dict[str, dict] | None = None  # by appId, when a commit set one
+    domains: dict[str, dict] | None = None  # by domain, when a commit set one
+
+    @property
+    def configuration(self) -> dict[str, str]:
+        """The table's configuration at `version`."""
+        meta = self.single.get("metaData") or _previous_single(self.previous, "metaData")
+        return dict(meta.get("configuration") or {})
+
+    def write(self, now_ms: int | None = None) -> bool:
+        """Write the checkpoint of `version` and point `_last_checkpoint` at it (unless a newer
+        one is named meanwhile); False when that checkpoint exists (another writer's)."""
+        table = self._rows(int(time.time() * 1000) if now_ms is None else now_ms)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="snappy", use_dictionary=False, write_statistics=False)
+        data = sink.getvalue()
+        final = checkpoint_path(self.table_path, self.version)
+        if not _put_if_absent(str(final), data):
+            return False
+        with _kept_lock:  # the next checkpoint of this table in this process starts from it, unread
+            _kept[self.table_path] = (self.version, _identity(final), table)
+        adds = table.num_rows - table.column("add").null_count
+        pointer = {"version": self.version, "size": table.num_rows, "sizeInBytes": len(data), "numOfAddFiles": adds}
+        named = last_checkpoint(self.table_path)
+        if named is None or named[0] < self.version:
+            _replace(log_folder(self.table_path) / LAST_CHECKPOINT, json.dumps(pointer).encode())
+        return True
+
+    def _rows(self, now_ms: int) -> Any:
+        previous, oldest = self.previous, now_ms - _retention_ms(self.configuration)
+        keep = pc.or_kleene(pc.is_valid(previous.column("add")), pc.is_valid(previous.column("remove")))
+        stamps = pc.struct_field(previous.column("remove"), "deletionTimestamp")
+        keep = pc.and_not(keep, pc.fill_null(pc.less(stamps, oldest), False))  # expired tombstones
+        if self.files:
+            keep = pc.and_not(keep, _touched(previous, self.files))
+        new: list[dict] = []
+        for kind in ("protocol", "metaData"):
+            if kind in self.single:
+                new.append({kind: self.single[kind]})
+            else:
+                keep = pc.or_(keep, pc.is_valid(previous.column(kind)))
+        for kind, changed in (("txn", self.txns), ("domainMetadata", self.domains)):
+            if changed is not None:
+                new += [{kind: action} for action in changed.values()]
+            elif kind in previous.column_names:
+                keep = pc.or_(keep, pc.is_valid(previous.column(kind)))
+        for kind, action in self.files.values():
+            if kind == "add" or (action.get("deletionTimestamp") or 0) >= oldest:
+                new.append({kind: action})
+        kept = previous if pc.all(keep).as_py() else previous.filter(keep)  # appends alone drop nothing
+        return pa.concat_tables([kept, pa.Table.from_pylist(new, schema=previous.schema)]) if new else kept
+
+
+def replay(table_path: str, version: int, known: Mapping[int, Sequence[dict]] | None = None) -> CheckpointState:
+    """The state of the local table at `table_path` at `version`, from the checkpoint
+    `_last_checkpoint` names and the commits after it up to `version`: the actions of those in
+    `known` (by version: the commits this process wrote, held in memory) as given, the others
+    read. Raises NotReplayable when this writer should leave the checkpoint to delta-rs (the
+    module's docstring)."""
+    known = known or {}
+    named = last_checkpoint(table_path)
+    if named is None or named[0] >= version:
+        raise NotReplayable("no earlier checkpoint to start from")
+    path = checkpoint_path(table_path, named[0])
+    try:
+        previous = _kept_or_read(table_path, named[0], path)
+    except FileNotFoundError:
+        raise NotReplayable(f"checkpoint {named[0]} is not a single file") from None
+    _check_schema(previous)
+    state = CheckpointState(table_path, version, previous)
+    for at in range(named[0] + 1, version + 1):
+        if at in known:
+            actions: Iterable[dict] = known[at]
+        else:
+            try:
+                data = commit_path(table_path, at).read_bytes()
+            except FileNotFoundError:
+                raise NotReplayable(f"commit {at} is missing") from None
+            actions = (json.loads(line) for line in data.splitlines() if line.strip())
+        try:
+            for action in actions:
+                _apply(state, action, at)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError is a ValueError
+            raise NotReplayable(f"commit {at} does not read as Delta actions ({error!r})") from None
+    for kind in ("protocol", "metaData"):
+        if kind not in state.single and _previous_single(previous, kind) is None:
+            raise NotReplayable(f"no {kind} action")
+    _check_protocol(state.single.get("protocol") or _previous_single(previous, "protocol"))
+    _retention_ms(state.configuration)  # one this replay cannot read raises here, not in `write`
+    return state
+
+
+# The checkpoint this process wrote last, per table, with the file's identity: a service's appender
+# writes one every few dozen commits, and reading back what it wrote is a third of the work.
+_kept: dict[str, tuple[int, tuple[int, int, int], Any]] = {}
+_kept_lock = threading.Lock()
+
+
+def _identity(path: os.PathLike) -> tuple[int, int, int]:
+    status = os.stat(path)
+    return status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def _kept_or_read(table_path: str, version: int, path: os.PathLike) -> Any:
+    """The checkpoint of `version` at `path`: the table this process wrote there when it is
+    still that file, else read (one file, one thread: not the dataset machinery of
+    `read_table`, nor Arrow's pool beside the appends)."""
+    with _kept_lock:
+        kept = _kept.get(table_path)
+    if kept is not None and kept[0] == version and kept[1] == _identity(path):
+        return kept[2]
+    return pq.ParquetFile(path).read(use_threads=False)
+
+
+def _check_schema(previous: Any) -> None:
+    names = set(previous.column_names)
+    if not {"protocol", "metaData", "add", "remove"} <= names or names - set(_KINDS) - set(_V2_KINDS):
+        raise NotReplayable(f"a checkpoint of columns {sorted(names)}")
+    for kind in _V2_KINDS:
+        if kind in names and previous.column(kind).null_count != previous.num_rows:
+            raise NotReplayable(f"a V2 checkpoint ({kind} rows)")
+    for kind in ("add", "remove"):
+        fields = _fields(previous, kind)
+        if {"stats_parsed", "partitionValues_parsed"} & fields:
+            raise NotReplayable(f"{kind} has parsed statistics or partition values")
+        if "deletionVector" in fields:
+            if pc.any(pc.is_valid(pc.struct_field(previous.column(kind), "deletionVector"))).as_py():
+                raise NotReplayable("a deletion vector")
+
+
+def _touched(previous: Any, files: dict[str, tuple[str, dict]]) -> Any:
+    """Which rows of the previous checkpoint are adds or removes of a path in `files` (decoded,
+    as Delta compares paths). Paths of letters, digits and `-._/=` alone are the same encoded
+    (the appends' and the compactions' are), so those are looked up as written, in Arrow."""
+    plain = all(_PLAIN_PATH.match(path) for path in files)
+    masks = []
+    for kind in ("add", "remove"):
+        paths = pc.struct_field(previous.column(kind), "path")
+        if plain:
+            masks.append(pc.fill_null(pc.is_in(paths, value_set=pa.array(list(files), type=pa.string())), False))
+        else:
+            masks.append(pa.array([path is not None and unquote(path) in files for path in paths.to_pylist()]))
+    return pc.or_(*masks)
+
+
+def _apply(state: CheckpointState, action: dict, version: int) -> None:
+    if not isinstance(action, dict) or len(action) != 1:
+        raise NotReplayable(f"commit {version}: a line that is not one action")
+    ((kind, body),) = action.items()
+    if kind in _SKIPPED:
+        return
+    if kind not in _KINDS or kind not in state.previous.column_names:
+        raise NotReplayable(f"commit {version}: a {kind} action")
+    if not isinstance(body, dict) or set(body) - _fields(state.previous, kind):
+        raise NotReplayable(f"commit {version}: a {kind} with fields the checkpoint has no place for")
+    if kind in ("add", "remove"):
+        if body.get("deletionVector") is not None:
+            raise NotReplayable(f"commit {version}: a deletion vector")
+        state.files[unquote(body["path"])] = (kind, {**body, "dataChange": False} if kind == "add" else body)
+    elif kind == "txn":
+        if state.txns is None:
+            state.txns = _previous_rows(state.previous, "txn", "appId")
+        state.txns[body["appId"]] = body
+    elif kind == "domainMetadata":
+        if state.domains is None:
+            state.domains = _previous_rows(state.previous, "domainMetadata", "domain")
+        state.domains[body["domain"]] = body
+        if body.get("removed"):
+            del state.domains[body["domain"]]
+    else:
+        state.single[kind] = body
+
+
+def _previous_rows(previous: Any, kind: str, key: str) -> dict[str, dict]:
+    if kind not in previous.column_names:
+        return {}
+    return {action[key]: action for action in previous.column(kind).drop_null().to_pylist()}
+
+
+def _check_protocol(protocol: dict) -> None:
+    features = set(protocol.get("writerFeatures") or ())
+    if protocol.get("minReaderVersion") != 1 or protocol.get("readerFeatures") or features - _KEPT_WRITER_FEATURES:
+        raise NotReplayable(f"protocol {protocol}")
+
+
+def _fields(table: Any, kind: str) -> set[str]:
+    return {child.name for child in table.schema.field(kind).type}
+
+
+def _previous_single(previous: Any, kind: str) -> dict | None:
+    values = previous.column(kind).drop_null().to_pylist()
+    return values[-1] if values else None
+
+
+def _retention_ms(configuration: dict[str, str]) -> int:
+    text = configuration.get(RETENTION_PROPERTY)
+    if text is None:
+        return _DEFAULT_RETENTION_MS
+    match = _INTERVAL.match(text)
+    if match is None or match.group(2).lower() not in _UNIT_MS:
+        raise NotReplayable(f"{RETENTION_PROPERTY}={text!r}")
+    return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
+
+
+def _put_if_absent(path: str, data: Any) -> bool:
+    """Write `path` whole, only if nothing is there (a hard link of a finished temporary file)."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    write_new_file(temporary, data)
+    try:
+        os.link(temporary, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+
+
+def _replace(path: os.PathLike, data: bytes) -> None:
+    """Replace `path` whole (a finished temporary file renamed over it)."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    write_new_file(temporary, data)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+__all__ = ["CheckpointState", "NotReplayable", "replay"]
