@@ -27,6 +27,7 @@ commit missing or not JSON. Removes are kept as tombstones for `delta.deletedFil
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -85,7 +86,7 @@ class CheckpointState:
     txns: dict[str, dict] | None = None  # by appId, when a commit set one
     domains: dict[str, dict] | None = None  # by domain, when a commit set one
 
-    @property
+    @functools.cached_property
     def configuration(self) -> dict[str, str]:
         """The table's configuration at `version`."""
         meta = self.single.get("metaData") or _previous_single(self.previous, "metaData")
@@ -147,10 +148,11 @@ def replay(table_path: str, version: int, known: Mapping[int, Sequence[dict]] | 
         raise NotReplayable("no earlier checkpoint to start from")
     path = checkpoint_path(table_path, named[0])
     try:
-        previous = _kept_or_read(table_path, named[0], path)
+        previous, kept = _kept_or_read(table_path, named[0], path)
     except FileNotFoundError:
         raise NotReplayable(f"checkpoint {named[0]} is not a single file") from None
-    _check_schema(previous)
+    if not kept:  # one this process wrote was checked when it was replayed
+        _check_schema(previous)
     state = CheckpointState(table_path, version, previous)
     for at in range(named[0] + 1, version + 1):
         if at in known:
@@ -185,15 +187,15 @@ def _identity(path: os.PathLike) -> tuple[int, int, int]:
     return status.st_ino, status.st_size, status.st_mtime_ns
 
 
-def _kept_or_read(table_path: str, version: int, path: os.PathLike) -> Any:
-    """The checkpoint of `version` at `path`: the table this process wrote there when it is
-    still that file, else read (one file, one thread: not the dataset machinery of
+def _kept_or_read(table_path: str, version: int, path: os.PathLike) -> tuple[Any, bool]:
+    """The checkpoint of `version` at `path`, and whether it is the table this process wrote
+    there (still that file), else read (one file, one thread: not the dataset machinery of
     `read_table`, nor Arrow's pool beside the appends)."""
     with _kept_lock:
         kept = _kept.get(table_path)
     if kept is not None and kept[0] == version and kept[1] == _identity(path):
-        return kept[2]
-    return pq.ParquetFile(path).read(use_threads=False)
+        return kept[2], True
+    return pq.ParquetFile(path).read(use_threads=False), False
 
 
 def _check_schema(previous: Any) -> None:
