@@ -252,3 +252,37 @@ def test_a_link_planted_as_the_checkpoint_lock_is_not_followed(lake):
 
     assert target.read_text() == "not a lock file\n"
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
+
+
+_READ_POINTER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a read without end fails here, not the machine
+from databuild_assets.runtime.delta_local import latest_version_on_disk
+from databuild_assets.runtime.delta_log import last_checkpoint, read_log
+table = sys.argv[1]
+print(last_checkpoint(table), latest_version_on_disk(table), [d.what for d in read_log(table).damage])
+"""
+
+
+@pytest.mark.parametrize("planted", ["a link to /dev/zero", "a FIFO"])
+def test_a_last_checkpoint_that_is_no_plain_file_is_not_followed(tmp_path: Path, planted: str) -> None:
+    # Every sensor tick and append reads `_last_checkpoint`: a link to /dev/zero read it without end
+    # (memory until the process died), and a FIFO waited for a writer forever.
+    import deltalake
+    import pyarrow as pa
+
+    table = str(tmp_path / "t")
+    for n in range(3):
+        deltalake.write_deltalake(table, pa.table({"n": [n]}), mode="append")
+    pointer = Path(table) / "_delta_log" / "_last_checkpoint"
+    if planted == "a FIFO":
+        os.mkfifo(pointer, 0o600)
+    else:
+        pointer.symlink_to("/dev/zero")
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_POINTER, table], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2_000:]
+    none, newest, damage = done.stdout.strip().split(" ", 2)
+    assert (none, newest) == ("None", "2")  # the log listed instead
+    assert "not a plain file" in damage  # `check` names it

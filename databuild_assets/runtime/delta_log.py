@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from databuild_assets.runtime.file_modes import read_pointer
+
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
@@ -164,12 +166,13 @@ def log_folder(table_path: str) -> Path:
 def last_checkpoint(table_path: str) -> tuple[int, int] | None:
     """(version, actions) of the checkpoint a local table's `_last_checkpoint` names: its `size`,
     every action an open reads (live files, and the removes kept as tombstones), or its live files
-    when a writer left `size` out; None when there is none or it does not parse (a reader then
-    lists the log)."""
+    when a writer left `size` out; None when there is none, it does not parse, or it is not a
+    plain file of at most a few KB (`read_pointer`; a reader then lists the log)."""
+    data = read_pointer(log_folder(table_path) / LAST_CHECKPOINT)
     try:
-        named = json.loads((log_folder(table_path) / LAST_CHECKPOINT).read_bytes())
+        named = json.loads(data) if data is not None else {}
         return int(named["version"]), int(named.get("size") or named.get("numOfAddFiles") or 0)
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -375,10 +378,13 @@ def _complete(parts: list[str]) -> bool:
 
 def _check_last_checkpoint(folder: Path, checkpoints: dict[int, list[Path]], state: LogState) -> None:
     path = folder / LAST_CHECKPOINT
-    if not path.exists():
+    if not os.path.lexists(path):
         return
     try:
-        pointed = int(json.loads(path.read_text())["version"])
+        data = read_pointer(path)
+        if data is None:
+            raise ValueError("not a plain file of at most 64 KB (a link, a FIFO, a folder?)")
+        pointed = int(json.loads(data)["version"])
     except (OSError, ValueError, KeyError, TypeError) as error:
         state.damage.append(LogDamage(f"{LOG}/{LAST_CHECKPOINT}", -1, f"does not parse: {error}", "pointer"))
         return

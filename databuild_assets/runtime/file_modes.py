@@ -21,6 +21,7 @@ Three writers, three mechanisms:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 
 GROUP_READ_ENV = "DATABUILD_LAKE_GROUP_READ"
@@ -117,6 +118,25 @@ def make_folders(path: str) -> None:
             continue
 
 
+POINTER_BYTES = 64 * 1024  # `_last_checkpoint` is a line of JSON (a V2 one may add a schema)
+
+
+def read_pointer(path: str | os.PathLike) -> bytes | None:
+    """The bytes of a small file that only names another (`_last_checkpoint`), or None when it
+    is missing, a symbolic link, not a regular file, or over POINTER_BYTES: every sensor tick and
+    append reads it, and a link to /dev/zero or a FIFO planted there must not hold them (a read
+    without end, or one that waits for a writer forever)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, or ELOOP: a link
+        return None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return None
+        data = file.read(POINTER_BYTES + 1)
+    return data if len(data) <= POINTER_BYTES else None
+
+
 __all__ = [
     "GROUP_READ_ENV",
     "create_new_file",
@@ -125,6 +145,7 @@ __all__ = [
     "folder_mode",
     "lake_umask",
     "make_folders",
+    "read_pointer",
     "restrict_umask",
     "write_new_file",
 ]
