@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.checkpoints import CHECKPOINT_BASE, checkpoint_if_due
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.local_bin_pack import bin_pack_locally
-from databuild_assets.runtime.delta_checkpoint import NotReplayable, replay
+from databuild_assets.runtime.delta_checkpoint import NotReplayable, file_identity, replay
 from databuild_assets.runtime.delta_log import checkpoint_path, commit_path, last_checkpoint
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
@@ -147,6 +148,8 @@ def _set_property(table: str, name: str, value: str) -> None:
         (lambda table: Path(commit_path(table, 1)).unlink(), "missing"),
         (lambda table: checkpoint_path(table, 0).unlink(), "single file"),
         (lambda table: _set_property(table, "delta.deletedFileRetentionDuration", "a fortnight"), "Retention"),
+        (lambda table: _set_property(table, "delta.checkpoint.writeStatsAsStruct", "true"), "writeStatsAsStruct"),
+        (lambda table: _add_line(table, 1, size="large"), "does not take"),
     ],
 )
 def test_what_the_replay_does_not_know_is_left_to_delta_rs(tmp_path: Path, damage, why: str) -> None:
@@ -170,3 +173,39 @@ def test_a_table_the_replay_leaves_is_checkpointed_by_delta_rs(tmp_path: Path) -
     assert sorted(deltalake.DeltaTable(table).to_pyarrow_table()["n"].to_pylist()) == list(
         range(2 * CHECKPOINT_BASE + 1)
     )
+
+
+def test_a_commit_this_process_wrote_is_replayed_from_memory_only_while_its_file_is_still_there(
+    tmp_path: Path,
+) -> None:
+    table = _small_table(tmp_path)
+    written = json.loads(commit_path(table, 1).read_text().splitlines()[-1])
+    identity = file_identity(commit_path(table, 1))
+    other = {"add": {**written["add"], "path": "other.parquet"}}
+    assert _paths(replay(table, 1, {1: (identity, [other])})) == {"other.parquet"}  # from memory
+    # Another commit put at version 1 since (a repair moved ours aside): its file is read.
+    text = commit_path(table, 1).read_text()
+    commit_path(table, 1).unlink()
+    commit_path(table, 1).write_text(text + "\n")  # the same inode may come back, within the clock's tick
+    assert _paths(replay(table, 1, {1: (identity, [other])})) == {written["add"]["path"]}
+    commit_path(table, 1).unlink()
+    with pytest.raises(NotReplayable, match="missing"):
+        replay(table, 1, {1: (identity, [other])})
+
+
+def _paths(state) -> set[str]:
+    return {path for path, (kind, _) in state.files.items() if kind == "add"}
+
+
+def test_a_path_written_encoded_is_the_file_its_decoded_remove_names(tmp_path: Path) -> None:
+    # Delta compares paths decoded: `a%3Db` in the checkpoint is the file a remove of `a=b` drops.
+    table = _small_table(tmp_path)
+    added = json.loads(commit_path(table, 1).read_text().splitlines()[-1])["add"]
+    encoded = {**added, "path": "x%3D1/f.parquet"}
+    commit_path(table, 2).write_text(json.dumps({"add": encoded}) + "\n")
+    replay(table, 2).write()
+    remove = {"path": "x=1/f.parquet", "deletionTimestamp": int(time.time() * 1000), "dataChange": True}
+    commit_path(table, 3).write_text(json.dumps({"remove": remove}) + "\n")
+    replay(table, 3).write()
+    actions = _actions(table, 3)
+    assert ("add", "x%3D1/f.parquet") not in actions and ("remove", "x=1/f.parquet") in actions

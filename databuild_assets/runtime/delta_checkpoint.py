@@ -3,21 +3,22 @@ since, each found by name: no listing of `_delta_log`.
 
 delta-rs writes a checkpoint by loading the table, which lists `_delta_log` (the log keeps every
 commit of its retention, 7 days: a service appending a few times a second leaves millions of
-names to read at every checkpoint), replays it, and writes every action again; an appender that
-checkpoints every few dozen commits spent more of its process on that than on the appends
-(docs/decisions/0010). Here the state is the previous classic checkpoint, its rows kept as Arrow
-rows (the one this process wrote last is kept in memory, not read back), and the commits after
-it: those this process wrote are given as the actions it wrote (`known`), the others read. The
-Python work follows the commits since, not the table's files: the checkpoint is written in a
-thread beside a service's appends, which share the interpreter with it. The result is a classic
+names to read at every checkpoint), replays it, and writes every action again, beside the
+appends of the process that checkpoints every few dozen commits. Here the state is the previous
+classic checkpoint, its rows kept as Arrow rows (the one this process wrote last is kept in
+memory, not read back), and the commits after it: those this process wrote are given as the
+actions it wrote (`known`, while their files are the ones it wrote), the others read. The Python
+work follows the commits since, not the table's files: the checkpoint is written in a thread
+beside a service's appends, which share the interpreter with it. The result is a classic
 single-file checkpoint of the previous one's schema, which Spark, delta-rs and
 runtime/delta_log.py read, with each add's `stats` string as committed and no `stats_parsed`.
 
 What this replay does not know raises NotReplayable and the caller leaves the checkpoint to
 delta-rs: no single-file checkpoint to start from (none yet, several parts, V2), parsed
-statistics or partition values, a deletion vector, a reader or writer feature beyond the few
-that constrain writers only, an action or a field the previous checkpoint has no column for, a
-commit missing or not JSON. Removes are kept as tombstones for `delta.deletedFileRetentionDuration`
+statistics or partition values (or a table property asking for them), a deletion vector, a
+reader or writer feature beyond the few that constrain writers only, an action, a field or a
+value the previous checkpoint has no column for, a commit missing or not JSON, more than
+MAX_COMMITS commits since. Removes are kept as tombstones for `delta.deletedFileRetentionDuration`
 (a week unless the table sets it), as Spark and delta-rs keep them.
 
     state = replay(table_path, 1_234)        # NotReplayable: leave it to delta-rs
@@ -63,7 +64,11 @@ RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 _DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 _UNIT_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
 _UNIT_MS["week"] = 7 * _UNIT_MS["day"]
-_PLAIN_PATH = re.compile(r"^[A-Za-z0-9._/=-]*$")
+# Commits one replay reads at most: more (a lock holder stuck for long) are left to delta-rs.
+MAX_COMMITS = 2_000
+_CHUNKS = 32  # the kept table's chunks (one more a checkpoint) combined past this many
+# Properties that ask a checkpoint for parsed statistics, or for none as JSON: left to delta-rs.
+_STATS_PROPERTIES = {"delta.checkpoint.writeStatsAsStruct": "false", "delta.checkpoint.writeStatsAsJson": "true"}
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+([a-z]+?)s?\s*$", re.IGNORECASE)
 
 
@@ -85,6 +90,7 @@ class CheckpointState:
     single: dict[str, dict] = field(default_factory=dict)  # protocol, metaData: the newest action, if any
     txns: dict[str, dict] | None = None  # by appId, when a commit set one
     domains: dict[str, dict] | None = None  # by domain, when a commit set one
+    added: Any = None  # pa.Table of the rows the commits changed (`_added`), built by `replay`
 
     @functools.cached_property
     def configuration(self) -> dict[str, str]:
@@ -103,7 +109,7 @@ class CheckpointState:
         if not _put_if_absent(str(final), data):
             return False
         with _kept_lock:  # the next checkpoint of this table in this process starts from it, unread
-            _kept[self.table_path] = (self.version, _identity(final), table)
+            _kept[self.table_path] = (self.version, file_identity(final), table)
         adds = table.num_rows - table.column("add").null_count
         pointer = {"version": self.version, "size": table.num_rows, "sizeInBytes": len(data), "numOfAddFiles": adds}
         named = last_checkpoint(self.table_path)
@@ -112,36 +118,35 @@ class CheckpointState:
         return True
 
     def _rows(self, now_ms: int) -> Any:
-        previous, oldest = self.previous, now_ms - _retention_ms(self.configuration)
+        previous = self.previous
         keep = pc.or_kleene(pc.is_valid(previous.column("add")), pc.is_valid(previous.column("remove")))
-        stamps = pc.struct_field(previous.column("remove"), "deletionTimestamp")
-        keep = pc.and_not(keep, pc.fill_null(pc.less(stamps, oldest), False))  # expired tombstones
         if self.files:
             keep = pc.and_not(keep, _touched(previous, self.files))
-        new: list[dict] = []
-        for kind in ("protocol", "metaData"):
-            if kind in self.single:
-                new.append({kind: self.single[kind]})
-            else:
+        for kind in ("protocol", "metaData", "txn", "domainMetadata"):
+            replaced = kind in self.single or (kind == "txn" and self.txns is not None)
+            replaced = replaced or (kind == "domainMetadata" and self.domains is not None)
+            if kind in previous.column_names and not replaced:
                 keep = pc.or_(keep, pc.is_valid(previous.column(kind)))
-        for kind, changed in (("txn", self.txns), ("domainMetadata", self.domains)):
-            if changed is not None:
-                new += [{kind: action} for action in changed.values()]
-            elif kind in previous.column_names:
-                keep = pc.or_(keep, pc.is_valid(previous.column(kind)))
-        for kind, action in self.files.values():
-            if kind == "add" or (action.get("deletionTimestamp") or 0) >= oldest:
-                new.append({kind: action})
         kept = previous if pc.all(keep).as_py() else previous.filter(keep)  # appends alone drop nothing
-        return pa.concat_tables([kept, pa.Table.from_pylist(new, schema=previous.schema)]) if new else kept
+        table = pa.concat_tables([kept, self.added]) if self.added is not None else kept
+        # Tombstones past the retention (one without a time has none left), as Spark and delta-rs.
+        stamps = pc.struct_field(table.column("remove"), "deletionTimestamp")
+        oldest = now_ms - _retention_ms(self.configuration)
+        expired = pc.and_kleene(pc.is_valid(table.column("remove")), pc.fill_null(pc.less(stamps, oldest), True))
+        if pc.any(expired).as_py():
+            table = table.filter(pc.invert(expired))
+        return table.combine_chunks() if table.column("add").num_chunks > _CHUNKS else table
 
 
-def replay(table_path: str, version: int, known: Mapping[int, Sequence[dict]] | None = None) -> CheckpointState:
+def replay(
+    table_path: str, version: int, known: Mapping[int, tuple[tuple[int, int, int], Sequence[dict]]] | None = None
+) -> CheckpointState:
     """The state of the local table at `table_path` at `version`, from the checkpoint
-    `_last_checkpoint` names and the commits after it up to `version`: the actions of those in
-    `known` (by version: the commits this process wrote, held in memory) as given, the others
-    read. Raises NotReplayable when this writer should leave the checkpoint to delta-rs (the
-    module's docstring)."""
+    `_last_checkpoint` names and the commits after it up to `version`. `known`: by version, the
+    identity (`file_identity`) of a commit file this process wrote and the actions it wrote
+    there, used while the file at that version is still that one (a repair may have moved it
+    aside and committed another); the others are read. Raises NotReplayable when this writer
+    should leave the checkpoint to delta-rs (the module's docstring)."""
     known = known or {}
     named = last_checkpoint(table_path)
     if named is None or named[0] >= version:
@@ -154,35 +159,57 @@ def replay(table_path: str, version: int, known: Mapping[int, Sequence[dict]] | 
     if not kept:  # one this process wrote was checked when it was replayed
         _check_schema(previous)
     state = CheckpointState(table_path, version, previous)
+    if version - named[0] > MAX_COMMITS:  # Python beside the appends for that long: delta-rs's, off the GIL
+        raise NotReplayable(f"{version - named[0]:,} commits since checkpoint {named[0]}")
     for at in range(named[0] + 1, version + 1):
-        if at in known:
-            actions: Iterable[dict] = known[at]
-        else:
-            try:
+        try:
+            if at in known and file_identity(commit_path(table_path, at)) == known[at][0]:
+                actions: Iterable[dict] = known[at][1]
+            else:
                 data = commit_path(table_path, at).read_bytes()
-            except FileNotFoundError:
-                raise NotReplayable(f"commit {at} is missing") from None
-            actions = (json.loads(line) for line in data.splitlines() if line.strip())
+                actions = (json.loads(line) for line in data.splitlines() if line.strip())
+        except FileNotFoundError:
+            raise NotReplayable(f"commit {at} is missing") from None
         try:
             for action in actions:
                 _apply(state, action, at)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError is a ValueError
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:  # JSONDecodeError too
             raise NotReplayable(f"commit {at} does not read as Delta actions ({error!r})") from None
     for kind in ("protocol", "metaData"):
         if kind not in state.single and _previous_single(previous, kind) is None:
             raise NotReplayable(f"no {kind} action")
     _check_protocol(state.single.get("protocol") or _previous_single(previous, "protocol"))
     _retention_ms(state.configuration)  # one this replay cannot read raises here, not in `write`
+    for name, value in _STATS_PROPERTIES.items():  # what the checkpoint must hold besides `stats`
+        if state.configuration.get(name, value).lower() != value:
+            raise NotReplayable(f"{name}={state.configuration[name]}")
+    state.added = _added(state)
     return state
 
 
+def _added(state: CheckpointState) -> Any:
+    """The rows of the actions the commits since set, in the previous checkpoint's schema; a
+    value of a type that schema does not take raises NotReplayable (not later, in `write`)."""
+    new: list[dict] = [{kind: state.single[kind]} for kind in ("protocol", "metaData") if kind in state.single]
+    new += [{"txn": action} for action in (state.txns or {}).values()]
+    new += [{"domainMetadata": action} for action in (state.domains or {}).values()]
+    new += [{kind: action} for kind, action in state.files.values()]
+    if not new:
+        return None
+    try:
+        return pa.Table.from_pylist(new, schema=state.previous.schema)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
+        raise NotReplayable(f"an action the checkpoint's schema does not take ({error})") from None
+
+
 # The checkpoint this process wrote last, per table, with the file's identity: a service's appender
-# writes one every few dozen commits, and reading back what it wrote is a third of the work.
+# writes one every few dozen commits, and need not read back what it wrote.
 _kept: dict[str, tuple[int, tuple[int, int, int], Any]] = {}
 _kept_lock = threading.Lock()
 
 
-def _identity(path: os.PathLike) -> tuple[int, int, int]:
+def file_identity(path: os.PathLike) -> tuple[int, int, int]:
+    """A file's (inode, size, modification time): another file put at its path has another."""
     status = os.stat(path)
     return status.st_ino, status.st_size, status.st_mtime_ns
 
@@ -193,7 +220,7 @@ def _kept_or_read(table_path: str, version: int, path: os.PathLike) -> tuple[Any
     `read_table`, nor Arrow's pool beside the appends)."""
     with _kept_lock:
         kept = _kept.get(table_path)
-    if kept is not None and kept[0] == version and kept[1] == _identity(path):
+    if kept is not None and kept[0] == version and kept[1] == file_identity(path):
         return kept[2], True
     return pq.ParquetFile(path).read(use_threads=False), False
 
@@ -216,16 +243,27 @@ def _check_schema(previous: Any) -> None:
 
 def _touched(previous: Any, files: dict[str, tuple[str, dict]]) -> Any:
     """Which rows of the previous checkpoint are adds or removes of a path in `files` (decoded,
-    as Delta compares paths). Paths of letters, digits and `-._/=` alone are the same encoded
-    (the appends' and the compactions' are), so those are looked up as written, in Arrow."""
-    plain = all(_PLAIN_PATH.match(path) for path in files)
+    as Delta compares paths): a path without `%` is its own decoding and is looked up in Arrow;
+    the few with one are decoded here."""
+    keys = pa.array(list(files), type=pa.string())
     masks = []
     for kind in ("add", "remove"):
         paths = pc.struct_field(previous.column(kind), "path")
-        if plain:
-            masks.append(pc.fill_null(pc.is_in(paths, value_set=pa.array(list(files), type=pa.string())), False))
-        else:
-            masks.append(pa.array([path is not None and unquote(path) in files for path in paths.to_pylist()]))
+        encoded = pc.fill_null(pc.match_substring(paths, "%"), False)
+        mask = pc.and_not(pc.fill_null(pc.is_in(paths, value_set=keys), False), encoded)
+        if pc.any(encoded).as_py():
+            rows = pc.indices_nonzero(encoded)
+            hits = [
+                row
+                for row, path in zip(rows.to_pylist(), paths.take(rows).to_pylist(), strict=True)
+                if unquote(path) in files
+            ]
+            if hits:
+                flags = [False] * len(paths)
+                for row in hits:
+                    flags[row] = True
+                mask = pc.or_(mask, pa.array(flags))
+        masks.append(mask)
     return pc.or_(*masks)
 
 
@@ -242,7 +280,7 @@ def _apply(state: CheckpointState, action: dict, version: int) -> None:
     if kind in ("add", "remove"):
         if body.get("deletionVector") is not None:
             raise NotReplayable(f"commit {version}: a deletion vector")
-        state.files[unquote(body["path"])] = (kind, {**body, "dataChange": False} if kind == "add" else body)
+        state.files[unquote(body["path"])] = (kind, {**body, "dataChange": False})  # as Spark's checkpoints
     elif kind == "txn":
         if state.txns is None:
             state.txns = _previous_rows(state.previous, "txn", "appId")
@@ -312,4 +350,4 @@ def _replace(path: os.PathLike, data: bytes) -> None:
         raise
 
 
-__all__ = ["CheckpointState", "NotReplayable", "replay"]
+__all__ = ["MAX_COMMITS", "CheckpointState", "NotReplayable", "file_identity", "replay"]

@@ -48,8 +48,8 @@ from collections.abc import Mapping, Sequence
 
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
 from databuild_assets.runtime.deferred import deferred
-from databuild_assets.runtime.delta_checkpoint import NotReplayable, replay
-from databuild_assets.runtime.delta_log import checkpoint_path, last_checkpoint, log_folder
+from databuild_assets.runtime.delta_checkpoint import NotReplayable, file_identity, replay
+from databuild_assets.runtime.delta_log import checkpoint_path, commit_path, last_checkpoint, log_folder
 from databuild_assets.runtime.lock_files import lock_if_free
 
 deltalake = deferred("deltalake")
@@ -85,13 +85,15 @@ def checkpoint_due(version: int, last: int | None, actions: int, configuration: 
     return version - (-1 if last is None else last) >= checkpoint_interval(configuration, actions)
 
 
-def checkpoint_if_due(table_path: str, version: int, known: Mapping[int, Sequence[dict]] | None = None) -> int | None:
+def checkpoint_if_due(
+    table_path: str, version: int, known: Mapping[int, tuple[tuple[int, int, int], Sequence[dict]]] | None = None
+) -> int | None:
     """Write a checkpoint of version `version` of the local table at `table_path` (a commit of
     the JVM-free appends: Spark checkpoints only versions it committed, so the two never write
     the same file) if it is still the interval past the newest checkpoint and no other process
-    is writing one; `known`: the actions of commits this process wrote, by version (not read
-    back). Returns `version` once written, or None. Raises what failed (a lock file
-    another user planted, a Delta error); the commits before it stand either way.
+    is writing one; `known`: by version, the commits this process wrote (`delta_checkpoint.replay`).
+    Returns `version` once written, or None. Raises what failed (a lock file
+    another user planted, a Delta, Arrow or I/O error); the commits before it stand either way.
 
         checkpoint_if_due(lake.table_path(RAW_EVENT_LOG), 1_234)
     """
@@ -160,7 +162,7 @@ class Checkpointer:
         self._read_last: float = math.inf
         # The actions of this process's commits since, by version: the checkpoint replays them
         # from memory, not from their files.
-        self._known: dict[int, list[dict]] = {}
+        self._known: dict[int, tuple[tuple[int, int, int], list[dict]]] = {}
 
     def after_commit(self, version: int, configuration: dict[str, str], actions: Sequence[dict] | None = None) -> bool:
         """Start writing a checkpoint of `version` (just committed by this process, with
@@ -169,7 +171,10 @@ class Checkpointer:
         whether one was started."""
         with self._guard:
             if actions is not None:
-                self._known[version] = list(actions)
+                try:  # the commit file this process just wrote, to tell it from one put there later
+                    self._known[version] = (file_identity(commit_path(self.table_path, version)), list(actions))
+                except FileNotFoundError:
+                    pass
                 while len(self._known) > self.KNOWN_COMMITS:  # no checkpoint for a long while
                     del self._known[next(iter(self._known))]
             self._newest = max(self._newest, version)
@@ -189,6 +194,8 @@ class Checkpointer:
             return False
         last, actions = last_checkpoint(self.table_path) or (None, 0)
         self._read_last = -1 if last is None else last
+        for at in [at for at in self._known if at <= self._read_last]:  # checkpointed (by any process)
+            del self._known[at]
         return checkpoint_due(version, last, actions, configuration)
 
     def _write(self, version: int, configuration: dict[str, str]) -> None:
