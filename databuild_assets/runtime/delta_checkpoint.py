@@ -48,7 +48,7 @@ from databuild_assets.runtime.delta_log import (
     last_checkpoint,
     log_folder,
 )
-from databuild_assets.runtime.file_modes import write_new_file
+from databuild_assets.runtime.file_modes import link_new_file, write_new_file
 
 pa = deferred("pyarrow")
 pc = deferred("pyarrow.compute")
@@ -106,7 +106,7 @@ class CheckpointState:
         pq.write_table(table, sink, compression="snappy", use_dictionary=False, write_statistics=False)
         data = sink.getvalue()
         final = checkpoint_path(self.table_path, self.version)
-        if not _put_if_absent(str(final), data):
+        if not link_new_file(str(final), data):
             return False
         with _kept_lock:  # the next checkpoint of this table in this process starts from it, unread
             _kept[self.table_path] = (self.version, file_identity(final), table)
@@ -122,9 +122,13 @@ class CheckpointState:
         keep = pc.or_kleene(pc.is_valid(previous.column("add")), pc.is_valid(previous.column("remove")))
         if self.files:
             keep = pc.and_not(keep, _touched(previous, self.files))
-        for kind in ("protocol", "metaData", "txn", "domainMetadata"):
-            replaced = kind in self.single or (kind == "txn" and self.txns is not None)
-            replaced = replaced or (kind == "domainMetadata" and self.domains is not None)
+        rebuilt = {  # the kinds whose rows `added` holds whole: the previous ones go
+            "protocol": "protocol" in self.single,
+            "metaData": "metaData" in self.single,
+            "txn": self.txns is not None,
+            "domainMetadata": self.domains is not None,
+        }
+        for kind, replaced in rebuilt.items():
             if kind in previous.column_names and not replaced:
                 keep = pc.or_(keep, pc.is_valid(previous.column(kind)))
         kept = previous if pc.all(keep).as_py() else previous.filter(keep)  # appends alone drop nothing
@@ -324,19 +328,6 @@ def _retention_ms(configuration: dict[str, str]) -> int:
     if match is None or match.group(2).lower() not in _UNIT_MS:
         raise NotReplayable(f"{RETENTION_PROPERTY}={text!r}")
     return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
-
-
-def _put_if_absent(path: str, data: Any) -> bool:
-    """Write `path` whole, only if nothing is there (a hard link of a finished temporary file)."""
-    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    write_new_file(temporary, data)
-    try:
-        os.link(temporary, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(temporary)
 
 
 def _replace(path: os.PathLike, data: bytes) -> None:

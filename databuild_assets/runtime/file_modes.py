@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+import uuid
 from collections.abc import Mapping
 
 GROUP_READ_ENV = "DATABUILD_LAKE_GROUP_READ"
@@ -98,6 +99,24 @@ def write_new_file(path: str, data: bytes | memoryview) -> None:
         os.close(descriptor)
 
 
+def link_new_file(path: str, data: bytes | memoryview) -> bool:
+    """Write `data` as `path` whole or not at all, and only if nothing is there: a hard link of a
+    finished temporary file beside it (`write_new_file`), atomic on a local filesystem. False,
+    with nothing changed, when `path` exists (another writer's).
+
+    link_new_file(commit_path(table, 12), commit_text.encode())
+    """
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    write_new_file(temporary, data)
+    try:
+        os.link(temporary, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+
+
 def make_folders(path: str) -> None:
     """`path` and its missing parents, each made with `folder_mode()` (existing ones left as
     they are). Narrows the umask first (`restrict_umask`), so no folder is wider for a moment."""
@@ -144,6 +163,7 @@ __all__ = [
     "file_mode",
     "folder_mode",
     "lake_umask",
+    "link_new_file",
     "make_folders",
     "read_pointer",
     "restrict_umask",

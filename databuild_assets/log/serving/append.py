@@ -38,7 +38,7 @@ from typing import Any
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_local import table_properties
-from databuild_assets.runtime.file_modes import make_folders, write_new_file
+from databuild_assets.runtime.file_modes import link_new_file, make_folders, write_new_file
 from databuild_assets.runtime.lake import RAW_EVENT_LOG
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
 
@@ -345,16 +345,10 @@ def stage_locally(table_path: str, table: deltalake.DeltaTable, rows: pa.Table) 
 
 
 def _put_if_absent(path: str, text: str) -> None:
-    """Write `path` whole or not at all, and only if it does not exist (a hard link of a
-    finished temporary file: atomic on a local filesystem)."""
-    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    write_new_file(temporary, text.encode())
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        raise CommitConflictError(f"{path} was written by another writer first") from None
-    finally:
-        os.unlink(temporary)
+    """Write `path` whole or not at all, and only if it does not exist (`link_new_file`); else
+    CommitConflictError."""
+    if not link_new_file(path, text.encode()):
+        raise CommitConflictError(f"{path} was written by another writer first")
 
 
 def commit_append(

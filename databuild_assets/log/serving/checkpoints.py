@@ -194,9 +194,13 @@ class Checkpointer:
             return False
         last, actions = last_checkpoint(self.table_path) or (None, 0)
         self._read_last = -1 if last is None else last
-        for at in [at for at in self._known if at <= self._read_last]:  # checkpointed (by any process)
-            del self._known[at]
+        self._forget_known(self._read_last)  # checkpointed, by any process
         return checkpoint_due(version, last, actions, configuration)
+
+    def _forget_known(self, through: float) -> None:
+        """Drop the actions kept for commits up to `through`, which a checkpoint holds (under the guard)."""
+        for at in [at for at in self._known if at <= through]:
+            del self._known[at]
 
     def _write(self, version: int, configuration: dict[str, str]) -> None:
         try:
@@ -216,8 +220,7 @@ class Checkpointer:
         try:
             if checkpoint_if_due(self.table_path, version, known) is not None:
                 with self._guard:
-                    for at in [at for at in self._known if at <= version]:
-                        del self._known[at]
+                    self._forget_known(version)
                 return True
         except Exception as error:  # noqa: BLE001 - in a thread beside the appends, which must go on
             self._retry_at = time.monotonic() + self.RETRY_AFTER_S
