@@ -13,16 +13,15 @@ appenders go on committing. One process writes at a time (a lock beside the comm
 checkpoint an appender died before writing is written after the next append. `repair` holds
 that lock too while it restores the log.
 
-How far: an open reads the newest checkpoint, about 2 microseconds per live file and 1 per
-tombstone plus a few milliseconds, then replays each commit after it, about 0.15-0.17 ms each
-(delta-rs, local disk). A checkpoint's actions are the live files and the files removed in the
+How far: an open reads the newest checkpoint, at a cost that follows its actions, then replays
+each commit after it. A checkpoint's actions are the live files and the files removed in the
 last `delta.deletedFileRetentionDuration` (kept as tombstones), so after a compaction a
 checkpoint of a few hundred live files can hold tens of thousands of removes. The interval grows
 with them: CHECKPOINT_BASE commits plus one per ACTIONS_PER_COMMIT actions of the last
 checkpoint (16 commits with none, 66 at 10,000, 246 at 46,000), which keeps an open within
 about 2x of a freshly checkpointed table's just before the next checkpoint falls due, and the
-checkpoint bytes written per commit within a few tens of KB (a checkpoint is ~100 bytes per
-action; compaction thins old checkpoints, maintenance/log_checkpoints.py). A table
+checkpoint bytes written per commit within a few tens of KB (compaction thins old checkpoints,
+maintenance/log_checkpoints.py; the figures: docs/decisions/0047). A table
 that sets `delta.checkpointInterval` gets that interval instead.
 
 The checkpoint is a classic single-file one, which Spark, delta-rs and runtime/delta_log.py
@@ -58,8 +57,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
 # An open's cost of replaying this many commits is about its cost of reading a checkpoint of no
-# actions, and of ACTIONS_PER_COMMIT actions about one more commit (bench figures: the module's
-# docstring).
+# actions, and of ACTIONS_PER_COMMIT actions about one more commit (bench figures: docs/decisions/0047).
 CHECKPOINT_BASE = 16
 ACTIONS_PER_COMMIT = 200
 # delta-rs's errors for a log listing with a version missing: between two commits, or after the
