@@ -21,6 +21,7 @@ from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.log.serving.checkpoints import CHECKPOINT_BASE, checkpoint_if_due
 from databuild_assets.maintenance.compaction import compact
 from databuild_assets.maintenance.local_bin_pack import bin_pack_locally
+from databuild_assets.runtime import delta_checkpoint
 from databuild_assets.runtime.delta_checkpoint import NotReplayable, file_identity, replay
 from databuild_assets.runtime.delta_log import checkpoint_path, commit_path, last_checkpoint
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
@@ -209,3 +210,15 @@ def test_a_path_written_encoded_is_the_file_its_decoded_remove_names(tmp_path: P
     replay(table, 3).write()
     actions = _actions(table, 3)
     assert ("add", "x%3D1/f.parquet") not in actions and ("remove", "x=1/f.parquet") in actions
+
+
+def test_a_log_closed_drops_what_it_kept_of_the_tables_checkpoints(lake: Lake) -> None:
+    path = lake.table_path(RAW_EVENT_LOG)
+    with DeltaRsEventLog(lake) as log:
+        _append_in_batches(log, list(generate_events(5 * (3 * CHECKPOINT_BASE + 2), seed=32)))
+        log._checkpoints.wait()
+        assert pq.ParquetFile(checkpoint_path(path, last_checkpoint(path)[0])).metadata.created_by.startswith(_OURS)
+        assert path in delta_checkpoint._kept  # the next checkpoint starts from it, unread
+        assert log._checkpoints._known  # the commits since, from memory
+    assert path not in delta_checkpoint._kept
+    assert not log._checkpoints._known

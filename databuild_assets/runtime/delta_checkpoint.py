@@ -212,6 +212,12 @@ _kept: dict[str, tuple[int, tuple[int, int, int], Any]] = {}
 _kept_lock = threading.Lock()
 
 
+def forget(table_path: str) -> None:
+    """Drop the checkpoint kept for the table at `table_path` (its appender is done with it)."""
+    with _kept_lock:
+        _kept.pop(table_path, None)
+
+
 def file_identity(path: os.PathLike) -> tuple[int, int, int]:
     """A file's (inode, size, modification time): another file put at its path has another."""
     status = os.stat(path)
@@ -341,4 +347,4 @@ def _replace(path: os.PathLike, data: bytes) -> None:
         raise
 
 
-__all__ = ["MAX_COMMITS", "CheckpointState", "NotReplayable", "file_identity", "replay"]
+__all__ = ["MAX_COMMITS", "CheckpointState", "NotReplayable", "file_identity", "forget", "replay"]

@@ -503,7 +503,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
 
     def close(self) -> None:
         if self._checkpoints is not None:
-            self._checkpoints.wait()
+            self._checkpoints.close()
         self._replace(None)
         private, self._private = self._private, None
         if private is not None:

@@ -33,7 +33,7 @@ committed and writes no `stats_parsed`, so it holds statistics of
 
     checkpoints = Checkpointer(table_path)
     checkpoints.after_commit(version, table.metadata().configuration, actions)
-    checkpoints.wait()  # before the process ends
+    checkpoints.close()  # done with the table: waits for the one being written
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
 from databuild_assets.runtime.deferred import deferred
-from databuild_assets.runtime.delta_checkpoint import NotReplayable, file_identity, replay
+from databuild_assets.runtime.delta_checkpoint import NotReplayable, file_identity, forget, replay
 from databuild_assets.runtime.delta_log import checkpoint_path, commit_path, last_checkpoint, log_folder
 from databuild_assets.runtime.lock_files import lock_if_free
 
@@ -251,6 +251,14 @@ class Checkpointer:
             if self._thread.is_alive():
                 log.warning("%s: a checkpoint is still being written after %.0f s", self.table_path, self.WAIT_S)
             self._thread = None
+
+    def close(self) -> None:
+        """Wait for the checkpoint being written (`wait`), then drop what this process kept of
+        the table's log for the next one: the commits' actions and the last checkpoint's rows."""
+        self.wait()
+        with self._guard:
+            self._known.clear()
+        forget(self.table_path)
 
 
 def _drop_stale_checksum(table_path: str) -> None:
