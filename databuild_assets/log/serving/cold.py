@@ -35,7 +35,7 @@ from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
-from databuild_assets.log.sqlite.schema import PARTITION_COUNTS_OF_BUILD_REQUESTS
+from databuild_assets.log.sqlite.schema import BUILD_REQUEST_EVENTS, PARTITION_COUNTS_OF_BUILD_REQUESTS
 from databuild_assets.runtime.deferred import deferred
 
 pa = deferred("pyarrow")
@@ -83,6 +83,8 @@ HOT_EVENTS_VIEW = """
 CREATE TEMP VIEW IF NOT EXISTS hot_events AS SELECT * FROM main.events
 WHERE build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requests)
 """
+
+_HOT_BUILD_REQUEST_EVENTS = BUILD_REQUEST_EVENTS.replace("FROM events", "FROM temp.hot_events")
 
 
 def read_segment_rows(
@@ -267,8 +269,12 @@ class ColdReads:
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         hot = super().get_build_request_events  # type: ignore[misc]
-        if not self.has_cold():
-            return hot(build_request_id, since_ns)
+        # A build request is hot or cold whole, so any of its rows among the hot events are all of
+        # them, read in one statement (one state of the index): the service's own builds.
+        parameters = {"build_request_id": build_request_id, "since_ns": since_ns}
+        found = super()._events(_HOT_BUILD_REQUEST_EVENTS, parameters)  # type: ignore[misc]
+        if found or not self.has_cold():
+            return found
 
         def read() -> list[dict[str, Any]]:
             cold = self._cold_of([build_request_id])

@@ -47,6 +47,8 @@ fs = deferred("pyarrow.fs")
 # Reader features whose files a plain Parquet read would misread: rows only marked deleted,
 # physical column names that differ from the schema's.
 _UNFOLLOWABLE_READER_FEATURES = frozenset({"deletionVectors", "columnMapping"})
+# faccessat with AT_EACCESS where the platform has it: the effective user, as a stat would check.
+_EFFECTIVE_IDS = os.access in os.supports_effective_ids
 
 
 class UnfollowableTableError(RuntimeError):
@@ -70,6 +72,7 @@ class DeltaFollower:
         self.path = path.removeprefix("file://").removeprefix("file:")
         self._log_dir = Path(self.path) / "_delta_log"
         self._log_prefix = f"{self._log_dir}/"
+        self._next_commit: tuple[int, str] = (-1, "")  # (version, the name of the commit after it)
         self.version: int | None = None  # the version read up to (`load`, `changes`), or None
         self._schema: pa.Schema | None = None  # the table's, as `open_table` last found it
 
@@ -84,10 +87,15 @@ class DeltaFollower:
 
     def moved_since(self, version: int) -> bool:
         """Whether the table has a commit after `version` (-1: whether it exists at all): one
-        `stat` of the next commit file."""
+        look-up of the next commit file (every read of a local lake asks, for both tables)."""
         if version < 0:
             return self.exists()
-        return os.path.exists(f"{self._log_prefix}{version + 1:020d}.json")
+        asked, path = self._next_commit
+        if asked != version:  # the name kept for the version asked last: reads ask the same one
+            path = f"{self._log_prefix}{version + 1:020d}.json"
+            self._next_commit = (version, path)
+        # access(F_OK) as this process's user: the stat of os.path.exists without its wrapper.
+        return os.access(path, os.F_OK, effective_ids=_EFFECTIVE_IDS)
 
     def commit_mark(self, version: int) -> str | None:
         """The size and modification time of `version`'s commit file (None when it is gone):

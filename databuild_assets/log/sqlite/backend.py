@@ -38,6 +38,7 @@ from databuild_assets.log.interface import (
 )
 from databuild_assets.log.sqlite.schema import (
     ACTIVE_BUILDS_FOR_PARTITION,
+    BUILD_REQUEST_EVENTS,
     BUILD_REQUEST_FIELDS,
     DIRTY_TABLES,
     EVENT_COLUMNS_SQL,
@@ -363,12 +364,7 @@ class SqliteEventLog(BuildEventLog):
         return [_event_from_row(row) for row in self._connection.execute(sql, parameters)]
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
-        return self._events(
-            f"SELECT {EVENT_COLUMNS_SQL} FROM events"
-            " WHERE build_request_id = :build_request_id AND (:since_ns IS NULL OR timestamp > :since_ns)"
-            f" {IN_ORDER}",
-            {"build_request_id": build_request_id, "since_ns": since_ns},
-        )
+        return self._events(BUILD_REQUEST_EVENTS, {"build_request_id": build_request_id, "since_ns": since_ns})
 
     def get_partition_events(self, partition_ref: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         return self._events(PARTITION_EVENTS, {"partition_ref": partition_ref, "since_ns": since_ns})

@@ -353,6 +353,12 @@ REFRESHES = (
 EVENT_COLUMNS_SQL = "event_id, timestamp, build_request_id, event_type, payload"
 IN_ORDER = "ORDER BY timestamp, event_id"
 
+BUILD_REQUEST_EVENTS = (
+    f"SELECT {EVENT_COLUMNS_SQL} FROM events"
+    " WHERE build_request_id = :build_request_id AND (:since_ns IS NULL OR timestamp > :since_ns)"
+    f" {IN_ORDER}"
+)
+
 PARTITION_EVENTS = f"""
 SELECT {EVENT_COLUMNS_SQL} FROM events
 WHERE event_id IN (
