@@ -35,7 +35,13 @@ from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, transaction
-from databuild_assets.log.sqlite.schema import BUILD_REQUEST_EVENTS, PARTITION_COUNTS_OF_BUILD_REQUESTS
+from databuild_assets.log.sqlite.schema import (
+    BUILD_REQUEST_EVENTS,
+    EVENT_COLUMNS_SQL,
+    IN_ORDER,
+    PARTITION_COUNTS_OF_BUILD_REQUESTS,
+    PARTITION_EVENTS,
+)
 from databuild_assets.runtime.deferred import deferred
 
 pa = deferred("pyarrow")
@@ -84,7 +90,18 @@ CREATE TEMP VIEW IF NOT EXISTS hot_events AS SELECT * FROM main.events
 WHERE build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requests)
 """
 
+# The reads of a key's events when none of them is cold, one statement each (one state of the
+# index): a cold build request's rows are not among the hot events; a job run's are cold when
+# one of the build requests holding it is; a partition's when a segment holds some.
 _HOT_BUILD_REQUEST_EVENTS = BUILD_REQUEST_EVENTS.replace("FROM events", "FROM temp.hot_events")
+_HOT_JOB_RUN_EVENTS = (
+    f"SELECT {EVENT_COLUMNS_SQL} FROM temp.hot_events WHERE job_run_id = ?1 AND NOT EXISTS"
+    f" (SELECT 1 FROM main.cold_build_requests WHERE build_request_id IN ({JOB_RUN_HOLDERS})) {IN_ORDER}"
+)
+_NO_COLD_PARTITION_EVENTS = "NOT EXISTS (SELECT 1 FROM main.cold_partition_events WHERE partition_ref = :partition_ref)"
+_HOT_PARTITION_EVENTS = PARTITION_EVENTS.replace("FROM events", "FROM temp.hot_events").replace(
+    IN_ORDER, f"AND {_NO_COLD_PARTITION_EVENTS}\n{IN_ORDER}"
+)
 
 
 def read_segment_rows(
@@ -269,11 +286,9 @@ class ColdReads:
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         hot = super().get_build_request_events  # type: ignore[misc]
-        # A build request is hot or cold whole, so any of its rows among the hot events are all of
-        # them, read in one statement (one state of the index): the service's own builds.
         parameters = {"build_request_id": build_request_id, "since_ns": since_ns}
         found = super()._events(_HOT_BUILD_REQUEST_EVENTS, parameters)  # type: ignore[misc]
-        if found or not self.has_cold():
+        if found or not self.has_cold():  # hot (the service's own builds), or nothing is cold
             return found
 
         def read() -> list[dict[str, Any]]:
@@ -288,8 +303,9 @@ class ColdReads:
 
     def get_job_run_events(self, job_run_id: str) -> list[dict[str, Any]]:
         hot_events = super().get_job_run_events  # type: ignore[misc]
-        if not self.has_cold():
-            return hot_events(job_run_id)
+        found = super()._events(_HOT_JOB_RUN_EVENTS, (job_run_id,))  # type: ignore[misc]
+        if found or not self.has_cold():
+            return found
 
         def read() -> list[dict[str, Any]]:
             hot = hot_events(job_run_id)
@@ -304,8 +320,10 @@ class ColdReads:
 
     def get_partition_events(self, partition_ref: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         hot_events = super().get_partition_events  # type: ignore[misc]
-        if not self.has_cold():
-            return hot_events(partition_ref, since_ns)
+        parameters = {"partition_ref": partition_ref, "since_ns": since_ns}
+        found = super()._events(_HOT_PARTITION_EVENTS, parameters)  # type: ignore[misc]
+        if found or not self.has_cold():
+            return found
 
         def read() -> list[dict[str, Any]]:
             hot = hot_events(partition_ref, since_ns)
