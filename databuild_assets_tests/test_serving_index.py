@@ -28,6 +28,7 @@ from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
+from databuild_assets.log.serving import backend
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
@@ -79,6 +80,33 @@ def test_an_open_reuses_the_index_and_applies_only_the_commits_after_its_stamp(l
         assert log.version == 2
         _answers_match_the_reference(log, events)
     assert [path for path in _folder(lake).files() if path.endswith(".sqlite")] == [first_index]
+
+
+def test_an_index_far_behind_the_raw_log_is_built_again_and_a_catch_up_adds_a_few_rows_at_a_time(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = list(generate_events(700, seed=4))
+    monkeypatch.setattr(backend, "REBUILD_BEHIND_EVENTS", 100)
+    monkeypatch.setattr(backend, "_ROWS_PER_BATCH", 7)
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:200])
+        first_index = log.index_path
+    _append_behind_the_index(lake, events[200:300])  # 100 behind: caught up, 7 rows at a time
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path == first_index
+        _answers_match_the_reference(log, events[:300])
+    _append_behind_the_index(lake, events[300:])  # 400 behind: more than 100 and than half of 300
+    with DeltaRsEventLog(lake) as log:
+        assert log.index_path != first_index and not os.path.exists(first_index)
+        _answers_match_the_reference(log, events)
+
+
+def test_a_catch_up_reads_the_new_files_a_few_at_a_time_bounded_by_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend, "_ROWS_PER_BATCH", 10)
+    monkeypatch.setattr(backend, "_FILES_PER_BATCH", 3)
+    files = [f"f{number}" for number in range(7)]
+    batches = list(backend._batches(files, [4, 4, 4, 20, None, 1, 1]))
+    assert batches == [["f0", "f1"], ["f2"], ["f3"], ["f4", "f5", "f6"]]
 
 
 @pytest.mark.parametrize("tombstones", [[], ["data/never/written"]], ids=["empty_tombstones", "a_tombstone"])

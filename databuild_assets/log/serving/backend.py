@@ -28,7 +28,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from databuild_assets.events.schema import EVENT_COLUMNS
@@ -41,7 +41,7 @@ from databuild_assets.log.serving.bucket import BucketPublication
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
-from databuild_assets.log.serving.follower import follower_for
+from databuild_assets.log.serving.follower import Changes, follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp
 from databuild_assets.log.serving.publish import adopt, mark_generation, publication_folder, publication_of
 from databuild_assets.log.serving.rows import event_rows
@@ -57,7 +57,17 @@ pc = deferred("pyarrow.compute")
 log = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = list(EVENT_COLUMNS)
-_FILES_PER_BATCH = 16  # a catch-up reads the new files this many at a time
+# A catch-up reads the new files a few at a time, at most this many files or rows (by their
+# statistics) at once, and adds their events this many rows at a time: its memory follows the
+# batch, not the files Spark wrote (a quarter of a million rows each, or more).
+_FILES_PER_BATCH = 16
+_ROWS_PER_BATCH = 100_000
+# A catch-up applies its commits in one transaction (a read sees whole commits), each event
+# indexed into B-trees that hold the history, its pages in the write-ahead log until it commits;
+# a build loads the events and sorts each index once. An index behind the lake by more than this
+# many events, and by more than half the events it holds, is built again instead (a backfill
+# ingested at once, an index left behind for a long while).
+REBUILD_BEHIND_EVENTS = 200_000
 _CHECKPOINT_WAIT_S = 30.0
 # On S3 a check of the lake is two HEAD requests (milliseconds, and billed); a read asks at most
 # once per this many seconds (decision 0041).
@@ -385,16 +395,18 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
             changes = self._log.changes()
             if changes is None:
                 raise _NotFollowable("a new protocol or schema, or commits no longer in the log")
-            if not self._apply(index, changes.added, changes.removed, self._tombstone_values(tombstones.version)):
+            behind = sum(rows or 0 for rows in changes.added_rows)
+            if self._build and behind > max(REBUILD_BEHIND_EVENTS, index.event_count() // 2):
+                raise _NotFollowable(f"{behind:,} events behind the raw log, a build's work rather than a catch-up's")
+            if not self._apply(index, changes, self._tombstone_values(tombstones.version)):
                 raise _NotFollowable("a data file of a commit is gone (vacuumed)")
             raw = table_mark(self._log, changes.version, raw.table_id)
         index.set_stamp(Stamp(raw, tombstones))
 
-    def _apply(
-        self, index: ServingIndex, added: list[str], removed: list[str], hidden_by: Mapping[str, set[str]]
-    ) -> bool:
+    def _apply(self, index: ServingIndex, changes: Changes, hidden_by: Mapping[str, set[str]]) -> bool:
         """Apply one run of commits, hiding the new events `hidden_by` (every tombstone value by
         key) matches; False when a file is gone and the index must be rebuilt."""
+        added, removed = changes.added, changes.removed
         held = None  # the event ids of the removed files: the index holds them as they were
         if removed:
             removed_ids = self._log.read(removed, ["event_id"])
@@ -409,14 +421,14 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
             index.remove(held.filter(pc.invert(kept)).to_pylist())
             if not pc.any(pc.invert(pc.is_in(added_ids.column("event_id"), value_set=held))).as_py():
                 return True  # every added row is a kept one (a purge): nothing to add
-        for start in range(0, len(added), _FILES_PER_BATCH):  # memory: a few files at a time
-            added_events = self._log.read(added[start : start + _FILES_PER_BATCH], _EVENT_COLUMNS)
+        for files in _batches(added, changes.added_rows):
+            added_events = self._log.read(files, _EVENT_COLUMNS)
             if added_events is None:
                 return False
             if held is not None:  # a rewritten file's kept rows are in the index already: not again
                 added_events = added_events.filter(pc.invert(pc.is_in(added_events.column("event_id"), value_set=held)))
-            if added_events.num_rows:
-                index.add(event_rows(added_events), hidden_by)
+            for start in range(0, added_events.num_rows, _ROWS_PER_BATCH):
+                index.add(event_rows(added_events.slice(start, _ROWS_PER_BATCH)), hidden_by)
         return True
 
     def refresh_index(self) -> Stamp:
@@ -508,6 +520,22 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         private, self._private = self._private, None
         if private is not None:
             private.remove()
+
+
+def _batches(files: list[str], rows: list[int | None]) -> Iterator[list[str]]:
+    """`files` in order, a few at a time: at most _FILES_PER_BATCH, and at most _ROWS_PER_BATCH
+    rows by their statistics (a larger file alone)."""
+    batch: list[str] = []
+    held = 0
+    for file, count in zip(files, rows, strict=True):
+        count = count or 0
+        if batch and (len(batch) == _FILES_PER_BATCH or held + count > _ROWS_PER_BATCH):
+            yield batch
+            batch, held = [], 0
+        batch.append(file)
+        held += count
+    if batch:
+        yield batch
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,17 @@ class Changes:
     version: int
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    # The rows of each added file, from its add's statistics (None when it has none).
+    added_rows: list[int | None] = field(default_factory=list)
+
+
+def _records(add: dict) -> int | None:
+    """The `numRecords` of an add action's statistics, if it has them."""
+    try:
+        records = json.loads(add.get("stats") or "{}").get("numRecords")
+    except (ValueError, AttributeError):
+        return None
+    return records if isinstance(records, int) and records >= 0 else None
 
 
 class DeltaFollower:
@@ -160,6 +171,7 @@ class DeltaFollower:
                     action = json.loads(line)
                     if "add" in action and action["add"].get("dataChange", True):
                         changes.added.append(table_relative(action["add"]["path"]))
+                        changes.added_rows.append(_records(action["add"]))
                     elif "remove" in action and action["remove"].get("dataChange", True):
                         changes.removed.append(table_relative(action["remove"]["path"]))
                     elif "metaData" in action or "protocol" in action:
