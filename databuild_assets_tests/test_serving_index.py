@@ -28,13 +28,16 @@ from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
-from databuild_assets.log.serving import backend
+from databuild_assets.log.serving import appends, backend
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.log.serving.index import ServingIndex
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
 from databuild_assets.maintenance.dagster_sqlite import unread_bytes
 from databuild_assets.maintenance.erasure_report import erasure_report
+from databuild_assets.runtime.commit_lock import lock_path
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
+from databuild_assets.runtime.lock_files import lock_if_free
 from databuild_assets.runtime.processes import process_alive
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
@@ -106,6 +109,36 @@ def test_an_index_far_behind_the_raw_log_is_built_again_and_a_catch_up_adds_a_fe
     with DeltaRsEventLog(lake) as log:
         assert log.index_path == rebuilt
         _answers_match_the_reference(log, events)
+
+
+@pytest.mark.parametrize("behind", [30, 400], ids=["an_ingestion_to_index", "a_build"])
+def test_an_appender_does_a_long_catch_up_after_the_commit_lock_not_while_the_others_wait_for_it(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch, behind: int
+) -> None:
+    events = list(generate_events(800, seed=6))
+    monkeypatch.setattr(backend, "REBUILD_BEHIND_EVENTS", 100)
+    monkeypatch.setattr(appends, "LOCKED_CATCH_UP_EVENTS", 20)
+    lock = lock_path(lake.table_path(RAW_EVENT_LOG))
+    lock_free: list[bool] = []  # whether the commit lock was free each time the catch-up worked
+
+    def noting_the_lock(work):
+        def noted(*args, **kwargs):
+            with lock_if_free(lock) as free:
+                lock_free.append(free)
+            return work(*args, **kwargs)
+
+        return noted
+
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:300])
+        first_index = log.index_path
+        monkeypatch.setattr(ServingIndex, "add", noting_the_lock(ServingIndex.add))
+        monkeypatch.setattr(backend, "build_index", noting_the_lock(backend.build_index))
+        _append_behind_the_index(lake, events[300 : 300 + behind])  # a writer that does not index (Spark)
+        assert log.append_events(events[300 + behind : 305 + behind]).accepted == 5
+        assert lock_free and all(lock_free)  # indexed (or built) while other appenders could commit
+        assert (log.index_path != first_index) == (behind == 400)
+        _answers_match_the_reference(log, events[: 305 + behind])
 
 
 def test_a_catch_up_reads_the_new_files_a_few_at_a_time_bounded_by_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,10 @@ events the index did not hold then), and under it the append catches up, dedupes
 names those files in the next commit file, which is a few hundred bytes. When an event arrived
 in between (another appender sent it), or the table changed, the staged files are deleted and
 the append writes its files under the lock, as on S3, where no lock is taken and a commit is a
-conditional write (decision 0040).
+conditional write (decision 0040). What the catch-up under the lock would do at length (index
+more than `LOCKED_CATCH_UP_EVENTS` events other writers committed, or build the index again) it
+leaves to a catch-up after the lock is released (`CatchUpFirst`), then tries again: the others
+commit meanwhile.
 
     class DeltaRsEventLog(IndexAnswers, IndexedAppends, BuildEventLog): ...
     log.append_events(events)   # -> AppendResult(accepted=5, duplicates=0)
@@ -20,7 +23,8 @@ import math
 import random
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +53,28 @@ _COMMIT_ATTEMPTS = 3
 # after a random pause so that racing appenders spread out.
 _S3_COMMIT_ATTEMPTS = 30
 _S3_RETRY_PAUSE_S = (0.02, 0.3)
+# Under the commit lock a catch-up indexes at most this many events of other writers' commits (an
+# ingestion batch, a backfill): more, and the append releases the lock, catches up, and tries
+# again: the lock's other takers (Spark's ingestion and compaction) do not wait for an index's
+# work (decision 0052).
+LOCKED_CATCH_UP_EVENTS = 5_000
+# Appends that found that much to catch up and tried again; the last attempt keeps the lock
+# whatever it finds, so that a lake that keeps growing faster still gets the append.
+_CATCH_UP_ROUNDS = 3
+
+
+class CatchUpFirst(Exception):
+    """The catch-up under the commit lock found work to do without the lock (`LOCKED_CATCH_UP_EVENTS`)."""
 
 
 class IndexedAppends:
     """`append_events` of `BuildEventLog` over the serving index; the class it is mixed into
     provides the lake, the raw log's follower (`_log`) and delta-rs table (`_table`), `_store`,
     `_catch_up` and `_tombstone_values`."""
+
+    # Set while this object's append holds the commit lock (but in its last round): a catch-up
+    # then raises CatchUpFirst rather than index many events or build the index again.
+    _holding_commit_lock = False
 
     def _catch_up(self, fresh: bool = False) -> ServingIndex:
         raise NotImplementedError
@@ -71,15 +91,33 @@ class IndexedAppends:
             require_valid(event, f"events[{index}]")
         if not events:
             return AppendResult(0, 0)
+        for last in [False] * (_CATCH_UP_ROUNDS - 1) + [True]:
+            try:
+                committed, committed_actions, new = self._append_once(events, last)
+                break
+            except CatchUpFirst:
+                self._catch_up(fresh=True)  # the lock released: the others commit meanwhile
+        if committed is not None and self._checkpoints is not None and self._table is not None:
+            # Outside the lock: the other appenders commit while the checkpoint is written.
+            self._checkpoints.after_commit(committed, self._table.metadata().configuration, committed_actions)
+        return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
+
+    def _append_once(
+        self, events: list[Mapping[str, Any]], last: bool
+    ) -> tuple[int | None, list[dict[str, Any]] | None, dict[str, tuple[int, dict[str, Any]]]]:
+        """Stage, then dedupe and commit under the commit lock: the version committed (or None),
+        the add actions of that commit when staged here, and the new events. Raises CatchUpFirst
+        when the catch-up under the lock has long work to do (not in the `last` round)."""
         s3 = is_s3(self.lake.root)
         attempts = _S3_COMMIT_ATTEMPTS if s3 else _COMMIT_ATTEMPTS
         committed: int | None = None
         committed_actions = None  # the actions of that commit, when staged here
+        behind = False  # the index's catch-up past this commit is left for after the lock
         # The data files are written before the lock (`_stage`): every appender waits for the
         # holder, so the lock is held only to dedupe, name the files in a commit, and index them.
         staged = None if s3 else self._stage(events)
         try:
-            with commit_lock(self._log_path):  # on S3 none: every commit there is put-if-absent
+            with commit_lock(self._log_path), self._under_commit_lock(not s3 and not last):
                 for attempt in range(attempts):
                     index = self._catch_up(fresh=True)
                     if staged is not None and index.stamp() == staged.stamp:
@@ -112,15 +150,23 @@ class IndexedAppends:
                     if staged is not None and committed is not None:
                         committed_actions = staged.actions
                     staged = None  # committed: the log names its files
-                    self._index_own_append(index, stamp, new, before, hidden_by, committed)
+                    behind = self._index_own_append(index, stamp, new, before, hidden_by, committed)
                     break
         finally:
             if staged is not None:
                 staged.discard()
-        if committed is not None and self._checkpoints is not None and self._table is not None:
-            # Outside the lock: the other appenders commit while the checkpoint is written.
-            self._checkpoints.after_commit(committed, self._table.metadata().configuration, committed_actions)
-        return AppendResult(accepted=len(new), duplicates=len(events) - len(new))
+        if behind:
+            self._catch_up(fresh=True)  # committed; the lock released
+        return committed, committed_actions, new
+
+    @contextmanager
+    def _under_commit_lock(self, bounded: bool) -> Iterator[None]:
+        """Mark the block as holding the commit lock (`_holding_commit_lock`) when `bounded`."""
+        self._holding_commit_lock = bounded
+        try:
+            yield
+        finally:
+            self._holding_commit_lock = False
 
     def _stage(self, events: list[Mapping[str, Any]]) -> _Staged | None:
         """The events the index does not hold yet, written as the raw log's data files ahead of
@@ -147,9 +193,10 @@ class IndexedAppends:
         before: TableMark,
         hidden_by: Mapping[str, set[str]],
         committed: int | None,
-    ) -> None:
+    ) -> bool:
         """After this process committed `new` as the version after `before`: add them to the index
-        from memory when no process moved the index since `stamp`, else catch up from the log."""
+        from memory when no process moved the index since `stamp`, else catch up from the log.
+        True when that catch-up is long work (`CatchUpFirst`), left for after the lock."""
         applied = False
         if before.version >= 0 and committed is not None and not index.read_only:
             try:
@@ -165,11 +212,16 @@ class IndexedAppends:
                 # The events are committed; the next read's catch-up applies them.
                 log.warning("%r: the append is committed, its index update waits (%s)", self, error)
                 self._checked_at = -math.inf  # the next read applies it, whatever the bound
-                return
+                return False
         if applied:
             self._seen = (before.version + 1, stamp.tombstones.version)
-        else:
+            return False
+        try:
             self._catch_up(fresh=True)
+        except CatchUpFirst:  # committed: caught up once the lock is released (`append_events`)
+            self._checked_at = -math.inf
+            return True
+        return False
 
 
 def _new_events(index: ServingIndex, events: list[Mapping[str, Any]]) -> dict[str, tuple[int, dict[str, Any]]]:
@@ -200,4 +252,4 @@ class _Staged:
         remove_data_files(self.path, self.actions)
 
 
-__all__ = ["IndexedAppends"]
+__all__ = ["LOCKED_CATCH_UP_EVENTS", "CatchUpFirst", "IndexedAppends"]

@@ -35,8 +35,9 @@ from databuild_assets.events.schema import EVENT_COLUMNS
 from databuild_assets.log.interface import (
     BuildEventLog,
 )
+from databuild_assets.log.serving import appends
 from databuild_assets.log.serving.answers import IndexAnswers
-from databuild_assets.log.serving.appends import IndexedAppends
+from databuild_assets.log.serving.appends import CatchUpFirst, IndexedAppends
 from databuild_assets.log.serving.bucket import BucketPublication
 from databuild_assets.log.serving.build import build_index, table_mark, tombstone_values, values_by_key
 from databuild_assets.log.serving.checkpoints import Checkpointer
@@ -349,6 +350,8 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
                         self._check_publication(deleted)
                 return index
             except _NotFollowable as why:
+                if self._holding_commit_lock:  # an append's: not a build while the others wait
+                    raise CatchUpFirst(str(why)) from why
                 self._rebuild(str(why))  # the new index's versions are `_seen` (`_replace`)
                 index = self._store()
                 if not self._moved(self._seen):
@@ -400,6 +403,9 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
             behind = 0 if changes.removed else sum(rows or 0 for rows in changes.added_rows)
             if self._build and behind > max(REBUILD_BEHIND_EVENTS, index.event_count() // 2):
                 raise _NotFollowable(f"{behind:,} events behind the raw log, a build's work rather than a catch-up's")
+            added = sum(rows or 0 for rows in changes.added_rows)
+            if self._holding_commit_lock and added > appends.LOCKED_CATCH_UP_EVENTS:
+                raise CatchUpFirst(f"{added:,} events of other writers to index")
             if not self._apply(index, changes, self._tombstone_values(tombstones.version)):
                 raise _NotFollowable("a data file of a commit is gone (vacuumed)")
             raw = table_mark(self._log, changes.version, raw.table_id)
