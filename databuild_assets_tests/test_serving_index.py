@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import deltalake
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dagster import materialize
@@ -29,7 +30,7 @@ from databuild_assets.events.erasure_rule import matches
 from databuild_assets.log import SqliteEventLog, open_event_log
 from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving import appends, backend
-from databuild_assets.log.serving.append import raw_log_rows
+from databuild_assets.log.serving.append import raw_log_rows, raw_log_schema
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.index import ServingIndex
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
@@ -147,6 +148,33 @@ def test_a_catch_up_reads_the_new_files_a_few_at_a_time_bounded_by_their_rows(mo
     files = [f"f{number}" for number in range(7)]
     batches = list(backend._batches(files, [4, 4, 4, 20, None, 1, 1]))
     assert batches == [["f0", "f1"], ["f2"], ["f3"], ["f4", "f5", "f6"]]
+
+
+def test_an_append_in_a_fresh_process_imports_no_pyspark_and_stores_the_raw_logs_schema(lake: Lake) -> None:
+    # The Arrow schema an appender writes is made from the field lists, not from the Spark schema
+    # (importing pyspark was most of a service's first append): the same schema as delta-rs's.
+    events = list(generate_events(60, seed=8))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:50])
+    script = (
+        "import json, sys\n"
+        "from databuild_assets.log import open_event_log\n"
+        f"with open_event_log({f'delta://{lake.root}'!r}) as log:\n"
+        "    print(log.append_events(json.loads(sys.stdin.read())).accepted)\n"
+        "print('pyspark' in sys.modules)\n"
+    )
+
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, input=json.dumps(events[50:]), capture_output=True, text=True
+    )
+
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == ["10", "False"]
+    spark_schema = pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
+    assert raw_log_schema().equals(spark_schema, check_metadata=True)
+    assert deltalake.DeltaTable(lake.table_path(RAW_EVENT_LOG)).schema().to_arrow() == spark_schema
+    with DeltaRsEventLog(lake) as log:
+        _answers_match_the_reference(log, events)
 
 
 @pytest.mark.parametrize("tombstones", [[], ["data/never/written"]], ids=["empty_tombstones", "a_tombstone"])

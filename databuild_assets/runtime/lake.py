@@ -82,14 +82,18 @@ def _lazy(*fields: tuple[str, str, bool]) -> Callable[[], StructType]:
     return functools.partial(_fields, *fields)
 
 
+# The raw log's columns after the event's own (events/schema.py): (name, type, nullable).
+RAW_LOG_SOURCE_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("event_date", "date", False),  # UTC date of `timestamp`: the partition
+    ("source_file", "string", True),  # landing file, or "writer:<name>" for the writer API
+    ("source_line", "long", True),
+    ("ingested_at", "timestamp", False),
+)
+
+
 @functools.cache
 def _raw_event_log_schema() -> StructType:
-    source = _fields(
-        ("event_date", "date", False),  # UTC date of `timestamp`: the partition
-        ("source_file", "string", True),  # landing file, or "writer:<name>" for the writer API
-        ("source_line", "long", True),
-        ("ingested_at", "timestamp", False),
-    )
+    source = _fields(*RAW_LOG_SOURCE_FIELDS)
     return type(source)(list(event_schema().fields) + list(source.fields))
 
 

@@ -35,11 +35,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
+from databuild_assets.events.schema import CORE_FIELDS, EVENT_TYPES, PAYLOADS
 from databuild_assets.log.serving.follower import DeltaFollower
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.delta_local import table_properties
 from databuild_assets.runtime.file_modes import link_new_file, make_folders, write_new_file
-from databuild_assets.runtime.lake import RAW_EVENT_LOG
+from databuild_assets.runtime.lake import RAW_EVENT_LOG, RAW_LOG_SOURCE_FIELDS
 from databuild_assets.runtime.object_store import delta_rs_options, delta_rs_uri, is_s3
 
 deltalake = deferred("deltalake")
@@ -64,8 +65,20 @@ class CommitConflictError(RuntimeError):
 
 @functools.cache
 def raw_log_schema() -> pa.Schema:
-    """The raw log's schema in Arrow."""
-    return pa.schema(deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()).to_arrow())
+    """The raw log's schema in Arrow, as delta-rs reads the table's, from the field lists
+    (events/schema.py, runtime/lake.py) rather than the Spark schema: an appender imports no
+    pyspark."""
+    kinds = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "long": pa.int64()}
+    kinds |= {"array<string>": pa.list_(pa.field("element", pa.string())), "date": pa.date32()}
+    kinds["timestamp"] = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [pa.field(field.name, kinds[field.kind], nullable=False) for field in CORE_FIELDS]
+        + [
+            pa.field(name, pa.struct([pa.field(field.name, kinds[field.kind]) for field in PAYLOADS[name]]))
+            for name in EVENT_TYPES
+        ]
+        + [pa.field(name, kinds[kind], nullable=nullable) for name, kind, nullable in RAW_LOG_SOURCE_FIELDS]
+    )
 
 
 @functools.cache
