@@ -34,6 +34,7 @@ from databuild_assets.log.serving.append import raw_log_rows, raw_log_schema
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.serving.index import ServingIndex
 from databuild_assets.log.serving.store import SERVING_INDEX_FOLDER, IndexFolder
+from databuild_assets.log.serving.wal import WalCopier
 from databuild_assets.maintenance.dagster_sqlite import unread_bytes
 from databuild_assets.maintenance.erasure_report import erasure_report
 from databuild_assets.runtime.commit_lock import lock_path
@@ -140,6 +141,29 @@ def test_an_appender_does_a_long_catch_up_after_the_commit_lock_not_while_the_ot
         assert lock_free and all(lock_free)  # indexed (or built) while other appenders could commit
         assert (log.index_path != first_index) == (behind == 400)
         _answers_match_the_reference(log, events[: 305 + behind])
+
+
+def test_an_appender_copies_the_index_write_ahead_log_into_the_file_on_a_thread_of_its_own(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite would copy it inside the COMMIT of the index update that crosses its threshold (an
+    # append that waits for thousands of pages and an fsync); here the file is written beside
+    # the appends, long before that threshold, and the append does not wait for it.
+    monkeypatch.setattr(WalCopier, "EVERY_COMMITS", 5)
+    events = list(generate_events(80, seed=9))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events[:40])
+        copier = getattr(log, "_wal", None)
+        if copier is not None:
+            copier.close()
+        written = os.stat(log.index_path).st_mtime_ns
+        for start in range(40, 70, 5):  # six index updates
+            log.append_events(events[start : start + 5])
+        if copier is not None:
+            copier.close()
+        assert os.stat(log.index_path).st_mtime_ns != written  # the log copied into the file
+        assert os.path.getsize(log.index_path + "-wal") > 0  # by a checkpoint of ours, not at a close
+        _answers_match_the_reference(log, events[:70])
 
 
 def test_a_catch_up_reads_the_new_files_a_few_at_a_time_bounded_by_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:

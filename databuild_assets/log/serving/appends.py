@@ -39,6 +39,7 @@ from databuild_assets.log.serving.append import (
 )
 from databuild_assets.log.serving.build import table_mark
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark
+from databuild_assets.log.serving.wal import WalCopier
 from databuild_assets.runtime.commit_lock import commit_lock
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.object_store import is_s3
@@ -75,6 +76,7 @@ class IndexedAppends:
     # Set while this object's append holds the commit lock (but in its last round): a catch-up
     # then raises CatchUpFirst rather than index many events or build the index again.
     _holding_commit_lock = False
+    _wal: WalCopier  # copies the index's write-ahead log beside the appends (wal.py)
 
     def _catch_up(self, fresh: bool = False) -> ServingIndex:
         raise NotImplementedError
@@ -215,6 +217,7 @@ class IndexedAppends:
                 return False
         if applied:
             self._seen = (before.version + 1, stamp.tombstones.version)
+            self._wal.after_commit(index.path)
             return False
         try:
             self._catch_up(fresh=True)

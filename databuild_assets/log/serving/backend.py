@@ -47,6 +47,7 @@ from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex,
 from databuild_assets.log.serving.publish import adopt, mark_generation, publication_folder, publication_of
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
+from databuild_assets.log.serving.wal import WalCopier
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, TOMBSTONES, Lake
 from databuild_assets.runtime.object_store import is_s3
@@ -139,6 +140,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
         self._checkpoints = None if is_s3(lake.root) else Checkpointer(self._log_path)
+        self._wal = WalCopier()  # the index's write-ahead log, copied beside the appends
         self._open()
         try:
             self._catch_up(fresh=True)
@@ -524,6 +526,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
     def close(self) -> None:
         if self._checkpoints is not None:
             self._checkpoints.close()
+        self._wal.close()
         self._replace(None)
         private, self._private = self._private, None
         if private is not None:
