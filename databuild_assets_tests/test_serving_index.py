@@ -6,6 +6,7 @@ has run. (Racing appenders, ingestion and compaction over one index: test_jvm_fr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +15,8 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import deltalake
@@ -143,12 +146,55 @@ def test_an_appender_does_a_long_catch_up_after_the_commit_lock_not_while_the_ot
         _answers_match_the_reference(log, events[: 305 + behind])
 
 
+def test_an_appender_waits_for_another_appenders_long_catch_up_after_the_commit_lock_not_under_it(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Appender A catches up on many events after the lock, inside the index's write transaction;
+    # appender B, which needs that transaction too, must not hold the commit lock while it waits.
+    events = list(generate_events(400, seed=10))
+    monkeypatch.setattr(appends, "LOCKED_CATCH_UP_EVENTS", 20)
+    lock = lock_path(lake.table_path(RAW_EVENT_LOG))
+    inside, lock_free = threading.Event(), []
+    add = ServingIndex.add
+
+    def slow_add_in_a(index, *args, **kwargs):
+        if threading.current_thread().name == "appender A":
+            inside.set()
+            time.sleep(2.0)  # B meets the index's write transaction held meanwhile
+            with lock_if_free(lock) as free:
+                lock_free.append(free)
+        return add(index, *args, **kwargs)
+
+    with DeltaRsEventLog(lake) as first:
+        first.append_events(events[:300])
+    monkeypatch.setattr(ServingIndex, "add", slow_add_in_a)
+    opened, go = threading.Event(), threading.Event()
+
+    def appender_a() -> None:
+        with DeltaRsEventLog(lake) as log_a:  # one instance per thread
+            opened.set()
+            go.wait(30)
+            log_a.append_events(events[350:355])
+
+    with DeltaRsEventLog(lake) as log_b:
+        a = threading.Thread(target=appender_a, name="appender A")
+        a.start()
+        assert opened.wait(30)
+        _append_behind_the_index(lake, events[300:350])  # a writer that does not index (Spark)
+        go.set()
+        assert inside.wait(30)
+        assert log_b.append_events(events[355:360]).accepted == 5
+        a.join(30)
+        assert lock_free == [True]  # B waited for the index after the lock, as the pipeline's writers can
+        _answers_match_the_reference(log_b, events[:360])
+
+
 def test_an_appender_copies_the_index_write_ahead_log_into_the_file_on_a_thread_of_its_own(
     lake: Lake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # SQLite would copy it inside the COMMIT of the index update that crosses its threshold (an
     # append that waits for thousands of pages and an fsync); here the file is written beside
-    # the appends, long before that threshold, and the append does not wait for it.
+    # the appends, long before that threshold.
     monkeypatch.setattr(WalCopier, "EVERY_COMMITS", 5)
     events = list(generate_events(80, seed=9))
     with DeltaRsEventLog(lake) as log:
@@ -156,12 +202,12 @@ def test_an_appender_copies_the_index_write_ahead_log_into_the_file_on_a_thread_
         copier = getattr(log, "_wal", None)
         if copier is not None:
             copier.close()
-        written = os.stat(log.index_path).st_mtime_ns
+        written = hashlib.sha256(Path(log.index_path).read_bytes()).digest()
         for start in range(40, 70, 5):  # six index updates
             log.append_events(events[start : start + 5])
         if copier is not None:
             copier.close()
-        assert os.stat(log.index_path).st_mtime_ns != written  # the log copied into the file
+        assert hashlib.sha256(Path(log.index_path).read_bytes()).digest() != written  # the log copied in
         assert os.path.getsize(log.index_path + "-wal") > 0  # by a checkpoint of ours, not at a close
         _answers_match_the_reference(log, events[:70])
 

@@ -58,6 +58,12 @@ def _beside(table_path: str, kind: str) -> Path:
     return table.parent / f".{table.name}.{kind}"
 
 
+def holds_commit_lock(table_path: str) -> bool:
+    """Whether this thread holds the commit lock of the table at `table_path` already (`commit_lock`
+    is re-entrant: taking it again releases nothing at the end of the inner block)."""
+    return str(lock_path(table_path)) in _held.__dict__.get("paths", ())
+
+
 @contextmanager
 def commit_lock(table_path: str, timeout_s: float | None = None) -> Iterator[None]:
     """Hold the commit lock of the table at `table_path` for the block (re-entrant within a
@@ -98,4 +104,4 @@ def checkpoint_lock(table_path: str, timeout_s: float | None = None) -> Iterator
         yield
 
 
-__all__ = ["checkpoint_lock", "checkpoint_lock_path", "commit_lock", "lock_path"]
+__all__ = ["checkpoint_lock", "checkpoint_lock_path", "commit_lock", "holds_commit_lock", "lock_path"]

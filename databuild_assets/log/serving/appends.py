@@ -40,7 +40,7 @@ from databuild_assets.log.serving.append import (
 from databuild_assets.log.serving.build import table_mark
 from databuild_assets.log.serving.index import ServingIndex, Stamp, TableMark
 from databuild_assets.log.serving.wal import WalCopier
-from databuild_assets.runtime.commit_lock import commit_lock
+from databuild_assets.runtime.commit_lock import commit_lock, holds_commit_lock
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.object_store import is_s3
 
@@ -62,6 +62,10 @@ LOCKED_CATCH_UP_EVENTS = 5_000
 # Appends that found that much to catch up and tried again; the last attempt keeps the lock
 # whatever it finds, so that a lake that keeps growing faster still gets the append.
 _CATCH_UP_ROUNDS = 3
+# Under the commit lock the index's write transaction is waited for this long (another
+# process's catch-up holds it; outside the lock the wait is the index's busy timeout, 30 s), then
+# the append releases the lock and waits for it there (CatchUpFirst).
+LOCKED_INDEX_WAIT_MS = 100
 
 
 class CatchUpFirst(Exception):
@@ -99,6 +103,8 @@ class IndexedAppends:
                 break
             except CatchUpFirst:
                 self._catch_up(fresh=True)  # the lock released: the others commit meanwhile
+        else:
+            raise AssertionError("the last round keeps the lock and raises no CatchUpFirst")
         if committed is not None and self._checkpoints is not None and self._table is not None:
             # Outside the lock: the other appenders commit while the checkpoint is written.
             self._checkpoints.after_commit(committed, self._table.metadata().configuration, committed_actions)
@@ -118,8 +124,10 @@ class IndexedAppends:
         # The data files are written before the lock (`_stage`): every appender waits for the
         # holder, so the lock is held only to dedupe, name the files in a commit, and index them.
         staged = None if s3 else self._stage(events)
+        # Bounded only when this block takes the lock (a holder calling again releases nothing).
+        bounded = not s3 and not last and not holds_commit_lock(self._log_path)
         try:
-            with commit_lock(self._log_path), self._under_commit_lock(not s3 and not last):
+            with commit_lock(self._log_path), self._under_commit_lock(bounded):
                 for attempt in range(attempts):
                     index = self._catch_up(fresh=True)
                     if staged is not None and index.stamp() == staged.stamp:
@@ -157,8 +165,12 @@ class IndexedAppends:
         finally:
             if staged is not None:
                 staged.discard()
-        if behind:
-            self._catch_up(fresh=True)  # committed; the lock released
+        if behind:  # committed; the lock released
+            try:
+                self._catch_up(fresh=True)
+            except Exception as error:  # noqa: BLE001 - the append is committed: reported so, not failed
+                log.warning("%r: the append is committed, its index catch-up failed (%s)", self, error)
+                self._checked_at = -math.inf  # the next read tries again, and raises what it meets
         return committed, committed_actions, new
 
     @contextmanager
@@ -169,6 +181,23 @@ class IndexedAppends:
             yield
         finally:
             self._holding_commit_lock = False
+
+    @contextmanager
+    def _index_waited_briefly(self, index: ServingIndex) -> Iterator[None]:
+        """While `_holding_commit_lock`: the block's wait for the index's write transaction cut to
+        LOCKED_INDEX_WAIT_MS, and that wait's end raised as CatchUpFirst."""
+        if not self._holding_commit_lock:
+            yield
+            return
+        index.set_busy_timeout(LOCKED_INDEX_WAIT_MS)
+        try:
+            yield
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error):
+                raise
+            raise CatchUpFirst(f"{index.path} is being updated by another process ({error})") from error
+        finally:
+            index.set_busy_timeout()
 
     def _stage(self, events: list[Mapping[str, Any]]) -> _Staged | None:
         """The events the index does not hold yet, written as the raw log's data files ahead of
@@ -202,7 +231,7 @@ class IndexedAppends:
         applied = False
         if before.version >= 0 and committed is not None and not index.read_only:
             try:
-                with index.updating():
+                with self._index_waited_briefly(index), index.updating():
                     if index.stamp() == stamp:
                         # No process moved the index since: apply the events we hold
                         # instead of reading back the file we wrote.
@@ -210,6 +239,9 @@ class IndexedAppends:
                         raw = table_mark(self._log, before.version + 1, before.table_id)
                         index.set_stamp(Stamp(raw, stamp.tombstones))
                         applied = True
+            except CatchUpFirst:  # another process updates the index: caught up after the lock
+                self._checked_at = -math.inf
+                return True
             except sqlite3.OperationalError as error:
                 # The events are committed; the next read's catch-up applies them.
                 log.warning("%r: the append is committed, its index update waits (%s)", self, error)

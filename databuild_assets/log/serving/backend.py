@@ -342,7 +342,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
             index = self._make_private()
         for _ in range(2):
             try:
-                with index.updating():
+                with self._index_waited_briefly(index), index.updating():
                     self._apply_since(index, index.stamp())
                 self._seen = index.versions()
                 if self._private is not None or is_s3(self.lake.root):  # a reader's cache: no pipeline rewrites it

@@ -231,8 +231,12 @@ class IndexUnusableError(RuntimeError):
 WAL_CHECKPOINT_PAGES = 10_000
 
 
+# How long a connection waits for another's write transaction before "database is locked".
+BUSY_TIMEOUT_MS = 30_000
+
+
 def _pragmas(connection: sqlite3.Connection, temp_store: str = "MEMORY") -> None:
-    connection.execute("PRAGMA busy_timeout = 30000")
+    connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     connection.execute("PRAGMA secure_delete = ON")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
@@ -337,6 +341,10 @@ class ServingIndex(ColdReads, SqliteEventLog):
             (INDEX_FORMAT, SQLITE_SCHEMA_VERSION, raw.version, raw.table_id, raw.commit)
             + (tombstones.version, tombstones.table_id, tombstones.commit, now, now),
         )
+
+    def set_busy_timeout(self, milliseconds: int = BUSY_TIMEOUT_MS) -> None:
+        """How long this connection waits for another's write transaction (default: 30 s)."""
+        self._connection.execute(f"PRAGMA busy_timeout = {int(milliseconds)}")
 
     def updating(self):
         """The write transaction of one update: the stamp read inside it is the one to build on

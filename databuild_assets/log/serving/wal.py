@@ -17,6 +17,7 @@ logged and the next one tried; SQLite's own stays the backstop.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from urllib.parse import quote
@@ -28,6 +29,7 @@ class WalCopier:
     """Starts a PASSIVE checkpoint of an index every `EVERY_COMMITS` commits, one at a time."""
 
     EVERY_COMMITS = 100
+    WAIT_S = 120.0
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
@@ -57,15 +59,18 @@ class WalCopier:
             finally:
                 connection.close()
         except sqlite3.Error as error:  # gone (a new generation), busy: the next one, or SQLite's own
-            log.warning("serving index %s: its write-ahead log was not copied (%s)", path, error)
+            level = logging.WARNING if os.path.exists(path) else logging.DEBUG
+            log.log(level, "serving index %s: its write-ahead log was not copied (%s)", path, error)
         finally:
             with self._guard:
                 self._copying = False
 
     def close(self) -> None:
-        """Wait for the checkpoint under way, if any."""
+        """Wait for the checkpoint under way, if any (at most WAIT_S, then a warning)."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(self.WAIT_S)
+            if self._thread.is_alive():
+                log.warning("%s is still running after %.0f s", self._thread.name, self.WAIT_S)
             self._thread = None
 
 
