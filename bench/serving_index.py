@@ -12,7 +12,7 @@ figure from fresh processes (median of 3):
 - a `databuild-assets query URI get_latest_partition_status REF` call, whole process;
 - catch-up: opening after N commits the index has not seen (N = 1, 10, 100), and the slope;
 - the service loop (append 5 events, then the partition's status and the build's events; each
-  step and the whole loop), the backends taking turns in blocks of 25 loops, and every query
+  step and the whole loop, and the append's tail), the backends taking turns in blocks of 25 loops, and every query
   method, on keys drawn from the whole log and on the loop's own (hot) keys, p50/p95 in one
   process, with the p95 ratio.
 """
@@ -264,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n| service loop | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |\n|---|---:|---:|---:|")
     rows(steps)
+    tails = {
+        name: " / ".join(ms(percentile(steps[name]["append 5 events"], q)) for q in (0.99, 0.999, 1.0))
+        for name in steps
+    }
+    print(f"append tail, p99 / p99.9 / max ms: SQLite {tails['sqlite']}, Delta {tails['delta']}")
     print("\n| method | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |\n|---|---:|---:|---:|")
     rows(answers)
     print("\n| method, the loop's own keys (hot) | SQLite p50 / p95 ms | Delta p50 / p95 ms | p95 ratio |")
