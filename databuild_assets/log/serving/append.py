@@ -391,7 +391,7 @@ def commit_append(
         try:
             table = deltalake.DeltaTable.create(
                 delta_rs_uri(log.path),
-                schema=deltalake.Schema.from_json(RAW_EVENT_LOG.schema.json()),
+                schema=deltalake.Schema.from_arrow(raw_log_schema()),  # the Spark schema's, without pyspark
                 partition_by=list(RAW_EVENT_LOG.partition_by),
                 description=RAW_EVENT_LOG.description,
                 configuration=table_properties(RAW_EVENT_LOG),
