@@ -240,7 +240,6 @@ class IndexedAppends:
                         index.set_stamp(Stamp(raw, stamp.tombstones))
                         applied = True
             except CatchUpFirst:  # another process updates the index: caught up after the lock
-                self._checked_at = -math.inf
                 return True
             except sqlite3.OperationalError as error:
                 # The events are committed; the next read's catch-up applies them.
@@ -253,8 +252,7 @@ class IndexedAppends:
             return False
         try:
             self._catch_up(fresh=True)
-        except CatchUpFirst:  # committed: caught up once the lock is released (`append_events`)
-            self._checked_at = -math.inf
+        except CatchUpFirst:  # committed: caught up once the lock is released (`_append_once`)
             return True
         return False
 

@@ -402,10 +402,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
                 raise _NotFollowable("a new protocol or schema, or commits no longer in the log")
             # A run that removed files rewrote rows the index holds (a purge keeps those it does
             # not match): not a run of new events, and a catch-up applies it as such.
-            behind = 0 if changes.removed else sum(rows or 0 for rows in changes.added_rows)
+            added = sum(rows or 0 for rows in changes.added_rows)
+            behind = 0 if changes.removed else added
             if self._build and behind > max(REBUILD_BEHIND_EVENTS, index.event_count() // 2):
                 raise _NotFollowable(f"{behind:,} events behind the raw log, a build's work rather than a catch-up's")
-            added = sum(rows or 0 for rows in changes.added_rows)
             if self._holding_commit_lock and added > appends.LOCKED_CATCH_UP_EVENTS:
                 raise CatchUpFirst(f"{added:,} events of other writers to index")
             if not self._apply(index, changes, self._tombstone_values(tombstones.version)):
