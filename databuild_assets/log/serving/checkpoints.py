@@ -41,17 +41,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
 from databuild_assets.runtime.commit_lock import checkpoint_lock_path
 from databuild_assets.runtime.deferred import deferred
-from databuild_assets.runtime.delta_checkpoint import NotReplayable, file_identity, forget, replay
 from databuild_assets.runtime.delta_log import checkpoint_path, commit_path, last_checkpoint, log_folder
 from databuild_assets.runtime.lock_files import lock_if_free
 
 deltalake = deferred("deltalake")
+# Imported by the first append: a process that only reads needs none of it (decision 0057).
+delta_checkpoint = deferred("databuild_assets.runtime.delta_checkpoint")
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +104,9 @@ def checkpoint_if_due(
         if last is not None and last >= version or checkpoint_path(table_path, version).exists():
             return None
         try:
-            state = replay(table_path, version, known)  # from the last checkpoint and the commits since, by name
-        except NotReplayable as why:
+            # from the last checkpoint and the commits since, by name
+            state = delta_checkpoint.replay(table_path, version, known)
+        except delta_checkpoint.NotReplayable as why:
             log.debug("%s: the checkpoint of v%d is delta-rs's: %s", table_path, version, why)
             state = None
         if state is not None:
@@ -170,7 +173,8 @@ class Checkpointer:
         with self._guard:
             if actions is not None:
                 try:  # the commit file this process just wrote, to tell it from one put there later
-                    self._known[version] = (file_identity(commit_path(self.table_path, version)), list(actions))
+                    identity = delta_checkpoint.file_identity(commit_path(self.table_path, version))
+                    self._known[version] = (identity, list(actions))
                 except FileNotFoundError:
                     pass
                 while len(self._known) > self.KNOWN_COMMITS:  # no checkpoint for a long while
@@ -258,7 +262,8 @@ class Checkpointer:
         self.wait()
         with self._guard:
             self._known.clear()
-        forget(self.table_path)
+        if "databuild_assets.runtime.delta_checkpoint" in sys.modules:  # else it holds nothing of the table
+            delta_checkpoint.forget(self.table_path)
 
 
 def _drop_stale_checksum(table_path: str) -> None:

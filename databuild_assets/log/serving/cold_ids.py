@@ -16,9 +16,13 @@ new id's digest equals one of 100M kept ones is about 1 in 10^16.
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 from collections.abc import Collection, Iterable, Mapping
+
+from databuild_assets.runtime.deferred import deferred
+
+# hashlib initialises OpenSSL on import: a read of a hot key needs none of it (decision 0057).
+hashlib = deferred("hashlib")
 
 _ENTRY = 8  # bytes of an entry in a bucket's blob
 

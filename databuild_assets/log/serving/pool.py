@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:  # imported with the first pool: a read of a hot key needs none (decision 0057)
+    from concurrent.futures import ThreadPoolExecutor
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -34,6 +36,8 @@ def _pool() -> ThreadPoolExecutor:
     with _lock:
         pool = _pools.get(os.getpid())
         if pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             workers = max(2, os.cpu_count() or 1)  # the reads decode with Arrow's threads off
             pool = _pools[os.getpid()] = ThreadPoolExecutor(workers, thread_name_prefix="databuild-segments")
         return pool

@@ -32,7 +32,6 @@ snapshot.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -42,12 +41,12 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from databuild_assets.log.serving.store import remove_index_files
+from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
 from databuild_assets.runtime.file_modes import file_mode, make_folders
 
@@ -55,6 +54,7 @@ if TYPE_CHECKING:  # publish.py is imported by cold.py, which index.py imports
     from databuild_assets.log.serving.index import ServingIndex
 
 log = logging.getLogger(__name__)
+hashlib = deferred("hashlib")  # OpenSSL's init: a read of a hot key needs none (decision 0057)
 
 MANIFEST = "published.json"
 PUBLISHED_FOLDER = "published"  # a reader's segments, per publication, under its index folder
@@ -392,6 +392,8 @@ class Publication:
                         except OSError as error:
                             raise PublicationError(f"{self._path(object_name)}: frame at {at}: {error}") from error
                     os.pwrite(descriptor, data, offset)
+
+                from concurrent.futures import ThreadPoolExecutor
 
                 with ThreadPoolExecutor(_PARALLEL_RANGES) as pool:
                     list(pool.map(copy, pieces))
