@@ -115,9 +115,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         pipeline: bool = False,
     ) -> None:
         self.lake = lake
+        self._on_s3 = is_s3(lake.root)
         self._hot_window_s = hot_window_s
         if max_staleness is None:
-            max_staleness = S3_MAX_STALENESS_S if is_s3(lake.root) else 0.0
+            max_staleness = S3_MAX_STALENESS_S if self._on_s3 else 0.0
         if not max_staleness >= 0:
             raise ValueError(f"max_staleness must be a number of seconds, 0 or more, got {max_staleness!r}")
         self.max_staleness = max_staleness
@@ -130,7 +131,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         self._log = follower_for(self._log_path)
         self._tombstones = follower_for(lake.table_path(TOMBSTONES))
         self._folder = IndexFolder(index_folder_of(lake.root))
-        if is_s3(lake.root):  # the index of a lake on S3 lives in this machine's cache folder
+        if self._on_s3:  # the index of a lake on S3 lives in this machine's cache folder
             os.makedirs(self._folder.path, exist_ok=True)
         self._index: ServingIndex | None = None
         self._seen = (-1, -1)  # the raw log's and the tombstones' versions last seen in the index
@@ -139,7 +140,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         self._hidden_by: dict[str, set[str]] = {}
         self._hidden_version: int | None = None  # the tombstones version `_hidden_by` was read at
         self._table: deltalake.DeltaTable | None = None  # the raw log as delta-rs last saw it, for appends
-        self._checkpoints = None if is_s3(lake.root) else Checkpointer(self._log_path)
+        self._checkpoints = None if self._on_s3 else Checkpointer(self._log_path)
         self._wal = WalCopier()  # the index's write-ahead log, copied beside the appends
         self._open()
         try:
@@ -179,7 +180,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         """Drop the index in hand for the lake's current one (a segment it named is gone); on S3,
         for the bucket's current publication when its own one's segment is gone from the bucket."""
         log.info("%r: a segment %s names is gone (the lake's refresh rewrote it): reopening", self, self._store().path)
-        if is_s3(self.lake.root) and self._publication_replaced():
+        if self._on_s3 and self._publication_replaced():
             self._rebuild("a segment of the publication it was downloaded from is gone from the bucket")
             return
         self._open()
@@ -263,7 +264,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
                     self._marker = marker
                     self._replace(index)
                     return
-            if is_s3(self.lake.root) and self._start_from_publication():
+            if self._on_s3 and self._start_from_publication():
                 return
             log.info("%r: building the serving index (%s)", self, reason)
             # The pipeline's refresh evicts as it builds, before the file is anyone's (evict_building).
@@ -316,7 +317,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
         checked_at = time.monotonic()
         index = self._follow()
         self._checked_at = checked_at
-        if is_s3(self.lake.root):  # what the bucket no longer publishes leaves, even on a quiet lake
+        if self._on_s3:  # what the bucket no longer publishes leaves, even on a quiet lake
             self._check_publication(deleted=False)
         return index
 
@@ -345,10 +346,10 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
                 with self._index_waited_briefly(index), index.updating():
                     self._apply_since(index, index.stamp())
                 self._seen = index.versions()
-                if self._private is not None or is_s3(self.lake.root):  # a reader's cache: no pipeline rewrites it
+                if self._private is not None or self._on_s3:  # a reader's cache: no pipeline rewrites it
                     deleted = index.deleted_events() > 0
                     index = self._rewritten_if_deleted(index)
-                    if is_s3(self.lake.root):
+                    if self._on_s3:
                         self._check_publication(deleted)
                 return index
             except _NotFollowable as why:
@@ -475,7 +476,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
                 )
             time.sleep(0.1)
         index = self._rewritten_if_deleted(index)
-        if is_s3(self.lake.root) and self._private is None and not index.read_only:
+        if self._on_s3 and self._private is None and not index.read_only:
             self._publish(index)
         return index.stamp()
 
