@@ -9,7 +9,8 @@ small files earlier runs appended (`bin_pack_locally`, as the file-count compact
 the serving index up to date as the pipeline does (`refresh_serving_index`), then prints, each
 figure from fresh processes (median of 3):
 - open to the first answer, and the peak resident memory of a process that opened and answered;
-- a `databuild-assets query URI get_latest_partition_status REF` call, whole process;
+- a `databuild-assets query URI get_latest_partition_status REF` call, whole process (the median
+  of 15, the backends taking turns);
 - catch-up: opening after N commits the index has not seen (N = 1, 10, 100), and the slope;
 - the service loop (append 5 events, then the partition's status and the build's events; each
   step and the whole loop, and the append's tail), the backends taking turns in blocks of 25 loops, and every query
@@ -115,14 +116,19 @@ def fresh(uri: str, ref: str, runs: int = 3) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def cli_seconds(uri: str, ref: str) -> float:
-    command = [str(Path(sys.executable).parent / "databuild-assets"), "query", uri, "get_latest_partition_status", ref]
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        subprocess.run(command, cwd=REPO_ROOT, capture_output=True, check=True)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def cli_seconds(uris: list[str], ref: str, runs: int = 15) -> list[float]:
+    """The median seconds of a whole `query ... get_latest_partition_status REF` process per URI,
+    the URIs taking turns run by run: a process is ~0.1 s, and this VM's speed drifts over seconds,
+    so runs in a block would compare one moment with another."""
+    times: list[list[float]] = [[] for _ in uris]
+    for _ in range(runs):
+        for uri, samples in zip(uris, times, strict=True):
+            command = [str(Path(sys.executable).parent / "databuild-assets"), "query", uri]
+            command += ["get_latest_partition_status", ref]
+            started = time.perf_counter()
+            subprocess.run(command, cwd=REPO_ROOT, capture_output=True, check=True)
+            samples.append(time.perf_counter() - started)
+    return [statistics.median(samples) for samples in times]
 
 
 def commits_behind(lake: Lake, commits: int, seed: int) -> None:
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| peak resident memory | {sqlite_open['peak_rss'] / 1e6:,.0f} MB | {delta_open['peak_rss'] / 1e6:,.0f} MB "
         f"| +{(delta_open['peak_rss'] - sqlite_open['peak_rss']) / 1e6:,.0f} MB |"
     )
-    sqlite_cli, delta_cli = cli_seconds(sqlite_uri, ref), cli_seconds(delta_uri, ref)
+    sqlite_cli, delta_cli = cli_seconds([sqlite_uri, delta_uri], ref)
     print(
         f"| `query ... get_latest_partition_status`, whole process | {sqlite_cli:.2f} s | {delta_cli:.2f} s "
         f"| {delta_cli / sqlite_cli:.2f}x |"
