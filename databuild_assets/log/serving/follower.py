@@ -84,6 +84,10 @@ class DeltaFollower:
         self._log_dir = Path(self.path) / "_delta_log"
         self._log_prefix = f"{self._log_dir}/"
         self._next_commit: tuple[int, str] = (-1, "")  # (version, the name of the commit after it)
+        # A process whose real and effective ids differ (setuid, seteuid) asks as its effective
+        # user, as a stat would; any other asks access(2) plainly, the cheaper call (glibc checks
+        # AT_EACCESS itself). Read at the follower's creation: ids changed later are not seen.
+        self._effective_ids = _EFFECTIVE_IDS and (os.getuid(), os.getgid()) != (os.geteuid(), os.getegid())
         self.version: int | None = None  # the version read up to (`load`, `changes`), or None
         self._schema: pa.Schema | None = None  # the table's, as `open_table` last found it
 
@@ -91,8 +95,10 @@ class DeltaFollower:
         return self._log_dir / f"{version:020d}.json"
 
     def exists(self) -> bool:
-        """Whether the table has a first commit (or a checkpoint, if its early commits aged out)."""
-        return os.path.isdir(self._log_dir) and any(
+        """Whether the table has a first commit (or a checkpoint, if its early commits aged out).
+        A lake that never erased has no tombstones table, and every read asks this of it: one
+        look-up of its log folder, as cheap as `moved_since`'s, before any listing."""
+        return self._found(self._log_prefix) and any(
             name.endswith((".json", ".parquet")) for name in os.listdir(self._log_dir)
         )
 
@@ -105,8 +111,13 @@ class DeltaFollower:
         if asked != version:  # the name kept for the version asked last: reads ask the same one
             path = f"{self._log_prefix}{version + 1:020d}.json"
             self._next_commit = (version, path)
-        # access(F_OK) as this process's user: the stat of os.path.exists without its wrapper.
-        return os.access(path, os.F_OK, effective_ids=_EFFECTIVE_IDS)
+        return self._found(path)
+
+    def _found(self, path: str) -> bool:
+        """access(F_OK) as this process's user: the stat of os.path.exists without its wrapper."""
+        if self._effective_ids:
+            return os.access(path, os.F_OK, effective_ids=True)
+        return os.access(path, os.F_OK)
 
     def commit_mark(self, version: int) -> str | None:
         """The size and modification time of `version`'s commit file (None when it is gone):
