@@ -34,7 +34,8 @@ import duckdb
 
 from databuild_assets.events.enums import BuildRequestStatus, JobStatus, PartitionStatus
 from databuild_assets.events.schema import EVENT_COLUMNS
-from databuild_assets.log import EventFilter, SqliteEventLog, load_events
+from databuild_assets.log import EventFilter, EventPage, SqliteEventLog, load_events
+from databuild_assets.log.interface import encode_cursor
 from databuild_assets.log.serving.backend import DeltaRsEventLog
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
@@ -91,6 +92,12 @@ def in_range(log: Any, start_ns: int) -> list[dict[str, Any]]:
     return log.get_events_in_range(start_ns, start_ns + 10**9)
 
 
+def page_at(log: Any, start_ns: int) -> EventPage:
+    """The page of 100 from `start_ns` on, as a reader paging from a cursor gets it: the first
+    page is the oldest events, cold on a lake the pipeline keeps, whatever the keys drawn."""
+    return log.list_events(since=encode_cursor(start_ns - 1, ""), limit=100)
+
+
 def query_methods(
     rng: random.Random, builds: list[str], refs: list[str], jobs: list[str], timestamps: list[int]
 ) -> list[tuple[str, Callable[[Any], Any]]]:
@@ -100,7 +107,8 @@ def query_methods(
         ("get_partition_events", lambda log: log.get_partition_events(rng.choice(refs))),
         ("get_job_run_events", lambda log: log.get_job_run_events(rng.choice(jobs))),
         ("get_events_in_range (1 s)", lambda log: in_range(log, rng.choice(timestamps))),
-        ("list_events (page of 100)", lambda log: log.list_events(limit=100)),
+        ("list_events (the first page of 100)", lambda log: log.list_events(limit=100)),
+        ("list_events (a page of 100 at a key's time)", lambda log: page_at(log, rng.choice(timestamps))),
         (
             "list_events (filtered)",
             lambda log: log.list_events(
