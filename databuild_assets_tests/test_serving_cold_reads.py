@@ -13,11 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from databuild_assets.log.serving import evict, footers, segment_files
+from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log.serving import cold, evict, footers, segment_files
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.sqlite.backend import SqliteEventLog
 from databuild_assets.runtime.lake import Lake
 from databuild_assets.workload import generate_events
+from databuild_assets_tests.serving_support import request_erasure_without_spark
 
 
 def _all_cold(lake: Lake, n_events: int, seed: int) -> list[dict[str, Any]]:
@@ -120,3 +122,35 @@ def test_partitions_read_side_by_side_answer_as_the_reference_while_their_footer
         ]
         assert {r: log.get_partition_events(r) for r in refs} == {r: reference.get_partition_events(r) for r in refs}
         assert footers.kept_footers()[0] == 1
+
+
+def _all_pages(log: Any) -> list[list[str]]:
+    pages, cursor = [], None
+    while True:
+        page = log.list_events(since=cursor, limit=100)
+        pages.append([event["event_id"] for event in page.events])
+        if not page.has_more:
+            return pages
+        cursor = page.next_cursor
+
+
+def test_pages_of_cold_history_read_from_kept_row_groups_leave_out_what_a_tombstone_hides(
+    lake: Lake, monkeypatch
+) -> None:
+    # Groups of 500 rows: five pages each, then the next group, one group kept at a time.
+    monkeypatch.setattr(segment_files, "ROWS_PER_GROUP", 500)
+    monkeypatch.setattr(cold, "DECODED_GROUPS", 1)
+    events = _all_cold(lake, 3000, seed=11)
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        assert _all_pages(log) == _all_pages(reference)
+        assert len(log._store()._decoded_groups) == 1
+
+        first = log.list_events(limit=100).events[0]  # of a cold build request, from the kept group
+        request_erasure_without_spark(lake, "build_request_id", first["build_request_id"])
+        page = log.list_events(limit=100)  # the same kept group: its rows of that request left out
+        assert first["build_request_id"] not in {event["build_request_id"] for event in page.events}
+        visible = [e for e in events if not matches(e, {"build_request_id": {first["build_request_id"]}})]
+        with SqliteEventLog(":memory:") as after:
+            after.append_events(visible)
+            assert _all_pages(log) == _all_pages(after)

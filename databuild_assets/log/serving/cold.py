@@ -24,9 +24,10 @@ the projections' refresh, evict.py) are left out and the segments' rows merged i
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
 from databuild_assets.log.serving.arrow import all_true, strings
@@ -44,6 +45,9 @@ from databuild_assets.log.sqlite.schema import (
 )
 from databuild_assets.runtime.deferred import deferred
 
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+
 pa = deferred("pyarrow")
 pc = deferred("pyarrow.compute")
 
@@ -51,6 +55,10 @@ SEGMENTS_FOLDER = "segments"
 # The columns of a segment row an event is made of (event_from_row): a read that returns only
 # events decodes only these.
 EVENT_ROW = ROW_COLUMNS[:5]
+# A reader paging through cold history (list_events) takes a page of 100 out of a row group of
+# thousands: the groups it decoded last are kept, by this index only, so that the next pages
+# decode none (ColdReads._decoded_group).
+DECODED_GROUPS = 4
 
 # The cold tables of the index (INDEX_FORMAT 3; 4 cold_job_runs.job_events; 5 cold_job_runs only
 # for build requests other than the job run's own; 6 the cold ids in buckets; 7 partition counts
@@ -209,6 +217,28 @@ class ColdReads:
 
     _connection: Any
     segment_folder: str
+
+    def close(self) -> None:
+        self.__dict__.pop("_decoded_groups", None)
+        super().close()  # type: ignore[misc]
+
+    def _decoded_group(self, segment: int, file: pq.ParquetFile, footer: Any, group: int) -> pa.Table:
+        """Row `group` of `segment`'s file, kept decoded among the last `DECODED_GROUPS` for the
+        next page. The rows are the file's, before `_live`: a build request that came back hot
+        (a tombstone's among them) is left out at each read. A kept group is of the file as the
+        footer cache last found it (a file rewritten at the name has another footer); the
+        pipeline's refresh, which leaves an erased value out of the segments it writes, makes a
+        new generation of the index, and this one's groups go with it."""
+        cache = self.__dict__.setdefault("_decoded_groups", OrderedDict())
+        hit = cache.get((segment, group))
+        if hit is not None and hit[0] is footer:
+            cache.move_to_end((segment, group))
+            return hit[1]
+        table = file.read_row_group(group)
+        cache[(segment, group)] = (footer, table)
+        while len(cache) > DECODED_GROUPS:
+            cache.popitem(last=False)
+        return table
 
     def has_cold(self) -> bool:
         return bool(self._connection.execute("SELECT EXISTS (SELECT 1 FROM main.cold_segments)").fetchone()[0])
@@ -451,7 +481,7 @@ class ColdReads:
                     continue
                 if stamps is not None and cut() is not None and stamps[0] > cut():
                     continue  # not `break`: a segment written in another order holds earlier rows later
-                table = self._live(segment, file.read_row_group(group))
+                table = self._live(segment, self._decoded_group(segment, file, footer, group))
                 table = table.filter(keep(table))
                 found = _first_in_order(table if found is None else pa.concat_tables([found, table]), first)
         return _rows(found) if found is not None else []
