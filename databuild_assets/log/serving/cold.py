@@ -102,9 +102,13 @@ WHERE build_request_id NOT IN (SELECT build_request_id FROM main.cold_build_requ
 # index): a cold build request's rows are not among the hot events; a job run's are cold when
 # one of the build requests holding it is; a partition's when a segment holds some.
 _HOT_BUILD_REQUEST_EVENTS = BUILD_REQUEST_EVENTS.replace("FROM events", "FROM temp.hot_events")
+# (JOB_RUN_HOLDERS' two look-ups apart: its UNION made a temporary B-tree at every read.)
 _HOT_JOB_RUN_EVENTS = (
-    f"SELECT {EVENT_COLUMNS_SQL} FROM temp.hot_events WHERE job_run_id = ?1 AND NOT EXISTS"
-    f" (SELECT 1 FROM main.cold_build_requests WHERE build_request_id IN ({JOB_RUN_HOLDERS})) {IN_ORDER}"
+    f"SELECT {EVENT_COLUMNS_SQL} FROM temp.hot_events WHERE job_run_id = ?1"
+    " AND NOT EXISTS (SELECT 1 FROM main.job_runs AS j JOIN main.cold_build_requests AS c"
+    " ON c.build_request_id = j.build_request_id WHERE j.job_run_id = ?1)"
+    " AND NOT EXISTS (SELECT 1 FROM main.cold_job_runs AS r JOIN main.cold_build_requests AS c"
+    f" ON c.build_request_id = r.build_request_id WHERE r.job_run_id = ?1) {IN_ORDER}"
 )
 _NO_COLD_PARTITION_EVENTS = "NOT EXISTS (SELECT 1 FROM main.cold_partition_events WHERE partition_ref = :partition_ref)"
 _HOT_PARTITION_EVENTS = PARTITION_EVENTS.replace("FROM events", "FROM temp.hot_events").replace(
