@@ -170,7 +170,11 @@ def _query_imports(uri: str) -> tuple[dict, list[str]]:
         f"code = main(['query', {uri!r}, 'get_activity_summary']); "
         f"print([name for name in {_HEAVY!r} if name in sys.modules], file=sys.stderr); sys.exit(code)"
     )
-    run = subprocess.run([sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    # Without coverage's start-up variables: its tracer imports hashlib in the process it measures.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("COVERAGE_PROCESS_")}
+    run = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout), json.loads(run.stderr.strip().splitlines()[-1].replace("'", '"'))
 
