@@ -205,9 +205,15 @@ def _in_order(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(events, key=lambda event: (event["timestamp"], event["event_id"]))
 
 
+_TIME_ORDER = [("timestamp", "ascending"), ("event_id", "ascending")]
+
+
 def _first_in_order(table: pa.Table, first: int) -> pa.Table:
-    """The `first` rows of `table` in (timestamp, event_id) order."""
-    return table.sort_by([("timestamp", "ascending"), ("event_id", "ascending")]).slice(0, first)
+    """The `first` rows of `table` in (timestamp, event_id) order: the `first` selected (a
+    partial sort), then those sorted, not the whole row group sorted and copied for a page."""
+    if table.num_rows > first:
+        table = table.take(pc.select_k_unstable(table, k=first, sort_keys=_TIME_ORDER))
+    return table.sort_by(_TIME_ORDER)
 
 
 def _rows(table: pa.Table, names: Sequence[str] = ROW_COLUMNS) -> list[tuple]:
@@ -423,6 +429,8 @@ class ColdReads:
                     listing = [
                         row[0] for row in self._segment_rows(segment, "key", filter.partition_refs, by_partition=True)
                     ]
+                if after is None and filter is None:
+                    return None  # every live row passes: no mask to build and apply
                 return partial(_passes, after=after, filter=filter, listing=listing)
 
             if filter is None or filter.build_request_ids is None:
@@ -461,7 +469,7 @@ class ColdReads:
 
     def _first_rows(self, start_ns: int, keep_in, first: int, among: set[int] | None = None) -> list[tuple]:
         """The `first` live segment rows at or after `start_ns` in (timestamp, event_id) order that
-        `keep_in(segment)` selects, from the segments `among` (all when None): row groups read in
+        `keep_in(segment)` selects (None: every one), from the segments `among` (all when None): row groups read in
         time order (segments are sorted by time) until no later one can hold an earlier row."""
         found = None
         segments = self._connection.execute(
@@ -469,13 +477,11 @@ class ColdReads:
             (start_ns,),
         ).fetchall()
 
-        def cut() -> int | None:  # the timestamp no row past the page can be earlier than
-            return found.column("timestamp")[-1].as_py() if found is not None and found.num_rows >= first else None
-
+        cut = None  # once `first` rows are found: the timestamp no row past the page can be earlier than
         for segment, low in segments:
             if among is not None and segment not in among:
                 continue
-            if cut() is not None and low > cut():
+            if cut is not None and low > cut:
                 break
             (file, footer), keep = opened(segment_paths(self.segment_folder, segment)[0]), keep_in(segment)
             bounds = footer.bounds(file, "timestamp")
@@ -483,11 +489,14 @@ class ColdReads:
                 stamps = (bounds.lows[group], bounds.highs[group]) if bounds is not None else None
                 if stamps is not None and stamps[1] < start_ns:
                     continue
-                if stamps is not None and cut() is not None and stamps[0] > cut():
+                if stamps is not None and cut is not None and stamps[0] > cut:
                     continue  # not `break`: a segment written in another order holds earlier rows later
                 table = self._live(segment, self._decoded_group(segment, file, footer, group))
-                table = table.filter(keep(table))
+                if keep is not None:
+                    table = table.filter(keep(table))
                 found = _first_in_order(table if found is None else pa.concat_tables([found, table]), first)
+                if found.num_rows >= first:
+                    cut = found.column("timestamp")[-1].as_py()
         return _rows(found) if found is not None else []
 
     def get_active_builds_for_partition(self, partition_ref: str) -> list[str]:
