@@ -424,13 +424,13 @@ class ColdReads:
 
         def cold() -> list[dict[str, Any]]:
             def keep_in(segment: int):
+                if after is None and filter is None:
+                    return None  # every live row passes: no mask to build and apply
                 listing: list[str] = []
                 if filter is not None and filter.partition_refs is not None:
                     listing = [
                         row[0] for row in self._segment_rows(segment, "key", filter.partition_refs, by_partition=True)
                     ]
-                if after is None and filter is None:
-                    return None  # every live row passes: no mask to build and apply
                 return partial(_passes, after=after, filter=filter, listing=listing)
 
             if filter is None or filter.build_request_ids is None:
@@ -469,8 +469,9 @@ class ColdReads:
 
     def _first_rows(self, start_ns: int, keep_in, first: int, among: set[int] | None = None) -> list[tuple]:
         """The `first` live segment rows at or after `start_ns` in (timestamp, event_id) order that
-        `keep_in(segment)` selects (None: every one), from the segments `among` (all when None): row groups read in
-        time order (segments are sorted by time) until no later one can hold an earlier row."""
+        `keep_in(segment)` selects (None: every row), from the segments `among` (all when None):
+        row groups read in time order (segments are sorted by time) until no later one can hold an
+        earlier row."""
         found = None
         segments = self._connection.execute(
             "SELECT segment, min_timestamp FROM main.cold_segments WHERE max_timestamp >= ? ORDER BY min_timestamp",
