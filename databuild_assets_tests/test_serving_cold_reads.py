@@ -154,3 +154,26 @@ def test_pages_of_cold_history_read_from_kept_row_groups_leave_out_what_a_tombst
         with SqliteEventLog(":memory:") as after:
             after.append_events(visible)
             assert _all_pages(log) == _all_pages(after)
+
+
+def test_pages_of_a_segment_whose_row_groups_are_out_of_time_order_answer_as_the_reference(
+    lake: Lake, monkeypatch
+) -> None:
+    # A page's first rows are a slice of each decoded row group, which is kept in time order:
+    # sorted when its file holds it otherwise (each group here rewritten in reverse).
+    monkeypatch.setattr(segment_files, "ROWS_PER_GROUP", 500)
+    events = _all_cold(lake, 3000, seed=12)
+    with DeltaRsEventLog(lake) as log:
+        index = log._store()
+        (segment,) = [row[0] for row in index._connection.execute("SELECT segment FROM cold_segments")]
+        path = segment_files.segment_paths(index.segment_folder, segment)[0]
+    file = pq.ParquetFile(path)
+    groups = [file.read_row_group(group) for group in range(file.metadata.num_row_groups)]
+    assert len(groups) > 2
+    with pq.ParquetWriter(path + ".reversed", file.schema_arrow) as writer:
+        for group in groups:
+            writer.write_table(group.take(pa.array(range(group.num_rows - 1, -1, -1))), row_group_size=500)
+    os.replace(path + ".reversed", path)
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        assert _all_pages(log) == _all_pages(reference)

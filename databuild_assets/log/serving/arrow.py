@@ -1,4 +1,4 @@
-"""Arrow arrays of Python values, built from their buffers.
+"""Arrow arrays of Python values, built from their buffers, and tables put in time order.
 
 `pa.array()` (and `pa.scalar`, `Table.from_pylist`) first asks pandas whether the value is a
 pandas object, importing pandas when it is installed (Dagster's dependencies install it): in a
@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from databuild_assets.runtime.deferred import deferred
 
 pa = deferred("pyarrow")
+pc = deferred("pyarrow.compute")
+
+_TIME_ORDER = [("timestamp", "ascending"), ("event_id", "ascending")]
 
 
 def strings(values: Iterable[str]) -> pa.Array:
@@ -35,4 +38,24 @@ def all_true(length: int) -> pa.Array:
     return pa.Array.from_buffers(pa.bool_(), length, [None, pa.py_buffer(b"\xff" * ((length + 7) // 8))])
 
 
-__all__ = ["all_true", "strings"]
+def _positions(length: int) -> pa.Array:
+    """The uint64 array 0, 1, ..., `length` - 1 (the indices that leave a table as it is)."""
+    return pa.Array.from_buffers(pa.uint64(), length, [None, pa.py_buffer(array("Q", range(length)))])
+
+
+def in_time_order(table: pa.Table) -> pa.Table:
+    """`table` (of events' rows) in (timestamp, event_id) order: as it is when it is (a cold
+    segment's rows are written so), else sorted."""
+    order = pc.sort_indices(table, sort_keys=_TIME_ORDER)
+    return table if order.equals(_positions(len(order))) else table.take(order)
+
+
+def first_in_time_order(table: pa.Table, first: int) -> pa.Table:
+    """The `first` rows of `table` in (timestamp, event_id) order: the `first` selected (a
+    partial sort), then those sorted, not the whole table sorted and copied for a page."""
+    if table.num_rows > first:
+        table = table.take(pc.select_k_unstable(table, k=first, sort_keys=_TIME_ORDER))
+    return table.sort_by(_TIME_ORDER)
+
+
+__all__ = ["all_true", "first_in_time_order", "in_time_order", "strings"]

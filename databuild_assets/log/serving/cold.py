@@ -27,15 +27,16 @@ import json
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
-from databuild_assets.log.serving.arrow import all_true, strings
+from databuild_assets.log.serving.arrow import all_true, first_in_time_order, in_time_order, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
 from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
-from databuild_assets.log.sqlite.backend import _event_from_row, transaction
+from databuild_assets.log.sqlite.backend import _event_from_row, page_conditions, transaction
 from databuild_assets.log.sqlite.schema import (
     BUILD_REQUEST_EVENTS,
     EVENT_COLUMNS_SQL,
@@ -205,15 +206,8 @@ def _in_order(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(events, key=lambda event: (event["timestamp"], event["event_id"]))
 
 
-_TIME_ORDER = [("timestamp", "ascending"), ("event_id", "ascending")]
-
-
-def _first_in_order(table: pa.Table, first: int) -> pa.Table:
-    """The `first` rows of `table` in (timestamp, event_id) order: the `first` selected (a
-    partial sort), then those sorted, not the whole row group sorted and copied for a page."""
-    if table.num_rows > first:
-        table = table.take(pc.select_k_unstable(table, k=first, sort_keys=_TIME_ORDER))
-    return table.sort_by(_TIME_ORDER)
+_SNAPSHOT = "SELECT 1 FROM main.cold_segments LIMIT 1"
+_by_time = itemgetter(0, 1)  # of a (timestamp, event_id, ...) key
 
 
 def _rows(table: pa.Table, names: Sequence[str] = ROW_COLUMNS) -> list[tuple]:
@@ -233,18 +227,19 @@ class ColdReads:
         super().close()  # type: ignore[misc]
 
     def _decoded_group(self, segment: int, file: pq.ParquetFile, footer: Any, group: int) -> pa.Table:
-        """Row `group` of `segment`'s file, kept decoded among the last `DECODED_GROUPS` for the
-        next page. The rows are the file's, before `_live`: a build request that came back hot
-        (a tombstone's among them) is left out at each read. A kept group is of the file as the
-        footer cache last found it (a file rewritten at the name has another footer); the
-        pipeline's refresh, which leaves an erased value out of the segments it writes, makes a
-        new generation of the index, and this one's groups go with it."""
+        """Row `group` of `segment`'s file in (timestamp, event_id) order, kept decoded among the
+        last `DECODED_GROUPS` for the next page, which then takes its first rows by a slice. The
+        rows are the file's, before `_live`: a build request that came back hot (a tombstone's
+        among them) is left out at each read. A kept group is of the file as the footer cache
+        last found it (a file rewritten at the name has another footer); the pipeline's refresh,
+        which leaves an erased value out of the segments it writes, makes a new generation of the
+        index, and this one's groups go with it."""
         cache = self.__dict__.setdefault("_decoded_groups", OrderedDict())
         hit = cache.get((segment, group))
         if hit is not None and hit[0] is footer:
             cache.move_to_end((segment, group))
             return hit[1]
-        table = file.read_row_group(group)
+        table = in_time_order(file.read_row_group(group))
         cache[(segment, group)] = (footer, table)
         while len(cache) > DECODED_GROUPS:
             cache.popitem(last=False)
@@ -298,7 +293,7 @@ class ColdReads:
             if keep is not None:
                 table = table.filter(keep(table))
             if first is not None:
-                table = _first_in_order(table, first)
+                table = first_in_time_order(table, first)
             found.append(_rows(table, columns))
         return found
 
@@ -316,13 +311,16 @@ class ColdReads:
         """`read()` in one read transaction, so that its hot rows and the segments it looks up
         are of one state of the index (a thaw in between would leave a build request in
         neither); once more if a segment was removed meanwhile (a merge or a refresh replaced
-        it), from the index as it is then."""
+        it), from the index as it is then: the state when `read` starts, whatever it reads first."""
         try:
-            with transaction(self._connection, "DEFERRED"):
-                return read()
+            return self._in_one_state(read)
         except FileNotFoundError:
-            with transaction(self._connection, "DEFERRED"):
-                return read()
+            return self._in_one_state(read)
+
+    def _in_one_state(self, read):
+        with transaction(self._connection, "DEFERRED"):
+            self._connection.execute(_SNAPSHOT).fetchone()  # a WAL reader's snapshot begins at its first read
+            return read()
 
     def get_build_request_events(self, build_request_id: str, since_ns: int | None = None) -> list[dict[str, Any]]:
         hot = super().get_build_request_events  # type: ignore[misc]
@@ -412,17 +410,38 @@ class ColdReads:
         return self._with_cold(read)
 
     def list_events(self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000) -> EventPage:
-        hot_page = super().list_events  # type: ignore[misc]
         if not self.has_cold():
-            return hot_page(since, filter, limit)
+            return super().list_events(since, filter, limit)  # type: ignore[misc]
         check_page(limit)
         after = decode_cursor(since) if since is not None else None
+        where, parameters = page_conditions(since, filter)
 
-        def read() -> tuple[EventPage, list[dict[str, Any]]]:
-            page = hot_page(since, filter, limit)
-            return page, cold()
+        def read() -> list[dict[str, Any]]:
+            """The page's `limit` events and one more when there are: the segments' rows first,
+            then the keys of the hot rows before the last of those (the pinned rows of cold build
+            requests, spread over all history, are passed over only within the page's time),
+            merged; only the hot rows that make the page are decoded."""
+            cold = [(row[1], row[0], row) for row in cold_rows()]  # (timestamp, event_id, row)
+            hot_where, hot_parameters = where, parameters
+            if len(cold) > limit:  # a hot row at or past the last can not be on the page
+                hot_where, hot_parameters = f"{where} AND (timestamp, event_id) < (?, ?)", [*parameters, *cold[-1][:2]]
+            hot_keys = self._connection.execute(
+                f"SELECT timestamp, event_id FROM temp.hot_events WHERE {hot_where} {IN_ORDER} LIMIT ?",
+                (*hot_parameters, limit + 1),
+            ).fetchall()
+            page = sorted([(*key, None) for key in hot_keys] + cold, key=_by_time)[: limit + 1]
+            hot_taken = sum(1 for key in page if key[2] is None)
+            hot = iter(
+                self._events(  # of temp.hot_events
+                    f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE {hot_where} {IN_ORDER} LIMIT ?",
+                    (*hot_parameters, hot_taken),
+                )
+                if hot_taken
+                else ()
+            )
+            return [next(hot) if row is None else event_from_row(row) for _, _, row in page]
 
-        def cold() -> list[dict[str, Any]]:
+        def cold_rows() -> list[tuple]:
             def keep_in(segment: int):
                 if after is None and filter is None:
                     return None  # every live row passes: no mask to build and apply
@@ -436,19 +455,18 @@ class ColdReads:
             if filter is None or filter.build_request_ids is None:
                 start = after[0] if after is not None else -(2**63)
                 among = self._segments_holding(filter) if filter is not None else None
-                return [event_from_row(row) for row in self._first_rows(start, keep_in, limit + 1, among)]
-            cold = []
+                return self._first_rows(start, keep_in, limit + 1, among)
+            rows = []
             for segment, (ids, groups) in self._cold_of(filter.build_request_ids).items():
-                rows = self._segment_rows(
-                    segment, "build_request_id", ids, keep=keep_in(segment), first=limit + 1, groups=groups
+                rows.extend(
+                    self._segment_rows(
+                        segment, "build_request_id", ids, keep=keep_in(segment), first=limit + 1, groups=groups
+                    )
                 )
-                cold.extend(event_from_row(row) for row in rows)
-            return _in_order(cold)[: limit + 1]
+            return sorted(rows, key=lambda row: (row[1], row[0]))[: limit + 1]
 
-        page, cold_events = self._with_cold(read)
-        merged = _in_order(page.events + cold_events)
-        events = merged[:limit]
-        has_more = page.has_more or len(merged) > limit
+        events = self._with_cold(read)
+        has_more, events = len(events) > limit, events[:limit]
         next_cursor = encode_cursor(events[-1]["timestamp"], events[-1]["event_id"]) if events else since
         return EventPage(events=events, next_cursor=next_cursor, has_more=has_more)
 
@@ -468,10 +486,10 @@ class ColdReads:
         return among
 
     def _first_rows(self, start_ns: int, keep_in, first: int, among: set[int] | None = None) -> list[tuple]:
-        """The `first` live segment rows at or after `start_ns` in (timestamp, event_id) order that
-        `keep_in(segment)` selects (None: every row), from the segments `among` (all when None):
-        row groups read in time order (segments are sorted by time) until no later one can hold an
-        earlier row."""
+        """The `first` live segment rows (of EVENT_ROW's columns) at or after `start_ns` in
+        (timestamp, event_id) order that `keep_in(segment)` selects (None: every row), from the
+        segments `among` (all when None): row groups read in time order (segments are sorted by
+        time) until no later one can hold an earlier row."""
         found = None
         segments = self._connection.execute(
             "SELECT segment, min_timestamp FROM main.cold_segments WHERE max_timestamp >= ? ORDER BY min_timestamp",
@@ -495,10 +513,13 @@ class ColdReads:
                 table = self._live(segment, self._decoded_group(segment, file, footer, group))
                 if keep is not None:
                     table = table.filter(keep(table))
-                found = _first_in_order(table if found is None else pa.concat_tables([found, table]), first)
+                if found is None:  # the group's rows are in order (`_decoded_group`): the first by a slice
+                    found = table.slice(0, first)
+                else:
+                    found = first_in_time_order(pa.concat_tables([found, table]), first)
                 if found.num_rows >= first:
                     cut = found.column("timestamp")[-1].as_py()
-        return _rows(found) if found is not None else []
+        return _rows(found, EVENT_ROW) if found is not None else []
 
     def get_active_builds_for_partition(self, partition_ref: str) -> list[str]:
         active = super().get_active_builds_for_partition(partition_ref)  # type: ignore[misc]

@@ -334,6 +334,38 @@ def refresh_dirty_projections(connection: sqlite3.Connection, refreshes: tuple =
 # ---------------------------------------------------------------------------------------------
 
 
+def page_conditions(since: str | None, filter: EventFilter | None) -> tuple[str, list[Any]]:
+    """The WHERE clause over `events` (and its parameters) of the rows `list_events` pages
+    through after the cursor `since` that `filter` selects; the serving index's cold reads select
+    the same rows' keys first.
+
+        where, parameters = page_conditions(None, EventFilter(event_types=["job_event"]))
+    """
+    conditions: list[str] = []
+    parameters: list[Any] = []
+    if since is not None:
+        conditions.append("(timestamp, event_id) > (?, ?)")
+        parameters.extend(decode_cursor(since))
+    if filter is not None:
+        if filter.event_types is not None:
+            conditions.append("event_type IN (SELECT value FROM json_each(?))")
+            parameters.append(_json_list(filter.event_types))
+        if filter.build_request_ids is not None:
+            conditions.append("build_request_id IN (SELECT value FROM json_each(?))")
+            parameters.append(_json_list(filter.build_request_ids))
+        if filter.job_run_ids is not None:
+            conditions.append("job_run_id IN (SELECT value FROM json_each(?))")
+            parameters.append(_json_list(filter.job_run_ids))
+        if filter.partition_refs is not None:
+            conditions.append(
+                "(partition_ref IN (SELECT value FROM json_each(?)) OR event_id IN ("
+                "SELECT event_id FROM event_listed_partitions"
+                " WHERE partition_ref IN (SELECT value FROM json_each(?))))"
+            )
+            parameters.extend([_json_list(filter.partition_refs)] * 2)
+    return " AND ".join(conditions) or "1", parameters
+
+
 class SqliteEventLog(BuildEventLog):
     """The Build Event Log in one SQLite file (or ":memory:"), created on first open.
 
@@ -382,29 +414,7 @@ class SqliteEventLog(BuildEventLog):
 
     def list_events(self, since: str | None = None, filter: EventFilter | None = None, limit: int = 1000) -> EventPage:
         check_page(limit)
-        conditions: list[str] = []
-        parameters: list[Any] = []
-        if since is not None:
-            conditions.append("(timestamp, event_id) > (?, ?)")
-            parameters.extend(decode_cursor(since))
-        if filter is not None:
-            if filter.event_types is not None:
-                conditions.append("event_type IN (SELECT value FROM json_each(?))")
-                parameters.append(_json_list(filter.event_types))
-            if filter.build_request_ids is not None:
-                conditions.append("build_request_id IN (SELECT value FROM json_each(?))")
-                parameters.append(_json_list(filter.build_request_ids))
-            if filter.job_run_ids is not None:
-                conditions.append("job_run_id IN (SELECT value FROM json_each(?))")
-                parameters.append(_json_list(filter.job_run_ids))
-            if filter.partition_refs is not None:
-                conditions.append(
-                    "(partition_ref IN (SELECT value FROM json_each(?)) OR event_id IN ("
-                    "SELECT event_id FROM event_listed_partitions"
-                    " WHERE partition_ref IN (SELECT value FROM json_each(?))))"
-                )
-                parameters.extend([_json_list(filter.partition_refs)] * 2)
-        where = " AND ".join(conditions) or "1"
+        where, parameters = page_conditions(since, filter)
         # One row more than asked tells whether there is another page.
         events = self._events(
             f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE {where} {IN_ORDER} LIMIT ?", (*parameters, limit + 1)
