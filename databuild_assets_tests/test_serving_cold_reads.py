@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from databuild_assets.events.erasure_rule import matches
+from databuild_assets.log.interface import EventFilter
 from databuild_assets.log.serving import cold, evict, footers, segment_files
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
 from databuild_assets.log.sqlite.backend import SqliteEventLog
@@ -124,10 +125,10 @@ def test_partitions_read_side_by_side_answer_as_the_reference_while_their_footer
         assert footers.kept_footers()[0] == 1
 
 
-def _all_pages(log: Any) -> list[list[str]]:
+def _all_pages(log: Any, filter: EventFilter | None = None, limit: int = 100) -> list[list[str]]:
     pages, cursor = [], None
     while True:
-        page = log.list_events(since=cursor, limit=100)
+        page = log.list_events(since=cursor, filter=filter, limit=limit)
         pages.append([event["event_id"] for event in page.events])
         if not page.has_more:
             return pages
@@ -177,3 +178,21 @@ def test_pages_of_a_segment_whose_row_groups_are_out_of_time_order_answer_as_the
     with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
         reference.append_events(events)
         assert _all_pages(log) == _all_pages(reference)
+
+
+def test_a_page_of_several_partitions_holds_an_event_listing_them_all_once(lake: Lake) -> None:
+    # A cold page filtered by partitions reads their rows in the by-partition files, where an
+    # event listing two of them has a row for each: one event on the page, and a page of one
+    # after it still finds the next event.
+    events = _all_cold(lake, 2000, seed=13)
+    listing = next(
+        e for e in events if e["event_type"] == "build_request_event"
+        and len(e["build_request_event"]["requested_partitions"]) > 1
+    )  # fmt: skip
+    page_of = EventFilter(partition_refs=listing["build_request_event"]["requested_partitions"][:2])
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        assert log._store().has_cold()
+        for limit in (1, 100):
+            assert _all_pages(log, page_of, limit) == _all_pages(reference, page_of, limit)
+        assert listing["event_id"] in _all_pages(log, page_of, 100)[0]

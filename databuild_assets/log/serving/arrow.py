@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
+from databuild_assets.log.interface import EventFilter
 from databuild_assets.runtime.deferred import deferred
 
 pa = deferred("pyarrow")
@@ -58,4 +59,31 @@ def first_in_time_order(table: pa.Table, first: int) -> pa.Table:
     return table.sort_by(_TIME_ORDER)
 
 
-__all__ = ["all_true", "first_in_time_order", "in_time_order", "strings"]
+def page_mask(
+    table: pa.Table, after: tuple[int, str] | None, filter: EventFilter | None, listing: list[str]
+) -> pa.Array:
+    """Which rows of `table` (a cold segment's) are on a list_events page after `after` that
+    `filter` selects (`listing`: the event ids that list one of its partitions), as a mask."""
+
+    def among(column: str, values: Iterable[str]) -> pa.Array:
+        return pc.is_in(table.column(column), value_set=strings(values))
+
+    mask = all_true(table.num_rows)
+    if after is not None:
+        stamps, ids = table.column("timestamp"), table.column("event_id")
+        later = pc.or_(pc.greater(stamps, after[0]), pc.and_(pc.equal(stamps, after[0]), pc.greater(ids, after[1])))
+        mask = pc.and_(mask, later)
+    if filter is None:
+        return mask
+    if filter.event_types is not None:
+        mask = pc.and_(mask, among("event_type", filter.event_types))
+    if filter.build_request_ids is not None:
+        mask = pc.and_(mask, among("build_request_id", filter.build_request_ids))
+    if filter.job_run_ids is not None:
+        mask = pc.and_(mask, among("job_run_id", filter.job_run_ids))
+    if filter.partition_refs is not None:
+        mask = pc.and_(mask, pc.or_(among("partition_ref", filter.partition_refs), among("event_id", listing)))
+    return mask
+
+
+__all__ = ["all_true", "first_in_time_order", "in_time_order", "page_mask", "strings"]

@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
-from databuild_assets.log.serving.arrow import all_true, first_in_time_order, in_time_order, strings
+from databuild_assets.log.serving.arrow import first_in_time_order, in_time_order, page_mask, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
 from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
@@ -207,7 +208,7 @@ def _in_order(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _SNAPSHOT = "SELECT 1 FROM main.cold_segments LIMIT 1"
-_by_time = itemgetter(0, 1)  # of a (timestamp, event_id, ...) key
+_key = itemgetter(1, 0)  # a row's (timestamp, event_id)
 
 
 def _rows(table: pa.Table, names: Sequence[str] = ROW_COLUMNS) -> list[tuple]:
@@ -418,28 +419,19 @@ class ColdReads:
 
         def read() -> list[dict[str, Any]]:
             """The page's `limit` events and one more when there are: the segments' rows first,
-            then the keys of the hot rows before the last of those (the pinned rows of cold build
-            requests, spread over all history, are passed over only within the page's time),
-            merged; only the hot rows that make the page are decoded."""
-            cold = [(row[1], row[0], row) for row in cold_rows()]  # (timestamp, event_id, row)
+            then the hot rows before the last of those (the pinned rows of cold build requests,
+            spread over all history, are passed over only within the page's time), merged by
+            key; only the rows on the page are decoded."""
+            cold = cold_rows()
             hot_where, hot_parameters = where, parameters
             if len(cold) > limit:  # a hot row at or past the last can not be on the page
-                hot_where, hot_parameters = f"{where} AND (timestamp, event_id) < (?, ?)", [*parameters, *cold[-1][:2]]
-            hot_keys = self._connection.execute(
-                f"SELECT timestamp, event_id FROM temp.hot_events WHERE {hot_where} {IN_ORDER} LIMIT ?",
+                hot_where = f"{where} AND (timestamp, event_id) < (?, ?)"
+                hot_parameters = [*parameters, *_key(cold[-1])]
+            hot = self._connection.execute(
+                f"SELECT {EVENT_COLUMNS_SQL} FROM temp.hot_events WHERE {hot_where} {IN_ORDER} LIMIT ?",
                 (*hot_parameters, limit + 1),
             ).fetchall()
-            page = sorted([(*key, None) for key in hot_keys] + cold, key=_by_time)[: limit + 1]
-            hot_taken = sum(1 for key in page if key[2] is None)
-            hot = iter(
-                self._events(  # of temp.hot_events
-                    f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE {hot_where} {IN_ORDER} LIMIT ?",
-                    (*hot_parameters, hot_taken),
-                )
-                if hot_taken
-                else ()
-            )
-            return [next(hot) if row is None else event_from_row(row) for _, _, row in page]
+            return [event_from_row(row) for row in sorted(hot + cold, key=_key)[: limit + 1]]
 
         def cold_rows() -> list[tuple]:
             def keep_in(segment: int):
@@ -450,8 +442,10 @@ class ColdReads:
                     listing = [
                         row[0] for row in self._segment_rows(segment, "key", filter.partition_refs, by_partition=True)
                     ]
-                return partial(_passes, after=after, filter=filter, listing=listing)
+                return partial(page_mask, after=after, filter=filter, listing=listing)
 
+            if filter is not None and filter.partition_refs is not None and filter.build_request_ids is None:
+                return partition_rows(filter)
             if filter is None or filter.build_request_ids is None:
                 start = after[0] if after is not None else -(2**63)
                 among = self._segments_holding(filter) if filter is not None else None
@@ -463,7 +457,22 @@ class ColdReads:
                         segment, "build_request_id", ids, keep=keep_in(segment), first=limit + 1, groups=groups
                     )
                 )
-            return sorted(rows, key=lambda row: (row[1], row[0]))[: limit + 1]
+            return sorted(rows, key=_key)[: limit + 1]
+
+        def partition_rows(filter: EventFilter) -> list[tuple]:
+            """The rows of the by-partition files of the segments holding `filter`'s partitions
+            (its key is theirs): a page of a few partitions reads their rows there, as
+            get_partition_events does, not every row group of those segments' main files."""
+            refs, rest = filter.partition_refs, replace(filter, partition_refs=None)
+            keep = partial(page_mask, after=after, filter=rest, listing=[])
+            # An event listing several of the refs has a row for each: enough rows for `limit`
+            # + 1 events in each segment.
+            found = self._segments_rows(
+                sorted(self._segments_holding(filter) or ()), "key", refs, by_partition=True, keep=keep,
+                first=(limit + 1) * len(refs),
+            )  # fmt: skip
+            distinct = {row[0]: row for rows in found for row in rows}
+            return sorted(distinct.values(), key=_key)[: limit + 1]
 
         events = self._with_cold(read)
         has_more, events = len(events) > limit, events[:limit]
@@ -551,31 +560,6 @@ class ColdReads:
                 for table in ("cold_segments", "cold_build_requests")
             }
             return {**facts, "cold_event_ids": count_cold_ids(self._connection)}
-
-
-def _passes(table: pa.Table, after: tuple[int, str] | None, filter: EventFilter | None, listing: list[str]) -> pa.Array:
-    """Which segment rows of `table` are on a list_events page after `after` that `filter`
-    selects (`listing`: the event ids that list one of its partitions), as an Arrow mask."""
-
-    def among(column: str, values: Iterable[str]) -> pa.Array:
-        return pc.is_in(table.column(column), value_set=strings(values))
-
-    mask = all_true(table.num_rows)
-    if after is not None:
-        stamps, ids = table.column("timestamp"), table.column("event_id")
-        later = pc.or_(pc.greater(stamps, after[0]), pc.and_(pc.equal(stamps, after[0]), pc.greater(ids, after[1])))
-        mask = pc.and_(mask, later)
-    if filter is None:
-        return mask
-    if filter.event_types is not None:
-        mask = pc.and_(mask, among("event_type", filter.event_types))
-    if filter.build_request_ids is not None:
-        mask = pc.and_(mask, among("build_request_id", filter.build_request_ids))
-    if filter.job_run_ids is not None:
-        mask = pc.and_(mask, among("job_run_id", filter.job_run_ids))
-    if filter.partition_refs is not None:
-        mask = pc.and_(mask, pc.or_(among("partition_ref", filter.partition_refs), among("event_id", listing)))
-    return mask
 
 
 __all__ = [
