@@ -541,12 +541,14 @@ def test_a_fresh_process_reads_cold_keys_from_their_segments_without_importing_p
         "    ids = lambda found: [e['event_id'] for e in found]\n"
         "    print(json.dumps(ids(log.get_build_request_events(sys.argv[2]))))\n"
         "    page = log.list_events(filter=EventFilter(partition_refs=[sys.argv[3]]), limit=1000)\n"
+        "    after = log.list_events(since=log.list_events(limit=5).next_cursor, limit=20)\n"
+        "    span = log.get_events_in_range(int(sys.argv[5]), int(sys.argv[5]) + 10**12)\n"
         "    print(json.dumps([ids(log.get_partition_events(sys.argv[3])), ids(log.get_job_run_events(sys.argv[4])),"
-        " ids(page.events)]))\n"
+        " ids(page.events), ids(after.events), ids(span)]))\n"
         "print(json.dumps('pandas' in sys.modules))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, f"delta://{lake.root}", request, ref, job],
+        [sys.executable, "-c", code, f"delta://{lake.root}", request, ref, job, str(events[0]["timestamp"])],
         capture_output=True, text=True, cwd=REPO_ROOT, check=True,
     )  # fmt: skip
     expected = [e["event_id"] for e in sorted(events, key=lambda e: (e["timestamp"], e["event_id"]))]
@@ -557,7 +559,10 @@ def test_a_fresh_process_reads_cold_keys_from_their_segments_without_importing_p
     with SqliteEventLog(":memory:") as reference:
         reference.append_events(events)
         page = reference.list_events(filter=EventFilter(partition_refs=[ref]), limit=1000)
+        after = reference.list_events(since=reference.list_events(limit=5).next_cursor, limit=20)
+        span = reference.get_events_in_range(events[0]["timestamp"], events[0]["timestamp"] + 10**12)
         answers = [reference.get_partition_events(ref), reference.get_job_run_events(job), page.events]
+        answers += [after.events, span]
         assert others == [[e["event_id"] for e in found] for found in answers]
     assert all(others)
     assert pandas is False

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from databuild_assets.log.interface import EventFilter
 from databuild_assets.runtime.deferred import deferred
+
+if TYPE_CHECKING:
+    from databuild_assets.log.interface import EventFilter
 
 pa = deferred("pyarrow")
 pc = deferred("pyarrow.compute")
@@ -32,6 +35,13 @@ def strings(values: Iterable[str]) -> pa.Array:
         offsets[number] = total
     data = pa.py_buffer(b"".join(encoded))
     return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), data])
+
+
+def scalar(value: int | str) -> pa.Scalar:
+    """An int64 or string Arrow scalar of a Python value (a compute kernel's operand)."""
+    if isinstance(value, str):
+        return strings([value])[0]
+    return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(array("q", [value]))])[0]
 
 
 def all_true(length: int) -> pa.Array:
@@ -71,7 +81,8 @@ def page_mask(
     mask = all_true(table.num_rows)
     if after is not None:
         stamps, ids = table.column("timestamp"), table.column("event_id")
-        later = pc.or_(pc.greater(stamps, after[0]), pc.and_(pc.equal(stamps, after[0]), pc.greater(ids, after[1])))
+        stamp, last = scalar(after[0]), scalar(after[1])
+        later = pc.or_(pc.greater(stamps, stamp), pc.and_(pc.equal(stamps, stamp), pc.greater(ids, last)))
         mask = pc.and_(mask, later)
     if filter is None:
         return mask
@@ -86,4 +97,4 @@ def page_mask(
     return mask
 
 
-__all__ = ["all_true", "first_in_time_order", "in_time_order", "page_mask", "strings"]
+__all__ = ["all_true", "first_in_time_order", "in_time_order", "page_mask", "scalar", "strings"]

@@ -32,7 +32,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
-from databuild_assets.log.serving.arrow import first_in_time_order, in_time_order, page_mask, strings
+from databuild_assets.log.serving.arrow import first_in_time_order, in_time_order, page_mask, scalar, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
 from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
@@ -312,7 +312,8 @@ class ColdReads:
         """`read()` in one read transaction, so that its hot rows and the segments it looks up
         are of one state of the index (a thaw in between would leave a build request in
         neither); once more if a segment was removed meanwhile (a merge or a refresh replaced
-        it), from the index as it is then: the state when `read` starts, whatever it reads first."""
+        it), from the index as it is then. Its snapshot is taken before `read` runs, whichever
+        table it reads first."""
         try:
             return self._in_one_state(read)
         except FileNotFoundError:
@@ -401,7 +402,7 @@ class ColdReads:
 
             def within(table: pa.Table) -> pa.Array:
                 stamps = table.column("timestamp")
-                return pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns))
+                return pc.and_(pc.greater_equal(stamps, scalar(start_ns)), pc.less(stamps, scalar(end_ns)))
 
             segments, spans = self._overlapping(start_ns, end_ns), [(start_ns, end_ns - 1)]
             found = self._segments_rows(segments, "timestamp", keep=within, spans=spans, columns=EVENT_ROW)
@@ -446,7 +447,7 @@ class ColdReads:
 
             if filter is not None and filter.partition_refs is not None and filter.build_request_ids is None:
                 return partition_rows(filter)
-            if filter is None or filter.build_request_ids is None:
+            if filter is None or filter.build_request_ids is None:  # (partitions: by `partition_rows`)
                 start = after[0] if after is not None else -(2**63)
                 among = self._segments_holding(filter) if filter is not None else None
                 return self._first_rows(start, keep_in, limit + 1, among)
