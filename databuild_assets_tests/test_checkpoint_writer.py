@@ -214,8 +214,13 @@ def test_a_path_written_encoded_is_the_file_its_decoded_remove_names(tmp_path: P
 
 def test_a_log_closed_drops_what_it_kept_of_the_tables_checkpoints(lake: Lake) -> None:
     path = lake.table_path(RAW_EVENT_LOG)
+    events = list(generate_events(5 * (3 * CHECKPOINT_BASE + 3), seed=32))
     with DeltaRsEventLog(lake) as log:
-        _append_in_batches(log, list(generate_events(5 * (3 * CHECKPOINT_BASE + 2), seed=32)))
+        _append_in_batches(log, events[:-5])
+        log._checkpoints.wait()
+        # One commit after the writer is done: a writer that fell behind checkpoints the newest
+        # commit, so the commits since are not known to be any before this one.
+        _append_in_batches(log, events[-5:])
         log._checkpoints.wait()
         assert pq.ParquetFile(checkpoint_path(path, last_checkpoint(path)[0])).metadata.created_by.startswith(_OURS)
         assert path in delta_checkpoint._kept  # the next checkpoint starts from it, unread
