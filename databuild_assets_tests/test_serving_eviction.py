@@ -20,6 +20,7 @@ from databuild_assets.log.interface import canonical_event
 from databuild_assets.log.serving import cold, cold_ids, evict, segment_files, thaw
 from databuild_assets.log.serving.append import raw_log_rows
 from databuild_assets.log.serving.backend import DeltaRsEventLog, refresh_serving_index
+from databuild_assets.log.sqlite.schema import select_listed_partitions
 from databuild_assets.runtime.lake import RAW_EVENT_LOG, Lake
 from databuild_assets.workload import generate_events
 from databuild_assets_tests import bel_cases
@@ -179,3 +180,27 @@ def test_pinning_a_segments_rows_in_arrow_picks_what_the_refresh_sql_picks(seed:
             thaw.pin_latest(connection, "temp.frozen")
         pins.append(connection.execute("SELECT event_id FROM temp.pinned ORDER BY event_id").fetchall())
     assert pins[0] == pins[1] and len(pins[0]) >= 6
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"requested_partitions": ["p/a", 1, null, "p/b", "p/a"], "x": {"y": [1]}}',
+        '{"requested_partitions": null}',
+        '{"requested_partitions": "p/a"}',
+        '{"requested_partitions": {"k": "p/a", "n": 2}}',
+        '{"requested_partitions": 3}',
+        '{"other": 1}',
+        '{"requested_partitions": ["p/\\ud800"], "n": NaN}',  # msgspec refuses both: json reads it
+    ],
+)
+def test_the_refs_a_segment_lists_are_those_the_sqlite_backend_lists(payload: str) -> None:
+    connection = sqlite3.connect(":memory:")
+    connection.execute("CREATE TABLE e (event_id, timestamp, event_type, payload)")
+    connection.execute("INSERT INTO e VALUES ('e1', 1, 'build_request_event', ?)", (payload,))
+    sql = select_listed_partitions("e", source="e, ")
+    try:
+        expected = {ref for ref, _, _ in connection.execute(sql)}
+    except sqlite3.OperationalError:  # SQLite's JSON refuses NaN: json.loads reads it
+        expected = {"p/\ud800"}
+    assert segment_files.listed_partitions("build_request_event", payload) == expected

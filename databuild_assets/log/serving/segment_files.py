@@ -16,6 +16,7 @@ import functools
 import json
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
@@ -24,6 +25,7 @@ from databuild_assets.runtime.file_modes import file_mode, make_folders
 pa = deferred("pyarrow")
 pc = deferred("pyarrow.compute")
 pq = deferred("pyarrow.parquet")
+msgspec = deferred("msgspec")
 
 ROWS_PER_GROUP = 4096
 # The columns a main file's reads prune its groups by (a range's and a page's time, a thaw's
@@ -64,12 +66,31 @@ def segment_paths(folder: str, segment: int) -> tuple[str, str]:
 
 
 def listed_partitions(event_type: str, payload: str) -> set[str]:
-    """The partition refs an event row lists (sqlite/schema.py `select_listed_partitions`)."""
+    """The partition refs an event row lists, as sqlite/schema.py `select_listed_partitions` lists
+    them (the strings of its field's value, walked as json_each walks it; a stored payload has no
+    key twice): that one field parsed by msgspec, or the payload by json where msgspec refuses it
+    (log/sqlite/backend.py `payload_of`)."""
     field = _LISTS.get(event_type)
     if field is None:
         return set()
-    listed = json.loads(payload).get(field)
-    return {ref for ref in listed if isinstance(ref, str)} if isinstance(listed, list) else set()
+    try:
+        listed = getattr(_listing_decoders()[event_type].decode(payload), field)
+    except ValueError:  # msgspec.DecodeError and ValidationError are ones
+        listed = json.loads(payload).get(field)
+    if isinstance(listed, dict):  # json_each walks an object's values,
+        listed = listed.values()
+    elif not isinstance(listed, list):  # a scalar itself
+        listed = [listed]
+    return {ref for ref in listed if isinstance(ref, str)}
+
+
+@functools.cache
+def _listing_decoders() -> dict[str, Any]:
+    """A decoder of each listing event's one field: the rest of its payload is skipped, not built."""
+    return {
+        event_type: msgspec.json.Decoder(msgspec.defstruct(f"Listing_{field}", [(field, Any, None)]))
+        for event_type, field in _LISTS.items()
+    }
 
 
 def rows_table(rows: Iterable[tuple]) -> pa.Table:
