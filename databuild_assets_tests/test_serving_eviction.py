@@ -182,6 +182,27 @@ def test_pinning_a_segments_rows_in_arrow_picks_what_the_refresh_sql_picks(seed:
     assert pins[0] == pins[1] and len(pins[0]) >= 6
 
 
+def test_a_first_build_whose_segment_write_fails_on_its_thread_raises_and_leaves_no_segment(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = list(generate_events(3000, seed=9))
+    with DeltaRsEventLog(lake) as log:
+        log.append_events(events)
+    shutil.rmtree(os.path.join(lake.root, "serving_index"))
+    written = segment_files._write_parquet
+
+    def full_on_main_file(path: str, *args: Any) -> None:
+        written(path, *args)  # the companion, then the main file's bytes, then the error
+        if not path.endswith(".by-partition.parquet"):
+            raise OSError("no space left on device")
+
+    monkeypatch.setattr(segment_files, "_write_parquet", full_on_main_file)
+    with pytest.raises(OSError, match="no space left"):
+        refresh_serving_index(lake, hot_window_s=0)
+    segments = os.path.join(lake.root, "serving_index", cold.SEGMENTS_FOLDER)
+    assert not os.path.isdir(segments) or os.listdir(segments) == []
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -38,7 +38,14 @@ from databuild_assets.events.enums import TERMINAL_BUILD_REQUEST_STATUSES
 from databuild_assets.log.serving.cold import SEGMENTS_FOLDER, still_cold_in
 from databuild_assets.log.serving.cold_ids import DeferredColdIds, add_cold_ids
 from databuild_assets.log.serving.footers import parquet_file
-from databuild_assets.log.serving.segment_files import ROW_COLUMNS, rows_table, segment_paths, write_segment
+from databuild_assets.log.serving.segment_files import (
+    ROW_COLUMNS,
+    SegmentWrites,
+    rows_table,
+    segment_paths,
+    segment_writes,
+    write_segment,
+)
 from databuild_assets.log.serving.store import IndexFolder
 from databuild_assets.log.serving.thaw import (
     JOB_RUN_EVENT_TYPES,
@@ -198,8 +205,9 @@ def evict_building(
     connection.execute("DELETE FROM temp.pin_candidates")
     building = DeferredColdIds()
     try:
-        with _eviction_cache(connection):
-            _evict(connection, index_folder, window_ns, progress, building)
+        with _eviction_cache(connection), segment_writes() as writes:
+            _evict(connection, index_folder, window_ns, progress, building, writes)
+            writes.wait()  # every segment's files on disk before the rows that left them are dropped
             with transaction(connection):
                 building.write(connection)
                 # Each segment pinned its own latest: of those, only the latest over all stay.
@@ -258,10 +266,11 @@ def _evict(
     window_ns: int | None,
     progress: Callable[[str], None] | None,
     building: DeferredColdIds | None,
+    writes: SegmentWrites | None = None,
 ) -> int:
     """`evict`; with `building` (an index being built, `evict_building`), the evicted ids are
-    gathered there, the evicted rows stay in `events` and no segments are merged: the caller
-    copies out what stays, then merges."""
+    gathered there, the evicted rows stay in `events`, no segments are merged (the caller copies
+    out what stays, then merges) and the segments' files are written by `writes`."""
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
     work_tables(connection)
     evicted = 0
@@ -278,7 +287,7 @@ def _evict(
         cut, after = _list_evictable(connection, window_ns), 0
         while cut is not None:
             with transaction(connection):
-                moved, after = _evict_one(connection, folder, cut, after, building)
+                moved, after = _evict_one(connection, folder, cut, after, building, writes)
             if not moved:
                 break
             evicted += moved
@@ -441,7 +450,12 @@ def _list_evictable(connection: sqlite3.Connection, window_ns: int) -> int | Non
 
 
 def _evict_one(
-    connection: sqlite3.Connection, folder: str, cut: int, after: int, building: DeferredColdIds | None
+    connection: sqlite3.Connection,
+    folder: str,
+    cut: int,
+    after: int,
+    building: DeferredColdIds | None,
+    writes: SegmentWrites | None,
 ) -> tuple[int, int]:
     """One segment's worth of the build requests temp.evictable lists past position `after`,
     inside the caller's transaction (`building`: see `_evict`); returns how many events left the
@@ -471,7 +485,7 @@ def _evict_one(
     connection.execute(f"INSERT INTO temp.frozen SELECT {_COLUMNS} FROM {_FROZEN}")
     rows = rows_table(connection.execute(f"SELECT {_COLUMNS} FROM temp.frozen"))
     segment = _next_segment(connection, folder)
-    low, high, groups, refs = write_segment(folder, segment, rows)
+    low, high, groups, refs = write_segment(folder, segment, rows, writes)
     pin_latest_of(connection, rows)
     if building is None:  # the pins of the partitions these rows carry, over every segment
         keep_latest_pins(connection, _PINS_OF_PINNED_REFS)

@@ -5,17 +5,20 @@ sorted by (timestamp, event_id), and `segment-<n>.by-partition.parquet`, one row
 for the refs an event carries (`partition_ref`) or lists (a build request's requested partitions,
 a job's targets), sorted by ref. Rows arrive as Arrow (an eviction's rows from SQLite as one
 struct array, a merge's from the segments' own files): a segment of 262,144 events is sorted,
-fanned out by ref and written by Arrow, with Python touching only the payloads that list refs.
+fanned out by ref and written by Arrow, with Python touching only the payloads that list refs;
+an index being built has its files written by a thread beside its SQLite work (`segment_writes`).
 
     low, high, groups, refs = write_segment(folder, 7, rows_table(connection.execute("SELECT * FROM events")))
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from databuild_assets.runtime.deferred import deferred
@@ -37,6 +40,9 @@ _MAIN_STATISTICS = ["timestamp", "build_request_id"]
 # `timestamp`) keep statistics: the others' strings made most of its footer (decision 0051).
 BY_PARTITION_ROWS_PER_GROUP = 1024
 _BY_PARTITION_STATISTICS = ["key", "timestamp"]
+# The columns a dictionary encodes: a segment's ids and refs repeat, its payloads do not (trying a
+# dictionary for them, then falling back, was a sixth of a file's write).
+_DICTIONARY = ["build_request_id", "event_type", "partition_ref", "job_run_id", "status_code", "key"]
 # The file's schema metadata naming the column its rows are sorted by across row groups: a
 # reader bisects the groups' statistics for a key, reading a few of them, not every group's.
 SORTED_BY = "databuild.sorted_by"
@@ -99,19 +105,22 @@ def rows_table(rows: Iterable[tuple]) -> pa.Table:
     return pa.Table.from_struct_array(pa.array(list(rows), _row_type()))
 
 
-def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, dict[str, bytes], list[str]]:
+def write_segment(
+    folder: str, segment: int, rows: pa.Table, writes: SegmentWrites | None = None
+) -> tuple[int, int, dict[str, bytes], list[str]]:
     """Write segment `segment` of `rows` (`segment_schema()`, not empty) and its by-partition
-    companion; returns their (min, max) timestamp, each build request's row groups
-    (`cold_build_requests.row_groups`) and the refs the rows carry or list, sorted (the
-    companion's keys: their payloads are parsed once, here)."""
+    companion, here or, given `writes`, on its thread; returns their (min, max) timestamp, each
+    build request's row groups (`cold_build_requests.row_groups`) and the refs the rows carry or
+    list, sorted (the companion's keys: their payloads are parsed once, here)."""
     make_folders(folder)
     table = rows.select(list(ROW_COLUMNS)).sort_by([("timestamp", "ascending"), ("event_id", "ascending")])
-    companion, refs = _by_partition(table)
-    main, partitions = segment_paths(folder, segment)
-    companion = companion.replace_schema_metadata({SORTED_BY: "key"})
-    _write_parquet(partitions, companion, BY_PARTITION_ROWS_PER_GROUP, _BY_PARTITION_STATISTICS)
-    _write_parquet(main, table, ROWS_PER_GROUP, _MAIN_STATISTICS)
-    fsync_folder(folder)
+    positions, keys = _fanned_out(table)
+    refs = pc.unique(keys).sort()
+    job = functools.partial(_write_files, folder, segment, table, positions, keys, refs)
+    if writes is None:
+        job()
+    else:
+        writes.submit(job)
     stamps = table.column("timestamp")
     return (
         pc.min(stamps).as_py(),
@@ -121,12 +130,49 @@ def write_segment(folder: str, segment: int, rows: pa.Table) -> tuple[int, int, 
     )
 
 
-def _by_partition(table: pa.Table) -> tuple[pa.Table, pa.Array]:
-    """A row of `table` (sorted by timestamp, event_id) for each ref it carries or lists, with
-    that ref as `key` (a ref both carried and listed by one event, once), sorted by (key,
-    timestamp, event_id): by the key's rank among the refs, then by the row's position, two
-    integers (a sort on the strings themselves was a tenth of a first build's segments), and
-    every column taken once. Returned with its keys, each once, sorted."""
+class SegmentWrites:
+    """Segment files written by a thread of their own beside the caller's SQLite work (Arrow and
+    Parquet let go of the GIL, and SQLite does), one segment at a time: a submit waits for the
+    one before, so two segments' rows are in memory at most. For an index being built: nothing
+    names its segments before `wait` has returned. A write's error is raised by the next call.
+
+        with segment_writes() as writes:
+            write_segment(folder, 7, rows, writes)
+            writes.wait()   # segment 7's files are on disk
+    """
+
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._pending: concurrent.futures.Future | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+        self._pending = self._pool.submit(job)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+
+@contextlib.contextmanager
+def segment_writes() -> Iterator[SegmentWrites]:
+    """A SegmentWrites whose last write is waited for on the way out (its error raised, unless
+    one is on its way already): its files are not written after the block."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="segment-writes") as pool:
+        writes = SegmentWrites(pool)
+        try:
+            yield writes
+        except BaseException:
+            with contextlib.suppress(Exception):
+                writes.wait()
+            raise
+        writes.wait()
+
+
+def _fanned_out(table: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """For each ref a row of `table` carries or lists (one listed by the event that carries it,
+    once), the row's position and the ref: the carried ones in row order, then the listed."""
     refs = table.column("partition_ref")
     carrying = pc.indices_nonzero(pc.is_valid(refs))
     listing = pc.indices_nonzero(pc.is_in(table.column("event_type"), value_set=pa.array(list(_LISTS))))
@@ -142,12 +188,32 @@ def _by_partition(table: pa.Table) -> tuple[pa.Table, pa.Array]:
             listed.discard(ref)
             positions.extend([position] * len(listed))
             keys.extend(sorted(listed))
-    order = pa.concat_arrays([carrying.cast(pa.int64()), pa.array(positions, pa.int64())])
-    key = pa.concat_arrays([refs.take(carrying).combine_chunks(), pa.array(keys, pa.string())])
-    refs_in_order = pc.unique(key).sort()
-    sorting = pa.table({"rank": pc.index_in(key, value_set=refs_in_order), "position": order})
+    return (
+        pa.concat_arrays([carrying.cast(pa.int64()), pa.array(positions, pa.int64())]),
+        pa.concat_arrays([refs.take(carrying).combine_chunks(), pa.array(keys, pa.string())]),
+    )
+
+
+def _write_files(
+    folder: str, segment: int, table: pa.Table, positions: pa.Array, keys: pa.Array, refs: pa.Array
+) -> None:
+    """A segment's two files, then their folder, durable."""
+    main, partitions = segment_paths(folder, segment)
+    companion = _by_partition(table, positions, keys, refs).replace_schema_metadata({SORTED_BY: "key"})
+    _write_parquet(partitions, companion, BY_PARTITION_ROWS_PER_GROUP, _BY_PARTITION_STATISTICS)
+    del companion
+    _write_parquet(main, table, ROWS_PER_GROUP, _MAIN_STATISTICS)
+    fsync_folder(folder)
+
+
+def _by_partition(table: pa.Table, positions: pa.Array, keys: pa.Array, refs: pa.Array) -> pa.Table:
+    """A row of `table` (sorted by timestamp, event_id) for each (position, key) of
+    `_fanned_out`, with that ref as `key`, sorted by (key, timestamp, event_id): by the key's
+    rank among `refs` (sorted), then by the row's position, two integers (a sort on the strings
+    themselves was a tenth of a first build's segments), and every column taken once."""
+    sorting = pa.table({"rank": pc.index_in(keys, value_set=refs), "position": positions})
     ranks = pc.sort_indices(sorting, [("rank", "ascending"), ("position", "ascending")])
-    return table.take(order.take(ranks)).add_column(0, "key", key.take(ranks)), refs_in_order
+    return table.take(positions.take(ranks)).add_column(0, "key", keys.take(ranks))
 
 
 def _write_parquet(path: str, table: pa.Table, rows_per_group: int, statistics: bool | list[str]) -> None:
@@ -157,7 +223,14 @@ def _write_parquet(path: str, table: pa.Table, rows_per_group: int, statistics: 
     descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
     os.fchmod(descriptor, file_mode())
     with os.fdopen(descriptor, "wb") as file:
-        pq.write_table(table, file, row_group_size=rows_per_group, compression="zstd", write_statistics=statistics)
+        pq.write_table(
+            table,
+            file,
+            row_group_size=rows_per_group,
+            compression="zstd",
+            write_statistics=statistics,
+            use_dictionary=[name for name in _DICTIONARY if name in table.column_names],
+        )
     fsync_file(building)
     os.replace(building, path)
 
@@ -179,9 +252,11 @@ __all__ = [
     "SORTED_BY",
     "ROWS_PER_GROUP",
     "ROW_COLUMNS",
+    "SegmentWrites",
     "segment_schema",
     "listed_partitions",
     "rows_table",
     "segment_paths",
+    "segment_writes",
     "write_segment",
 ]
