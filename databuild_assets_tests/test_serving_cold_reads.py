@@ -180,6 +180,29 @@ def test_pages_of_a_segment_whose_row_groups_are_out_of_time_order_answer_as_the
         assert _all_pages(log) == _all_pages(reference)
 
 
+def test_a_partitions_pages_over_many_segments_past_a_cursor_are_the_references(lake: Lake, monkeypatch) -> None:
+    # A page past a cursor reads only the segments, and their row groups, that end at or after
+    # its time: the pages through a partition spread over many segments are SQLite's still,
+    # with groups of two rows, so that a page's cursor is often a group's last time (an event
+    # and the partition event it carries share one).
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 500)
+    monkeypatch.setattr(segment_files, "BY_PARTITION_ROWS_PER_GROUP", 2)
+    events = _all_cold(lake, 3000, seed=8)
+    with DeltaRsEventLog(lake) as log, SqliteEventLog(":memory:") as reference:
+        reference.append_events(events)
+        store = log._store()
+        most = "SELECT partition_ref FROM cold_partition_events GROUP BY 1 ORDER BY COUNT(*) DESC LIMIT 1"
+        (ref,) = store._connection.execute(most).fetchone()
+        assert len(store._partition_segments(ref)) > 2
+        for page_of in (
+            EventFilter(partition_refs=[ref]),
+            EventFilter(partition_refs=[ref], event_types=["job_event"]),
+        ):
+            for limit in (1, 3):
+                pages = _all_pages(log, page_of, limit)
+                assert pages == _all_pages(reference, page_of, limit) and len(pages) > 2
+
+
 def test_a_page_of_several_partitions_holds_an_event_listing_them_all_once(lake: Lake) -> None:
     # A cold page filtered by partitions reads their rows in the by-partition files, where an
     # event listing two of them has a row for each: one event on the page, and a page of one

@@ -57,6 +57,7 @@ SEGMENTS_FOLDER = "segments"
 # The columns of a segment row an event is made of (event_from_row): a read that returns only
 # events decodes only these.
 EVENT_ROW = ROW_COLUMNS[:5]
+_LAST_NS = 2**63 - 1  # a span's open end: no timestamp is later
 # A reader paging through cold history (list_events) takes a page of 100 out of a row group of
 # thousands: the groups it decoded last are kept, by this index only, so that the next pages
 # decode none (ColdReads._decoded_group).
@@ -466,12 +467,15 @@ class ColdReads:
             get_partition_events does, not every row group of those segments' main files."""
             refs, rest = filter.partition_refs, replace(filter, partition_refs=None)
             keep = partial(page_mask, after=after, filter=rest, listing=[])
+            segments, spans = sorted(self._segments_holding(filter) or ()), None
+            if after is not None:  # past the cursor: the segments, and their groups, that end before it are not read
+                spans = [(after[0], _LAST_NS)]
+                segments = sorted(set(segments).intersection(self._overlapping(after[0], _LAST_NS)))
             # An event listing several of the refs has a row for each: enough rows for `limit`
             # + 1 events in each segment.
             found = self._segments_rows(
-                sorted(self._segments_holding(filter) or ()), "key", refs, by_partition=True, keep=keep,
-                first=(limit + 1) * len(refs),
-            )  # fmt: skip
+                segments, "key", refs, by_partition=True, keep=keep, first=(limit + 1) * len(refs), spans=spans
+            )
             distinct = {row[0]: row for rows in found for row in rows}
             return sorted(distinct.values(), key=_key)[: limit + 1]
 
