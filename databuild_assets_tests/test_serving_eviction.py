@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import deltalake
+import pyarrow.parquet
 import pytest
 
 from databuild_assets.events.enums import BuildRequestStatus, PartitionStatus
@@ -182,23 +183,39 @@ def test_pinning_a_segments_rows_in_arrow_picks_what_the_refresh_sql_picks(seed:
     assert pins[0] == pins[1] and len(pins[0]) >= 6
 
 
-def test_a_first_build_whose_segment_write_fails_on_its_thread_raises_and_leaves_no_segment(
-    lake: Lake, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("failing", ["the thread's write", "the caller's next step"])
+def test_a_first_build_that_fails_beside_its_segment_writes_raises_and_leaves_no_file(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
+    # The second segment's main file fails halfway on the writer thread (its error raised by the
+    # caller), or the caller fails while that segment's files are being written (its transaction
+    # rolls back: no row names them): either way no file of the build is left, nor half of one.
     events = list(generate_events(3000, seed=9))
     with DeltaRsEventLog(lake) as log:
         log.append_events(events)
     shutil.rmtree(os.path.join(lake.root, "serving_index"))
-    written = segment_files._write_parquet
+    monkeypatch.setattr(evict, "SEGMENT_EVENTS", 500)
+    calls = {"write": 0, "add": 0}
+    write_table, add = pyarrow.parquet.write_table, cold_ids.DeferredColdIds.add
 
-    def full_on_main_file(path: str, *args: Any) -> None:
-        written(path, *args)  # the companion, then the main file's bytes, then the error
-        if not path.endswith(".by-partition.parquet"):
+    def half_then_full(table: Any, file: Any, **options: Any) -> None:
+        calls["write"] += 1
+        if calls["write"] == 4 and failing == "the thread's write":  # segment 2's main file
+            file.write(b"PAR1 half a file")
             raise OSError("no space left on device")
+        write_table(table, file, **options)
 
-    monkeypatch.setattr(segment_files, "_write_parquet", full_on_main_file)
+    def fails_second(self: cold_ids.DeferredColdIds, event_ids: Any) -> None:
+        calls["add"] += 1
+        if calls["add"] == 2 and failing == "the caller's next step":
+            raise OSError("no space left on device")
+        add(self, event_ids)
+
+    monkeypatch.setattr(segment_files.pq, "write_table", half_then_full)  # the module's own (deferred) copy
+    monkeypatch.setattr(cold_ids.DeferredColdIds, "add", fails_second)
     with pytest.raises(OSError, match="no space left"):
         refresh_serving_index(lake, hot_window_s=0)
+    assert calls["write"] >= 4
     segments = os.path.join(lake.root, "serving_index", cold.SEGMENTS_FOLDER)
     assert not os.path.isdir(segments) or os.listdir(segments) == []
 
@@ -212,16 +229,17 @@ def test_a_first_build_whose_segment_write_fails_on_its_thread_raises_and_leaves
         '{"requested_partitions": {"k": "p/a", "n": 2}}',
         '{"requested_partitions": 3}',
         '{"other": 1}',
-        '{"requested_partitions": ["p/\\ud800"], "n": NaN}',  # msgspec refuses both: json reads it
     ],
 )
 def test_the_refs_a_segment_lists_are_those_the_sqlite_backend_lists(payload: str) -> None:
     connection = sqlite3.connect(":memory:")
     connection.execute("CREATE TABLE e (event_id, timestamp, event_type, payload)")
     connection.execute("INSERT INTO e VALUES ('e1', 1, 'build_request_event', ?)", (payload,))
-    sql = select_listed_partitions("e", source="e, ")
-    try:
-        expected = {ref for ref, _, _ in connection.execute(sql)}
-    except sqlite3.OperationalError:  # SQLite's JSON refuses NaN: json.loads reads it
-        expected = {"p/\ud800"}
+    expected = {ref for ref, _, _ in connection.execute(select_listed_partitions("e", source="e, "))}
     assert segment_files.listed_partitions("build_request_event", payload) == expected
+
+
+def test_a_listing_payload_msgspec_refuses_lists_what_json_reads() -> None:
+    # An escaped lone surrogate and NaN: msgspec refuses both, json.loads reads them.
+    payload = '{"requested_partitions": ["p/\\ud800", "p/b"], "n": NaN}'
+    assert segment_files.listed_partitions("build_request_event", payload) == {"p/\ud800", "p/b"}

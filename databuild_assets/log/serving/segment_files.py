@@ -13,13 +13,12 @@ an index being built has its files written by a thread beside its SQLite work (`
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from databuild_assets.runtime.deferred import deferred
 from databuild_assets.runtime.durable import fsync_file, fsync_folder
@@ -29,6 +28,9 @@ pa = deferred("pyarrow")
 pc = deferred("pyarrow.compute")
 pq = deferred("pyarrow.parquet")
 msgspec = deferred("msgspec")
+futures = deferred("concurrent.futures")  # a query's process, which never builds, never imports it
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 ROWS_PER_GROUP = 4096
 # The columns a main file's reads prune its groups by (a range's and a page's time, a thaw's
@@ -120,7 +122,7 @@ def write_segment(
     if writes is None:
         job()
     else:
-        writes.submit(job)
+        writes.submit(job, segment_paths(folder, segment))
     stamps = table.column("timestamp")
     return (
         pc.min(stamps).as_py(),
@@ -134,19 +136,22 @@ class SegmentWrites:
     """Segment files written by a thread of their own beside the caller's SQLite work (Arrow and
     Parquet let go of the GIL, and SQLite does), one segment at a time: a submit waits for the
     one before, so two segments' rows are in memory at most. For an index being built: nothing
-    names its segments before `wait` has returned. A write's error is raised by the next call.
+    names its segments before `wait` has returned. A write's error is raised by the next call;
+    a block left by an error removes every file it was handed (`segment_writes`).
 
         with segment_writes() as writes:
             write_segment(folder, 7, rows, writes)
             writes.wait()   # segment 7's files are on disk
     """
 
-    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
         self._pool = pool
-        self._pending: concurrent.futures.Future | None = None
+        self._pending: Future | None = None
+        self.paths: list[str] = []  # the files of every segment handed over
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], None], paths: Iterable[str]) -> None:
         self.wait()
+        self.paths.extend(paths)
         self._pending = self._pool.submit(job)
 
     def wait(self) -> None:
@@ -158,16 +163,21 @@ class SegmentWrites:
 @contextlib.contextmanager
 def segment_writes() -> Iterator[SegmentWrites]:
     """A SegmentWrites whose last write is waited for on the way out (its error raised, unless
-    one is on its way already): its files are not written after the block."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="segment-writes") as pool:
+    one is on its way already): its files are not written after the block, and when the block
+    fails, every file it was handed is removed (a segment whose transaction rolled back has no
+    row naming it)."""
+    with futures.ThreadPoolExecutor(1, thread_name_prefix="segment-writes") as pool:
         writes = SegmentWrites(pool)
         try:
             yield writes
+            writes.wait()
         except BaseException:
             with contextlib.suppress(Exception):
                 writes.wait()
+            for path in writes.paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             raise
-        writes.wait()
 
 
 def _fanned_out(table: pa.Table) -> tuple[pa.Array, pa.Array]:
@@ -209,8 +219,8 @@ def _write_files(
 def _by_partition(table: pa.Table, positions: pa.Array, keys: pa.Array, refs: pa.Array) -> pa.Table:
     """A row of `table` (sorted by timestamp, event_id) for each (position, key) of
     `_fanned_out`, with that ref as `key`, sorted by (key, timestamp, event_id): by the key's
-    rank among `refs` (sorted), then by the row's position, two integers (a sort on the strings
-    themselves was a tenth of a first build's segments), and every column taken once."""
+    rank among `refs` (sorted), then by the row's position, two integers, not the strings
+    themselves (decision 0051), and every column taken once."""
     sorting = pa.table({"rank": pc.index_in(keys, value_set=refs), "position": positions})
     ranks = pc.sort_indices(sorting, [("rank", "ascending"), ("position", "ascending")])
     return table.take(positions.take(ranks)).add_column(0, "key", keys.take(ranks))
@@ -218,21 +228,27 @@ def _by_partition(table: pa.Table, positions: pa.Array, keys: pa.Array, refs: pa
 
 def _write_parquet(path: str, table: pa.Table, rows_per_group: int, statistics: bool | list[str]) -> None:
     """`table` at `path` in groups of `rows_per_group` rows, with the min/max of the columns
-    `statistics` names (True: all), made 0600 (file_modes) through a temporary name, fsynced."""
+    `statistics` names (True: all), made 0600 (file_modes) through a temporary name, fsynced
+    (the temporary file removed when the write fails)."""
     building = path + ".building"
     descriptor = os.open(building, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
     os.fchmod(descriptor, file_mode())
-    with os.fdopen(descriptor, "wb") as file:
-        pq.write_table(
-            table,
-            file,
-            row_group_size=rows_per_group,
-            compression="zstd",
-            write_statistics=statistics,
-            use_dictionary=[name for name in _DICTIONARY if name in table.column_names],
-        )
-    fsync_file(building)
-    os.replace(building, path)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            pq.write_table(
+                table,
+                file,
+                row_group_size=rows_per_group,
+                compression="zstd",
+                write_statistics=statistics,
+                use_dictionary=[name for name in _DICTIONARY if name in table.column_names],
+            )
+        fsync_file(building)
+        os.replace(building, path)
+    except BaseException:  # no half file left under its temporary name
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(building)
+        raise
 
 
 def _row_groups(build_request_ids: list[str]) -> dict[str, bytes]:
