@@ -114,6 +114,22 @@ class _Footer:
             return self._bounds[column]
 
 
+def groups_meeting(
+    file: pq.ParquetFile, column: str, groups: Iterable[int], intervals: Iterable[tuple[Any, Any]]
+) -> set[int]:
+    """Of the row `groups` of `file`, those whose min/max of `column` meets one of `intervals`
+    (both ends included; a group without statistics can) by their own statistics: in a file
+    sorted by another column, the few groups a key chose are looked at, not every group's."""
+    index, intervals, kept = file.schema_arrow.get_field_index(column), list(intervals), set()
+    for group in groups:
+        statistics = file.metadata.row_group(group).column(index).statistics
+        if statistics is None or not statistics.has_min_max:
+            kept.add(group)
+        elif any(low <= statistics.max and statistics.min <= high for low, high in intervals):
+            kept.add(group)
+    return kept
+
+
 def _sorted_by(file: pq.ParquetFile) -> str | None:
     sorted_by = (file.schema_arrow.metadata or {}).get(SORTED_BY.encode())
     return sorted_by.decode() if sorted_by is not None else None
@@ -268,4 +284,4 @@ def parquet_file(path: str) -> pq.ParquetFile:
     return opened(path)[0]
 
 
-__all__ = ["FOOTER_CACHE_BYTES", "footer_bytes", "kept_footers", "opened", "parquet_file"]
+__all__ = ["FOOTER_CACHE_BYTES", "footer_bytes", "groups_meeting", "kept_footers", "opened", "parquet_file"]
