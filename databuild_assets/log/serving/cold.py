@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from databuild_assets.log.interface import EventFilter, EventPage, check_page, decode_cursor, encode_cursor
 from databuild_assets.log.serving.arrow import first_in_time_order, in_time_order, page_mask, scalar, strings
 from databuild_assets.log.serving.cold_ids import COLD_IDS_TABLE, count_cold_ids
-from databuild_assets.log.serving.footers import groups_meeting, opened
+from databuild_assets.log.serving.footers import opened
 from databuild_assets.log.serving.pool import each
 from databuild_assets.log.serving.segment_files import ROW_COLUMNS, segment_paths
 from databuild_assets.log.sqlite.backend import _event_from_row, page_conditions, transaction
@@ -152,12 +152,9 @@ def read_segment_rows(
         return table if values is None else table.filter(_in(table, column, values))
     chosen = set(range(file.metadata.num_row_groups))
     for name, intervals in ((column, None if values is None else [(v, v) for v in values]), ("timestamp", spans)):
-        if name == "timestamp" and by_partition and intervals is not None:  # sorted by key, not time
-            chosen = groups_meeting(file, name, chosen, intervals)
-            continue
         bounds = footer.bounds(file, name) if intervals is not None else None
         if bounds is not None:  # a column some group has no statistics of prunes nothing
-            chosen &= bounds.meeting(intervals)
+            chosen = bounds.meeting(intervals, chosen)
     table = file.read_row_groups(sorted(chosen), columns=columns, use_threads=False) if chosen else empty()
     return table if values is None else table.filter(_in(table, column, values))
 

@@ -35,8 +35,9 @@ class _Bounds:
         self.lows, self.highs = lows, highs
         self.ordered = _never_decreasing(lows) and _never_decreasing(highs)
 
-    def meeting(self, intervals: Iterable[tuple[Any, Any]]) -> set[int]:
-        """The row groups whose (min, max) meets one of `intervals` ((low, high), both included)."""
+    def meeting(self, intervals: Iterable[tuple[Any, Any]], among: set[int] | None = None) -> set[int]:
+        """The row groups (of `among`, when given) whose (min, max) meets one of `intervals`
+        ((low, high), both included)."""
         chosen: set[int] = set()
         for low, high in intervals:
             if self.ordered:
@@ -44,29 +45,30 @@ class _Bounds:
             else:
                 pairs = enumerate(zip(self.lows, self.highs, strict=True))
                 chosen.update(group for group, (a, b) in pairs if low <= b and a <= high)
-        return chosen
+        return chosen if among is None else chosen & among
 
 
-class _SortedBounds:
-    """The row-group bounds of the column a file is sorted by across its groups (segment_files
-    SORTED_BY): found by bisection, reading the statistics of a few groups, each once. Taking
-    every group's bounds first made a fresh process's first read of a partition walk every row
-    group of every segment holding it."""
+class _GroupBounds:
+    """The row-group bounds of a column, each group's read from the statistics once, when a
+    read first asks for it: the groups of a file sorted by another column (SORTED_BY) that its
+    key chose are the few a read asks about, and reading every group's first walked all of them."""
 
     def __init__(self, metadata: pq.FileMetaData, index: int) -> None:
         self.metadata, self.index, self._seen = metadata, index, {}
 
-    def meeting(self, intervals: Iterable[tuple[Any, Any]]) -> set[int]:
-        """The row groups whose (min, max) meets one of `intervals` ((low, high), both included);
-        every group when a probed one has no statistics."""
-        groups, chosen = range(self.metadata.num_row_groups), set()
-        try:
-            for low, high in intervals:
-                first = bisect.bisect_left(groups, low, key=lambda group: self._bound(group)[1])
-                chosen.update(range(first, bisect.bisect_right(groups, high, key=lambda group: self._bound(group)[0])))
-        except _Unbounded:
-            return set(groups)
-        return chosen
+    def meeting(self, intervals: Iterable[tuple[Any, Any]], among: set[int] | None = None) -> set[int]:
+        """The row groups (of `among`, when given) whose (min, max) meets one of `intervals`
+        ((low, high), both included), and those without statistics."""
+        intervals, kept = list(intervals), set()
+        for group in range(self.metadata.num_row_groups) if among is None else among:
+            try:
+                low_bound, high_bound = self._bound(group)
+            except _Unbounded:
+                kept.add(group)
+                continue
+            if any(low <= high_bound and low_bound <= high for low, high in intervals):
+                kept.add(group)
+        return kept
 
     def _bound(self, group: int) -> tuple[Any, Any]:
         if group not in self._seen:  # concurrent readers may both fill it: with the same value
@@ -78,8 +80,27 @@ class _SortedBounds:
         return self._seen[group]
 
 
+class _SortedBounds(_GroupBounds):
+    """The row-group bounds of the column a file is sorted by across its groups (segment_files
+    SORTED_BY): found by bisection, reading the statistics of a few groups, each once. Taking
+    every group's bounds first made a fresh process's first read of a partition walk every row
+    group of every segment holding it."""
+
+    def meeting(self, intervals: Iterable[tuple[Any, Any]], among: set[int] | None = None) -> set[int]:
+        """The row groups (of `among`, when given) whose (min, max) meets one of `intervals`
+        ((low, high), both included); every group when a probed one has no statistics."""
+        groups, chosen = range(self.metadata.num_row_groups), set()
+        try:
+            for low, high in intervals:
+                first = bisect.bisect_left(groups, low, key=lambda group: self._bound(group)[1])
+                chosen.update(range(first, bisect.bisect_right(groups, high, key=lambda group: self._bound(group)[0])))
+        except _Unbounded:
+            chosen = set(groups)
+        return chosen if among is None else chosen & among
+
+
 class _Unbounded(Exception):
-    """A row group without min/max statistics met while bisecting."""
+    """A row group without min/max statistics of the column asked about."""
 
 
 class _Footer:
@@ -91,14 +112,17 @@ class _Footer:
     def __init__(self, metadata: pq.FileMetaData) -> None:
         self.metadata = metadata
         self.source: Any = None
-        self._bounds: dict[str, _Bounds | _SortedBounds | None] = {}
+        self._bounds: dict[str, _Bounds | _GroupBounds | None] = {}
         self._lock = threading.Lock()
 
-    def bounds(self, file: pq.ParquetFile, column: str) -> _Bounds | _SortedBounds | None:
-        """Each row group's min and max of `column`, None when a group has none."""
+    def bounds(self, file: pq.ParquetFile, column: str) -> _Bounds | _GroupBounds | None:
+        """Each row group's min and max of `column`, None when a group has none (in a file sorted
+        by a column, each group's as a read asks for it)."""
         with self._lock:
-            if column not in self._bounds and _sorted_by(file) == column:
-                self._bounds[column] = _SortedBounds(self.metadata, file.schema_arrow.get_field_index(column))
+            sorted_by = _sorted_by(file) if column not in self._bounds else None
+            if sorted_by is not None:  # by this column: bisected; by another: group by group
+                kind = _SortedBounds if sorted_by == column else _GroupBounds
+                self._bounds[column] = kind(self.metadata, file.schema_arrow.get_field_index(column))
             if column not in self._bounds:
                 index = file.schema_arrow.get_field_index(column)
                 lows, highs = [], []
@@ -112,22 +136,6 @@ class _Footer:
                 else:
                     self._bounds[column] = _Bounds(lows, highs)
             return self._bounds[column]
-
-
-def groups_meeting(
-    file: pq.ParquetFile, column: str, groups: Iterable[int], intervals: Iterable[tuple[Any, Any]]
-) -> set[int]:
-    """Of the row `groups` of `file`, those whose min/max of `column` meets one of `intervals`
-    (both ends included; a group without statistics can) by their own statistics: in a file
-    sorted by another column, the few groups a key chose are looked at, not every group's."""
-    index, intervals, kept = file.schema_arrow.get_field_index(column), list(intervals), set()
-    for group in groups:
-        statistics = file.metadata.row_group(group).column(index).statistics
-        if statistics is None or not statistics.has_min_max:
-            kept.add(group)
-        elif any(low <= statistics.max and statistics.min <= high for low, high in intervals):
-            kept.add(group)
-    return kept
 
 
 def _sorted_by(file: pq.ParquetFile) -> str | None:
@@ -284,4 +292,4 @@ def parquet_file(path: str) -> pq.ParquetFile:
     return opened(path)[0]
 
 
-__all__ = ["FOOTER_CACHE_BYTES", "footer_bytes", "groups_meeting", "kept_footers", "opened", "parquet_file"]
+__all__ = ["FOOTER_CACHE_BYTES", "footer_bytes", "kept_footers", "opened", "parquet_file"]
