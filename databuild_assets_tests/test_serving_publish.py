@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from databuild_assets.log.serving import publish
+from databuild_assets.log.serving import publish, reader_cache
 from databuild_assets.log.serving.publish import Manifest, PublicationError
 
 
@@ -82,12 +82,12 @@ def test_the_fetched_segments_beyond_the_cache_bound_go_least_recently_read_firs
     just = _fetched(two, "segment-5.parquet", 100, 500)  # fetched now, kept whatever its time
     other = _fetched(one, "published.json", 1_000, 0)  # not a segment: never counted or removed
 
-    publish._bound_cache(str(root), 250, keep=[just])
+    reader_cache._bound_cache(str(root), 250, keep=[just])
     assert [os.path.exists(path) for path in (oldest, older, newer, just, other)] == [False, False, True, True, True]
 
-    publish.touch_read(newer)  # a read makes it the most recent
+    reader_cache.touch_read(newer)  # a read makes it the most recent
     assert os.stat(newer).st_mtime_ns > 3_000
-    publish._bound_cache(str(root), 0, keep=[])
+    reader_cache._bound_cache(str(root), 0, keep=[])
     assert not os.path.exists(newer) and not os.path.exists(just) and os.path.exists(other)
 
 

@@ -44,7 +44,8 @@ from databuild_assets.log.serving.checkpoints import Checkpointer
 from databuild_assets.log.serving.evict import evict_under_lock, hot_window_ns
 from databuild_assets.log.serving.follower import Changes, follower_for
 from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex, Stamp
-from databuild_assets.log.serving.publish import adopt, mark_generation, publication_folder, publication_of
+from databuild_assets.log.serving.publish import mark_generation, publication_folder, publication_of
+from databuild_assets.log.serving.reader_cache import adopt
 from databuild_assets.log.serving.rows import event_rows
 from databuild_assets.log.serving.store import IndexFolder, PrivateFolder, index_folder_of, remove_index_files
 from databuild_assets.log.serving.wal import WalCopier

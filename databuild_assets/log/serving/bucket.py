@@ -17,12 +17,11 @@ from databuild_assets.log.serving.index import IndexUnusableError, ServingIndex
 from databuild_assets.log.serving.publish import (
     Publication,
     PublicationError,
-    drop_unpublished,
     generation_of,
-    keep_manifest,
     publication_of,
     publish_interval_s,
 )
+from databuild_assets.log.serving.reader_cache import drop_unpublished, keep_manifest
 from databuild_assets.log.serving.store import remove_index_files
 
 log = logging.getLogger(__name__)

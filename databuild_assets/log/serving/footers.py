@@ -16,7 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from databuild_assets.log.serving.publish import Publication, PublicationError, published_object, touch_read
+from databuild_assets.log.serving.publish import Publication, PublicationError
+from databuild_assets.log.serving.reader_cache import published_object, touch_read
 from databuild_assets.log.serving.segment_files import SORTED_BY
 from databuild_assets.runtime.deferred import deferred
 
