@@ -98,7 +98,7 @@ class DeltaRsEventLog(IndexAnswers, IndexedAppends, BucketPublication, BuildEven
     appends are seen by its next read whatever the bound. `hot_window_s`: evict.py's hot window
     (None: the environment's, else an hour; inf: every event hot). `pipeline`: this is the
     pipeline's refresh (`refresh_serving_index`), whose build moves cold build requests to
-    segments before it publishes the file (evict.py `evict_building`); a service's never evicts.
+    segments before it publishes the file (build.py `evict_building`); a service's never evicts.
 
         with DeltaRsEventLog(Lake("/data/lake")) as log:
             log.list_build_requests(limit=20)

@@ -43,7 +43,6 @@ from databuild_assets.log.serving.segment_files import (
     SegmentWrites,
     rows_table,
     segment_paths,
-    segment_writes,
     write_segment,
 )
 from databuild_assets.log.serving.store import IndexFolder
@@ -56,9 +55,8 @@ from databuild_assets.log.serving.thaw import (
     thaw,
     work_tables,
 )
-from databuild_assets.log.sqlite.backend import build_event_indexes, transaction
+from databuild_assets.log.sqlite.backend import transaction
 from databuild_assets.log.sqlite.schema import (
-    EVENTS_TABLE,
     PARTITION_COUNTS_OF_BUILD_REQUESTS,
     select_listed_partitions,
 )
@@ -164,12 +162,12 @@ def evict(
     into new segments, and merge small segments; returns how many events left the index. Under
     the build lock. An eviction that lasts (a window first set on a full index, a first build)
     tells `progress` (default: this module's logger) how far it is every PROGRESS_EVERY_S."""
-    with _eviction_cache(connection):
-        return _evict(connection, index_folder, window_ns, progress, None)
+    with eviction_cache(connection):
+        return evict_rows(connection, index_folder, window_ns, progress, None)
 
 
 @contextlib.contextmanager
-def _eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
+def eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
     """EVICTION_CACHE_KIB of page cache for `main` and `temp` while an eviction runs, and its
     work rows (temp.frozen: a segment's events; temp.evictable) emptied however it ends."""
     previous = [connection.execute(f"PRAGMA {schema}.cache_size").fetchone()[0] for schema in ("main", "temp")]
@@ -185,82 +183,7 @@ def _eviction_cache(connection: sqlite3.Connection) -> Iterator[None]:
             connection.execute("DELETE FROM temp.evictable")
 
 
-def evict_building(
-    connection: sqlite3.Connection, index_folder: str, window_ns: int, progress: Callable[[str], None]
-) -> None:
-    """`evict` on an index being built (no process reads it yet, under the build lock): the
-    evicted rows are not deleted one by one from `events` and its indexes but left there while
-    the segments are written, then the rows that stay (the hot build requests' and the pins) are
-    copied out into `events` made again, with the partitions they list and the indexes built over
-    them (`_keep_only_staying`); the file is then written whole (VACUUM), so that it is published
-    without the free pages of the events that left. Deleting most of a first build's events from
-    every index of `events` was most of its time."""
-    unread = ("events_by_type", "events_by_partition", "events_by_job_run")
-    for name in unread:
-        connection.execute(f"DROP INDEX IF EXISTS main.{name}")
-    connection.execute("PRAGMA secure_delete = OFF")
-    connection.execute("CREATE TEMP TABLE IF NOT EXISTS staying_pins (event_id TEXT PRIMARY KEY) WITHOUT ROWID")
-    connection.execute("DELETE FROM temp.staying_pins")
-    work_tables(connection)
-    connection.execute("DELETE FROM temp.pin_candidates")
-    building = DeferredColdIds()
-    try:
-        with _eviction_cache(connection), segment_writes() as writes:
-            _evict(connection, index_folder, window_ns, progress, building, writes)
-            writes.wait()  # every segment's files on disk before the rows that left them are dropped
-            with transaction(connection):
-                building.write(connection)
-                # Each segment pinned its own latest: of those, only the latest over all stay.
-                keep_latest_pins(connection, None)
-                connection.execute(
-                    "DELETE FROM temp.staying_pins WHERE event_id IN (SELECT event_id FROM temp.superseded)"
-                )
-                _keep_only_staying(connection)
-            progress("serving index: the events that stay copied out and indexed")
-            _evict(connection, index_folder, window_ns, progress, None)  # merges, if any
-    except BaseException as error:
-        _remove_segments_of(connection, index_folder)  # the file is dropped: nothing names them
-        if isinstance(error, FileNotFoundError):  # not a raw log's file gone: no new snapshot helps
-            raise RuntimeError(f"the serving index's eviction while it was built failed: {error}") from error
-        raise
-    connection.execute("PRAGMA secure_delete = ON")
-    progress("serving index: written whole without the events that left")
-    connection.execute("DROP TABLE IF EXISTS main.deleted_events")  # the VACUUM leaves none of their bytes
-    connection.execute("PRAGMA journal_mode = DELETE")  # VACUUM through a rollback journal, not the WAL
-    connection.execute("VACUUM")
-    connection.execute("PRAGMA journal_mode = WAL")
-
-
-def _keep_only_staying(connection: sqlite3.Connection) -> None:
-    """Inside the build's transaction: `events` made again (with its key on event_id: a build
-    that evicts loads it without, index.py `create_index_file`) of only the rows of hot build
-    requests and the pins (temp.staying_pins), in the order it had them, and
-    event_listed_partitions of only what they list (a pin lists nothing), with every index
-    built over them."""
-    connection.execute(
-        "CREATE TEMP TABLE staying_events AS SELECT * FROM main.events WHERE build_request_id NOT IN"
-        " (SELECT build_request_id FROM main.cold_build_requests)"
-        " OR event_id IN (SELECT event_id FROM temp.staying_pins) ORDER BY rowid"
-    )
-    connection.execute("DROP TRIGGER IF EXISTS main.events_list_partitions")
-    connection.execute("DROP TABLE main.events")  # its indexes with it
-    connection.execute(EVENTS_TABLE)
-    connection.execute("DELETE FROM main.event_listed_partitions")
-    connection.execute("INSERT INTO main.events SELECT * FROM temp.staying_events")
-    connection.execute("DROP TABLE temp.staying_events")
-    connection.execute("DROP TABLE temp.staying_pins")
-    build_event_indexes(connection)
-
-
-def _remove_segments_of(connection: sqlite3.Connection, index_folder: str) -> None:
-    folder = os.path.join(index_folder, SEGMENTS_FOLDER)
-    for (segment,) in connection.execute("SELECT segment FROM main.cold_segments").fetchall():
-        for path in segment_paths(folder, segment):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-
-def _evict(
+def evict_rows(
     connection: sqlite3.Connection,
     index_folder: str,
     window_ns: int | None,
@@ -268,7 +191,7 @@ def _evict(
     building: DeferredColdIds | None,
     writes: SegmentWrites | None = None,
 ) -> int:
-    """`evict`; with `building` (an index being built, `evict_building`), the evicted ids are
+    """`evict`; with `building` (an index being built, build.py `evict_building`), the evicted ids are
     gathered there, the evicted rows stay in `events`, no segments are merged (the caller copies
     out what stays, then merges) and the segments' files are written by `writes`."""
     folder = os.path.join(index_folder, SEGMENTS_FOLDER)
@@ -589,8 +512,9 @@ __all__ = [
     "MERGE_FANIN",
     "SEGMENT_EVENTS",
     "evict",
-    "evict_building",
+    "evict_rows",
     "evict_under_lock",
+    "eviction_cache",
     "hot_window_ns",
     "segment_files",
     "sweep_segments",

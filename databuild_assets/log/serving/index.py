@@ -368,7 +368,7 @@ class ServingIndex(ColdReads, SqliteEventLog):
         """After a bulk load (`create_index_file`, `load`): the events `hidden_by` (tombstone
         values by key) matches hidden, the indexes of `events` built once, the projections of
         every key, and the file switched to WAL for sharing; `progress` is told when the indexes
-        are built. `evicting`: the build's eviction follows (evict.py `evict_building`), which
+        are built. `evicting`: the build's eviction follows (build.py `evict_building`), which
         lists partitions and builds every index again over the rows that stay and writes the file
         whole, so only the indexes the projections read are built here, and the file is not
         written whole twice."""
